@@ -1,0 +1,24 @@
+"""`tbp`: the command group."""
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .common import Group
+from .gradcheck import gradcheck
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="tbp")
+def main():
+    """Train and understand GPT-style transformers on a CPU, every gradient written by hand.
+
+    \b
+    Quick start (offline, a few minutes on a laptop):
+      tbp train            # prepares a built-in corpus, trains a small model
+      tbp generate         # samples from the newest run under checkpoints/
+      tbp gradcheck        # proves every handwritten gradient numerically
+    """
+
+
+main.add_command(gradcheck)

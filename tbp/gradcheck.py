@@ -1,0 +1,294 @@
+"""Every handwritten gradient against centred finite differences, in float64.
+
+Each case builds a small random instance of a layer (or of the whole model), defines a
+scalar f (a random projection of the layer's output, ``f = sum(out * w)``, or the model's
+loss), computes the analytic gradient of f with one backward, and compares it with
+``(f(p + eps) - f(p - eps)) / (2 eps)`` for:
+
+* a random sample of entries of every tensor (all entries of small ones), and
+* one random direction d over the whole tensor: ``<grad, d>`` against the directional
+  difference, so every entry takes part even when only a sample is probed one by one.
+
+Error measure (CS231n's, per tensor): ``max |a - n| / max(|a| + |n|)`` over the probed
+entries, and ``|a_d - n_d| / (|a_d| + |n_d|)`` for the direction; the larger is reported.
+The key bias's gradient is exactly zero in exact arithmetic (softmax ignores a shift of
+its scores, paper §3.2): that row passes when both gradients are zero to ``zero_atol``.
+
+This module is numbers only: the CLI renders the results.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossEntropy, Embedding,
+                 LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+
+DEFAULT_EPS = 1e-5
+DEFAULT_RTOL = 1e-6
+ZERO_ATOL = 1e-8
+
+
+@dataclass
+class Row:
+    """One tensor's verdict."""
+    layer: str
+    tensor: str
+    shape: tuple
+    checked: int           # entries probed one by one (plus one random direction)
+    max_abs: float
+    max_rel: float
+    passed: bool
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+@dataclass
+class Target:
+    """A tensor to probe: the array perturbed in place and its analytic gradient."""
+    name: str
+    value: np.ndarray
+    grad: np.ndarray
+    expect_zero: bool = False
+
+
+@dataclass
+class Case:
+    """A named instance to check: f() evaluates the scalar; targets are filled by prepare()."""
+    layer: str
+    f: Callable[[], float]
+    prepare: Callable[[], list]          # runs the backward, returns [Target, ...]
+    tags: list = field(default_factory=list)
+
+
+def check_case(case: Case, rng: np.random.Generator, eps: float = DEFAULT_EPS,
+               rtol: float = DEFAULT_RTOL, max_entries: int = 24) -> list[Row]:
+    rows = []
+    for t in case.prepare():
+        rows.append(_check_tensor(case, t, rng, eps, rtol, max_entries))
+    return rows
+
+
+def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
+    flat, gflat = t.value.reshape(-1), t.grad.reshape(-1)
+    if not np.shares_memory(flat, t.value):
+        raise ValueError(f"{t.name}: cannot perturb a non-contiguous view in place")
+    n = flat.size
+    probe = np.arange(n) if n <= max_entries else rng.choice(n, max_entries, replace=False)
+    ana, num = [], []
+    for i in probe:
+        old = flat[i]
+        flat[i] = old + eps
+        fp = case.f()
+        flat[i] = old - eps
+        fm = case.f()
+        flat[i] = old
+        ana.append(gflat[i])
+        num.append((fp - fm) / (2 * eps))
+    ana, num = np.array(ana), np.array(num)
+    # one random direction over the whole tensor
+    saved = t.value.copy()
+    d = rng.standard_normal(t.value.shape)
+    d /= np.linalg.norm(d)     # unit length: the step is eps, as for single entries
+    t.value += eps * d
+    fp = case.f()
+    t.value[...] = saved - eps * d
+    fm = case.f()
+    t.value[...] = saved
+    ana_d, num_d = float(np.sum(t.grad * d)), (fp - fm) / (2 * eps)
+
+    max_abs = float(max(np.abs(ana - num).max(), abs(ana_d - num_d)))
+    if t.expect_zero:
+        biggest = float(max(np.abs(ana).max(), np.abs(num).max(), abs(ana_d), abs(num_d)))
+        return Row(case.layer, t.name, t.value.shape, len(probe), max_abs, biggest,
+                   biggest < ZERO_ATOL, "zero, as expected (softmax shift invariance)")
+    scale = float((np.abs(ana) + np.abs(num)).max())
+    rel_e = float(np.abs(ana - num).max() / scale) if scale > 0 else 0.0
+    scale_d = abs(ana_d) + abs(num_d)
+    rel_d = abs(ana_d - num_d) / scale_d if scale_d > 0 else 0.0
+    max_rel = max(rel_e, rel_d)
+    note = "all zero" if scale == 0 and scale_d == 0 else ""
+    return Row(case.layer, t.name, t.value.shape, len(probe), max_abs, max_rel, max_rel < rtol, note)
+
+
+# --- the cases ------------------------------------------------------------------------------
+B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
+
+
+def _targets(module, grads_view: dict, x=None, dx=None, H=None, Dk=None) -> list[Target]:
+    out = []
+    for name, value in module.params.items():
+        if name not in module.grads:
+            continue   # frozen
+        grad = module.grads[name]
+        if name.endswith("c_attn.bias") and H is not None:
+            # split the fused bias so the key part's exact zero shows on its own row
+            q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
+            gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
+            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk, expect_zero=True),
+                    Target(name + "[v]", v, gv)]
+        else:
+            out.append(Target(name, value, grad))
+    if x is not None:
+        out.append(Target("x (input)", x, dx))
+    return out
+
+
+def _randomize(module, rng, scale: float = 0.3) -> None:
+    """Replace the training init by O(1) random values, in place.
+
+    GPT-2's init (std 0.02, zero biases, unit norms) puts every layer in its near-linear
+    regime with tiny activations, where centred differences lose digits to curvature on
+    the scale of eps and zero biases hide bias terms. Random O(1) values exercise every term.
+    """
+    for name, p in module.params.items():
+        noise = rng.standard_normal(p.shape) * scale
+        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) \
+            or (name == "weight" and isinstance(module, LayerNorm)) else noise
+
+
+KINK_MARGIN = 1e-3
+
+
+def _randomize_away_from_kinks(module, rng, forward) -> None:
+    """Randomize, redrawing until every ReLU input is at least KINK_MARGIN from zero.
+
+    ReLU has no derivative at 0: a probe of +-eps that moves an input across it measures a
+    jump, not a slope. With a margin 100x eps no single probe can reach the kink.
+    """
+    relus = [m for _, m in module.modules() if isinstance(m, MLP) and m.activation == "relu"]
+    for _ in range(100):
+        _randomize(module, rng)
+        forward()
+        if all(np.abs(m.cache).min() > KINK_MARGIN for m in relus):
+            return
+    raise RuntimeError("could not draw ReLU inputs away from the kink")
+
+
+def _projected_case(layer: str, module, x: np.ndarray, rng, H=None, Dk=None) -> Case:
+    """f = sum(module.forward(x) * w) for a fixed random w; dout = w."""
+    _randomize_away_from_kinks(module, rng, lambda: module.forward(x))
+    w = rng.standard_normal(module.forward(x).shape)
+
+    def f():
+        return float(np.sum(module.forward(x) * w))
+
+    def prepare():
+        module.zero_grad()
+        module.forward(x)
+        dx = module.backward(w.copy())
+        return _targets(module, module.grads, x, dx, H, Dk)
+
+    return Case(layer, f, prepare)
+
+
+def _embedding_case(rng) -> Case:
+    emb = Embedding(7, 8, 6, rng, np.float64)
+    _randomize(emb, rng)
+    idx = np.array([[1, 3, 3, 0, 6], [3, 1, 2, 2, 5]])     # repeated tokens must accumulate
+    w = rng.standard_normal((B, T, 6))
+
+    def f():
+        return float(np.sum(emb.forward(idx, pos0=2) * w))
+
+    def prepare():
+        emb.zero_grad()
+        emb.forward(idx, pos0=2)
+        emb.backward(w.copy())
+        return _targets(emb, emb.grads)
+
+    return Case("embedding [repeated ids]", f, prepare)
+
+
+def _loss_case(rng) -> Case:
+    V = 7
+    logits = rng.standard_normal((B, T, V)) * 2
+    targets = rng.integers(0, V, (B, T))
+    ce = CrossEntropy()
+
+    def f():
+        return ce.forward(logits, targets)
+
+    def prepare():
+        ce.forward(logits, targets)
+        return [Target("logits (input)", logits, ce.backward())]
+
+    return Case("cross_entropy", f, prepare)
+
+
+def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
+    model = GPT(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
+    if lora_rank:
+        add_lora(model, lora_rank, 1.5 * lora_rank, LORA_TARGETS, seed=int(rng.integers(1 << 31)))
+    idx = rng.integers(0, cfg.vocab_size, (B, T))
+    targets = rng.integers(0, cfg.vocab_size, (B, T))
+    # random O(1) values everywhere; for LoRA that makes lora_up nonzero, without which
+    # dlora_down = 0 and its check would prove nothing
+    _randomize_away_from_kinks(model, rng, lambda: model.forward(idx))
+
+    def f():
+        return model.loss(idx, targets)
+
+    def prepare():
+        model.loss_and_backward(idx, targets)
+        return _targets(model, model.grads, H=cfg.n_head, Dk=cfg.d_key)
+
+    return Case(layer, f, prepare)
+
+
+def cases(rng: np.random.Generator) -> list[Case]:
+    """Every layer under every engine option, then the whole model under each option."""
+    f64 = np.float64
+    C, H = 8, 2
+    x = lambda: rng.standard_normal((B, T, C))
+    out = [_embedding_case(rng)]
+    for bias in (True, False):
+        out.append(_projected_case(f"linear [bias={'on' if bias else 'off'}]",
+                                   Linear(C, 6, rng, f64, bias), x(), rng))
+    lin = Linear(C, 6, rng, f64, True)
+    lora = LoRA(lin, rank=3, alpha=6.0, rng=rng)
+    out.append(_projected_case("lora [rank 3, up != 0]", lora, x(), rng))
+    for eps, bias in ((1e-5, True), (0.0, True), (1e-5, False)):
+        out.append(_projected_case(f"layernorm [{f'eps={eps:g}' if bias else 'no bias'}]",
+                                   LayerNorm(C, eps, f64, bias), x(), rng))
+    for label, dk, bias, causal in (("causal", 4, True, True), ("d_qk=3 != d_v=4", 3, True, True),
+                                    ("no biases", 4, False, True), ("non-causal", 4, True, False)):
+        attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, bias, causal)
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H if bias else None, Dk=dk))
+    for act in ("gelu", "relu"):
+        out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
+    blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
+    out.append(_projected_case("block [pre-LN]", Block(blk_cfg, rng, f64), x(), rng, H=H, Dk=4))
+    out.append(_loss_case(rng))
+    base = dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
+    for label, extra in (("tied head", {}),
+                         ("untied head + bias", {"tie_head": False}),
+                         ("relu, ln eps 0", {"activation": "relu", "ln_eps": 0.0}),
+                         ("no biases", {"bias": False}),
+                         ("d_qk=2 != d_v=4", {"d_qk": 2})):
+        out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
+    out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
+                           lora_rank=2))
+    return out
+
+
+def run(seed: int = 0, eps: float = DEFAULT_EPS, rtol: float = DEFAULT_RTOL,
+        layer: str | None = None) -> list[Row]:
+    """All rows for the cases whose name starts with ``layer`` (all when None)."""
+    rng = np.random.default_rng(seed)
+    selected = [c for c in cases(rng) if layer is None or c.layer.startswith(layer)]
+    if not selected:
+        raise ValueError(f"no gradcheck case matches layer {layer!r}; try one of {', '.join(LAYERS)}")
+    rows = []
+    for case in selected:
+        rows += check_case(case, rng, eps, rtol)
+    return rows
+
+
+LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "mlp", "block", "cross_entropy", "gpt")

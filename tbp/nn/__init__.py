@@ -1,0 +1,28 @@
+"""The engine: a GPT in NumPy with every gradient written by hand.
+
+Shape glossary, used in every docstring and shape comment below:
+
+    B  batch            T  time (tokens in a sequence)     C  channels (d_model)
+    H  attention heads  Dk query/key width per head        Dv value width per head
+    V  vocabulary       L  layers                          R  LoRA rank
+    N  B * T, the number of predicted positions
+
+Contract (DESIGN.md): each layer holds ``params`` and ``grads`` dicts with the same keys;
+``forward`` keeps what ``backward`` needs; ``backward(dout)`` *adds* into ``grads`` and
+returns the gradient of its input. Nothing here imports anything but numpy.
+"""
+from .config import ModelConfig
+from .module import Module
+from .embedding import Embedding
+from .linear import Linear, LoRA
+from .layernorm import LayerNorm
+from .attention import CausalSelfAttention, KVCache
+from .mlp import MLP
+from .loss import cross_entropy, CrossEntropy
+from .gpt import Block, GPT, LORA_TARGETS, add_lora, merge_lora
+
+__all__ = [
+    "ModelConfig", "Module", "Embedding", "Linear", "LoRA", "LayerNorm",
+    "CausalSelfAttention", "KVCache", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
+    "LORA_TARGETS", "add_lora", "merge_lora",
+]

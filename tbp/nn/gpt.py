@@ -1,0 +1,215 @@
+"""Block and GPT: composition only.   [paper §7]"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import CausalSelfAttention, KVCache
+from .config import ModelConfig
+from .embedding import Embedding
+from .layernorm import LayerNorm
+from .linear import Linear, LoRA
+from .loss import CrossEntropy
+from .mlp import MLP
+from .module import Module
+
+
+class Block(Module):
+    """Pre-LN transformer block.  x, y: (B, T, C).
+
+    x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)).
+    """
+
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
+        super().__init__()
+        # GPT-2 scales the init of projections that write into the residual stream by
+        # 1/sqrt(2L): each block adds two of them, and the stream's variance should not grow with L
+        proj_std = 0.02 / np.sqrt(2 * cfg.n_layer)
+        self.ln_1 = self.add("ln_1", LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias))
+        self.attn = self.add("attn", CausalSelfAttention(
+            cfg.d_model, cfg.n_head, cfg.d_key, cfg.d_head, rng, dtype, cfg.bias, cfg.causal, proj_std))
+        self.ln_2 = self.add("ln_2", LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias))
+        self.mlp = self.add("mlp", MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std))
+        self.collect()
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        x = x + self.attn.forward(self.ln_1.forward(x))
+        return x + self.mlp.forward(self.ln_2.forward(x))
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        # y = x + mlp(ln_2(x)): the residual passes dout around the branch and through it
+        dx = dout + self.ln_2.backward(self.mlp.backward(dout))
+        # x = x + attn(ln_1(x))
+        return dx + self.ln_1.backward(self.attn.backward(dx))
+
+    def forward_cached(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        x = x + self.attn.forward_cached(self.ln_1.forward(x), cache)
+        return x + self.mlp.forward(self.ln_2.forward(x))
+
+
+class GPT(Module):
+    """GPT-2-shaped language model: embeddings -> L blocks -> ln_f -> logits.   [paper §7]
+
+    idx: (B, T) token ids, T <= n_ctx; logits: (B, T, V). The head is ``wte`` itself
+    (logits = x @ wte^T, GPT-2's tied head) or, with ``tie_head=False``, an untied
+    ``lm_head`` Linear(C, V) with a bias (the paper's FC_logits).
+
+    >>> model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8), seed=0)
+    >>> model.forward(np.array([[1, 2, 3]])).shape
+    (1, 3, 11)
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+        super().__init__()
+        self.config = cfg
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        rng = np.random.default_rng(seed)
+        self.embed = self.add("", Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype))
+        self.blocks = [self.add(f"h.{i}", Block(cfg, rng, self.dtype)) for i in range(cfg.n_layer)]
+        self.ln_f = self.add("ln_f", LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias))
+        self.lm_head = None
+        if not cfg.tie_head:
+            self.lm_head = self.add("lm_head", Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True))
+        self.collect()
+        self.loss_fn = CrossEntropy()
+        self.cache = None
+
+    # --- checks -----------------------------------------------------------------------------
+    def check_tokens(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
+        """Validate token ids: integers in [0, V), 2-D (B, T), positions inside the context."""
+        idx = np.asarray(idx)
+        if idx.ndim == 1:
+            idx = idx[None, :]
+        if idx.ndim != 2:
+            raise ValueError(f"token ids must have shape (B, T), got {idx.shape}")
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {idx.dtype}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
+            bad = idx[(idx < 0) | (idx >= self.config.vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        if pos0 + idx.shape[1] > self.config.n_ctx:
+            raise ValueError(
+                f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context ({self.config.n_ctx})")
+        return idx
+
+    # --- training path ----------------------------------------------------------------------
+    def forward(self, idx: np.ndarray) -> np.ndarray:
+        idx = self.check_tokens(idx)
+        x = self.embed.forward(idx)                                        # (B, T, C)
+        for block in self.blocks:
+            x = block.forward(x)
+        return self._head(self.ln_f.forward(x))                            # (B, T, V)
+
+    def _head(self, xf: np.ndarray) -> np.ndarray:
+        self.cache = xf
+        if self.lm_head is not None:
+            return self.lm_head.forward(xf)
+        return xf @ self.params["wte"].T                                   # (B, T, V)
+
+    def backward(self, dlogits: np.ndarray) -> None:
+        """The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
+        dwte += dlogits^T xf and dxf = dlogits wte; the embedding's scatter adds to the same dwte.
+        """
+        xf = self.cache
+        C = xf.shape[-1]
+        if self.lm_head is not None:
+            dxf = self.lm_head.backward(dlogits)
+        else:
+            if "wte" in self.grads:
+                self.grads["wte"] += dlogits.reshape(-1, dlogits.shape[-1]).T @ xf.reshape(-1, C)
+            dxf = dlogits @ self.params["wte"]                             # (B, T, C)
+        dx = self.ln_f.backward(dxf)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        self.embed.backward(dx)
+
+    def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
+        """Mean cross-entropy of the next-token predictions; forward only."""
+        return self.loss_fn.forward(self.forward(idx), self._check_targets(targets, idx))
+
+    def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray) -> float:
+        """Zero the gradients, then fill ``grads`` for the mean cross-entropy; returns the loss."""
+        self.zero_grad()
+        loss = self.loss(idx, targets)
+        self.backward(self.loss_fn.backward())
+        return loss
+
+    def _check_targets(self, targets: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        targets = self.check_tokens(targets)
+        if targets.shape != np.shape(np.atleast_2d(idx)):
+            raise ValueError(f"targets shape {targets.shape} differs from inputs {np.shape(idx)}")
+        return targets
+
+    # --- inference path (KV cache) ----------------------------------------------------------
+    def new_caches(self, B: int = 1) -> list[KVCache]:
+        """One preallocated KV cache per block, each for n_ctx positions."""
+        return [blk.attn.new_cache(B, self.config.n_ctx) for blk in self.blocks]
+
+    def forward_cached(self, idx: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        """Logits of new tokens idx (B, Tn) that continue the cached ones: (B, Tn, V).
+
+        A prefill passes the whole prompt; each later step passes one token (Tn = 1).
+        """
+        pos0 = caches[0].length
+        idx = self.check_tokens(idx, pos0)
+        x = self.embed.forward(idx, pos0)
+        for block, cache in zip(self.blocks, caches):
+            x = block.forward_cached(x, cache)
+        return self._head(self.ln_f.forward(x))
+
+
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
+
+
+def add_lora(model: GPT, rank: int, alpha: float, targets=LORA_TARGETS[:4],
+             seed: int = 0) -> list[str]:
+    """Freeze the whole model, then wrap each targeted Linear in a LoRA adapter.   [paper §6]
+
+    targets: names from LORA_TARGETS; "lm_head" needs an untied head. Returns the dotted names
+    of the adapted layers. Only ``lora_down``/``lora_up`` remain in ``model.grads``.
+    """
+    rng = np.random.default_rng(seed)
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if unknown:
+        raise ValueError(f"unknown LoRA target {unknown[0]!r}; choose from {', '.join(LORA_TARGETS)}")
+    if not targets:
+        raise ValueError("LoRA needs at least one target layer")
+    if "lm_head" in targets and model.lm_head is None:
+        raise ValueError("LoRA target 'lm_head' needs an untied head; this model's head is wte (tied)")
+    model.freeze_all()
+    adapted = []
+    for i, block in enumerate(model.blocks):
+        for target in targets:
+            if target == "lm_head":
+                continue
+            sub, name = target.split(".")
+            parent = getattr(block, sub)
+            lora = LoRA(getattr(parent, name), rank, alpha, rng)
+            setattr(parent, name, lora)
+            parent.children[name] = lora
+            adapted.append(f"h.{i}.{target}")
+    if "lm_head" in targets:
+        model.lm_head = model.children["lm_head"] = LoRA(model.lm_head, rank, alpha, rng)
+        adapted.append("lm_head")
+    model.collect()
+    return adapted
+
+
+def merge_lora(model: GPT) -> GPT:
+    """Fold every adapter into its base weight, in place of the LoRA layer: a plain GPT again."""
+    for _, module in list(model.modules()):
+        for name, child in list(module.children.items()):
+            if isinstance(child, LoRA):
+                plain = Linear.__new__(Linear)
+                Module.__init__(plain)
+                plain.d_in, plain.d_out, plain.cache = child.d_in, child.d_out, None
+                plain.param("weight", child.merged())
+                if "bias" in child.params:
+                    plain.param("bias", child.params["bias"].copy())
+                module.children[name] = plain
+                setattr(module, name, plain)
+                if module is model and name == "lm_head":
+                    model.lm_head = plain
+    model.collect()
+    return model

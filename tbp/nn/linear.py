@@ -1,0 +1,91 @@
+"""Fully connected layer and its LoRA adapter.   [paper §6; the FC layer of the reference paper]"""
+from __future__ import annotations
+
+import numpy as np
+
+from .module import Module
+
+
+class Linear(Module):
+    """y = x @ weight + bias.
+
+    x: (..., in); y: (..., out); weight: (in, out), GPT-2's layout; bias: (out,) or absent.
+    """
+
+    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, dtype=np.float32,
+                 bias: bool = True, std: float = 0.02):
+        super().__init__()
+        self.d_in, self.d_out = d_in, d_out
+        self.param("weight", (rng.standard_normal((d_in, d_out)) * std).astype(dtype))
+        if bias:
+            self.param("bias", np.zeros(d_out, dtype=dtype))
+        self.cache = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self.cache = x
+        y = x @ self.params["weight"]                                      # (..., out)
+        if "bias" in self.params:
+            y += self.params["bias"]
+        return y
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dweight += x^T dout;  dbias += sum over tokens of dout;  dx = dout @ weight^T.
+
+        Tokens are independent rows, so the batch and time axes fold into one.
+        A frozen weight or bias (LoRA's base) skips its gradient entirely.
+        """
+        x = self.cache
+        d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
+        if "weight" in self.grads:
+            self.grads["weight"] += x.reshape(-1, self.d_in).T @ d2
+        if "bias" in self.grads:
+            self.grads["bias"] += d2.sum(0)
+        return dout @ self.params["weight"].T                              # (..., in)
+
+
+class LoRA(Linear):
+    """y = x @ weight + bias + s * (x @ lora_down) @ lora_up,  s = alpha / R.   [paper §6, eq. 43]
+
+    x: (..., in); lora_down (the paper's d): (in, R); lora_up (u): (R, out).
+    The base weight and bias are frozen: they receive no gradient, only carry the input's.
+    lora_up starts at zero so the adapted layer starts exactly equal to the base.
+    """
+
+    def __init__(self, base: Linear, rank: int, alpha: float, rng: np.random.Generator):
+        Module.__init__(self)
+        if not 1 <= rank <= min(base.d_in, base.d_out):
+            raise ValueError(f"LoRA rank must be in [1, {min(base.d_in, base.d_out)}], got {rank}")
+        self.d_in, self.d_out = base.d_in, base.d_out
+        self.rank, self.alpha, self.scale = rank, float(alpha), float(alpha) / rank
+        dtype = base.params["weight"].dtype
+        for name, value in base.params.items():
+            self.param(name, value)
+            self.freeze(name)
+        # Kaiming-uniform-like down projection, as in the LoRA paper's reference code
+        bound = 1.0 / np.sqrt(self.d_in)
+        self.param("lora_down", rng.uniform(-bound, bound, (self.d_in, rank)).astype(dtype))
+        self.param("lora_up", np.zeros((rank, self.d_out), dtype=dtype))
+        self.cache = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        h = x @ self.params["lora_down"]                                   # (..., R)
+        y = Linear.forward(self, x)
+        y += self.scale * (h @ self.params["lora_up"])
+        self.cache = x, h
+        return y
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """[paper §6, eqs. 44-46], with h = x @ lora_down:
+        dlora_up += s h^T dout;  dlora_down += s x^T (dout lora_up^T);
+        dx = dout weight^T + s (dout lora_up^T) lora_down^T.
+        """
+        x, h = self.cache
+        d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
+        dh = self.scale * (dout @ self.params["lora_up"].T)                # (..., R)
+        self.grads["lora_up"] += self.scale * (h.reshape(-1, self.rank).T @ d2)
+        self.grads["lora_down"] += x.reshape(-1, self.d_in).T @ dh.reshape(-1, self.rank)
+        return dout @ self.params["weight"].T + dh @ self.params["lora_down"].T
+
+    def merged(self) -> np.ndarray:
+        """weight + s * lora_down @ lora_up: the plain weight this adapter folds into."""
+        return self.params["weight"] + self.scale * (self.params["lora_down"] @ self.params["lora_up"])

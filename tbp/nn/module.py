@@ -1,0 +1,74 @@
+"""Module: the parameter bookkeeping every layer shares."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Module:
+    """A layer with ``params`` and ``grads``: dicts of arrays with the same keys and shapes.
+
+    A composite module registers children with :meth:`add`; its ``params``/``grads`` then hold
+    *references* to every descendant's arrays under dotted names (``h.0.ln_1.weight``). The
+    arrays are never rebound, only updated in place (the optimizer, loading, ``zero_grad``),
+    so those references stay live.
+
+    ``frozen`` names parameters that get no gradient (LoRA's frozen base): they stay in
+    ``params`` but not in ``grads``, and the layer skips their gradient's matmul entirely.
+    """
+
+    def __init__(self) -> None:
+        self.params: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.children: dict[str, Module] = {}
+        self.frozen: set[str] = set()
+        self._own: list[str] = []
+
+    def param(self, name: str, value: np.ndarray) -> np.ndarray:
+        """Register a leaf parameter and a zeroed gradient of the same shape and dtype."""
+        self._own.append(name)
+        self.params[name] = value
+        self.grads[name] = np.zeros_like(value)
+        return value
+
+    def add(self, name: str, module: "Module") -> "Module":
+        """Register a child; its parameters appear here as ``name.key`` (bare when name is "")."""
+        self.children[name] = module
+        return module
+
+    def collect(self) -> None:
+        """Rebuild the flat dotted-name views after the tree of children changed."""
+        self.params = {k: self.params[k] for k in self._own}
+        self.grads = {k: self.grads[k] for k in self._own if k in self.grads}
+        for cname, child in self.children.items():
+            child.collect()
+            prefix = f"{cname}." if cname else ""
+            for k, v in child.params.items():
+                self.params[prefix + k] = v
+            for k, v in child.grads.items():
+                self.grads[prefix + k] = v
+
+    def freeze(self, name: str) -> None:
+        """Stop computing the gradient of leaf parameter ``name``."""
+        self.frozen.add(name)
+        self.grads.pop(name, None)
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            g.fill(0)
+
+    def num_params(self) -> int:
+        return sum(p.size for p in self.params.values())
+
+    def modules(self, prefix: str = ""):
+        """Yield (dotted name, module) for this module and every descendant, depth first."""
+        yield prefix, self
+        for cname, child in self.children.items():
+            name = f"{prefix}.{cname}" if prefix and cname else (prefix or cname)
+            yield from child.modules(name)
+
+    def freeze_all(self) -> None:
+        """Freeze every leaf parameter of the tree (LoRA fine-tuning trains adapters only)."""
+        for _, m in self.modules():
+            for name in m._own:
+                m.freeze(name)
+        self.collect()

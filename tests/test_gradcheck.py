@@ -1,0 +1,103 @@
+"""Every handwritten gradient against centred finite differences (float64), and the checker's teeth."""
+import numpy as np
+import pytest
+
+from tbp import gradcheck
+from tbp.nn import LayerNorm, MLP, CausalSelfAttention, Embedding
+from tbp.nn.loss import CrossEntropy
+
+CASES = [c.layer for c in gradcheck.cases(np.random.default_rng(0))]
+
+
+def _rows(layer, seed=0):
+    rng = np.random.default_rng(seed)
+    case = next(c for c in gradcheck.cases(rng) if c.layer == layer)
+    return gradcheck.check_case(case, rng)
+
+
+@pytest.mark.parametrize("layer", CASES)
+def test_every_gradient_matches_finite_differences(layer):
+    rows = _rows(layer)
+    assert rows, "a case with no tensors checks nothing"
+    for r in rows:
+        assert r.passed, f"{r.layer} {r.tensor}: rel {r.max_rel:.2e} abs {r.max_abs:.2e}"
+        if not r.note.startswith("zero"):
+            assert r.max_rel < 1e-6
+            assert r.note != "all zero", f"{r.tensor}: a zero gradient proves nothing"
+
+
+def test_cases_cover_every_layer_and_option():
+    names = " ".join(CASES)
+    for needle in ("embedding", "linear [bias=off]", "lora", "layernorm [eps=0]", "layernorm [no bias]",
+                   "d_qk=3 != d_v=4", "non-causal", "mlp [gelu]", "mlp [relu]", "block",
+                   "cross_entropy", "tied head", "untied head", "gpt + lora"):
+        assert needle in names
+
+
+def test_key_bias_gradient_is_zero_and_reported_as_expected():
+    rows = [r for r in _rows("attention [causal]") if r.tensor.endswith("[k]")]
+    assert len(rows) == 1 and rows[0].passed and "softmax shift" in rows[0].note
+    assert rows[0].max_rel < gradcheck.ZERO_ATOL
+
+
+def _broken(monkeypatch, cls, method, fn):
+    monkeypatch.setattr(cls, method, fn)
+
+
+@pytest.mark.parametrize("layer,cls,broken", [
+    # a term dropped: the mean(dxhat * xhat) projection of layer norm's backward
+    ("layernorm [eps=1e-05]", LayerNorm,
+     lambda self, dout: (lambda xhat, rstd: rstd * (dout * self.params["weight"]
+                         - (dout * self.params["weight"]).mean(-1, keepdims=True)))(*self.cache)),
+    # a sign flipped: GELU's derivative with the tanh' term subtracted
+    ("mlp [gelu]", MLP, None),
+    # softmax backward without the row-sum correction
+    ("attention [causal]", CausalSelfAttention, None),
+])
+def test_a_broken_backward_fails_the_check(monkeypatch, layer, cls, broken):
+    if cls is MLP:
+        orig = MLP.backward
+
+        def broken(self, dout):
+            u, th = self.cache
+            dg = self.c_proj.backward(dout)
+            k, a = np.sqrt(2 / np.pi), 0.044715
+            du = 0.5 * (1 + th) - 0.5 * u * (1 - th * th) * k * (1 + 3 * a * u * u)
+            return self.c_fc.backward(dg * du)
+    elif cls is CausalSelfAttention:
+        def broken(self, dout):
+            q, k, v, att = self.cache
+            B, H, T, D = q.shape
+            dy = self.c_proj.backward(dout).reshape(B, T, H, D).transpose(0, 2, 1, 3)
+            dv = att.transpose(0, 1, 3, 2) @ dy
+            dS = att * (dy @ v.transpose(0, 1, 3, 2)) * self.scale      # row-sum term dropped
+            dq, dk = dS @ k, dS.transpose(0, 1, 3, 2) @ q
+            dqkv = np.concatenate([self._merge(dq), self._merge(dk), self._merge(dv)], -1)
+            return self.c_attn.backward(dqkv)
+    _broken(monkeypatch, cls, "backward", broken)
+    rows = _rows(layer)
+    assert not all(r.passed for r in rows)
+    assert any(r.tensor == "x (input)" and not r.passed for r in rows)
+
+
+def test_an_embedding_backward_that_overwrites_repeated_tokens_fails(monkeypatch):
+    def broken(self, dout):
+        idx, pos0 = self.cache
+        self.grads["wte"][idx.reshape(-1)] += dout.reshape(-1, dout.shape[-1])   # last write wins
+        self.grads["wpe"][pos0:pos0 + idx.shape[-1]] += dout.sum(0)
+    monkeypatch.setattr(Embedding, "backward", broken)
+    rows = _rows("embedding [repeated ids]")
+    assert [r.passed for r in rows if r.tensor == "wte"] == [False]
+
+
+def test_a_loss_gradient_off_by_the_mean_fails(monkeypatch):
+    orig = CrossEntropy.backward
+    monkeypatch.setattr(CrossEntropy, "backward", lambda self: orig(self) * 2)
+    assert not _rows("cross_entropy")[0].passed
+
+
+def test_run_filters_by_layer_and_rejects_unknown():
+    rows = gradcheck.run(layer="layernorm")
+    assert rows and {r.layer.split(" ")[0] for r in rows} == {"layernorm"}
+    with pytest.raises(ValueError, match="no gradcheck case"):
+        gradcheck.run(layer="convolution")
