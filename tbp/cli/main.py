@@ -6,6 +6,7 @@ import click
 from .. import __version__
 from .common import Group
 from .gradcheck import gradcheck
+from .prepare import prepare
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,4 +22,5 @@ def main():
     """
 
 
-main.add_command(gradcheck)
+for command in (prepare, gradcheck):
+    main.add_command(command)

@@ -1,0 +1,69 @@
+"""`tbp prepare`: text -> tokenizer -> train.bin / val.bin."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+from tqdm import tqdm
+
+from .. import data
+from ..tokenizer import KINDS
+from .common import console, fmt_bytes, fmt_count
+
+
+def run_prepare(path, kind, vocab_size, val_fraction, out, force, encoding, tokenizer=None) -> dict:
+    """Shared by `tbp prepare` and `tbp train --data FILE`: read, prepare with a bar, summarise."""
+    text, name, source = data.read_corpus(path, encoding)
+    out = Path(out) if out else data.default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
+    total = len(text)
+    with tqdm(total=total, unit="char", unit_scale=True, desc=f"encoding {name}", leave=False,
+              disable=None, file=sys.stderr) as bar:
+        meta = data.prepare(text, name, source, out, kind, vocab_size, val_fraction, force,
+                            tokenizer=tokenizer, progress=bar.update)
+    meta["path"] = str(out)
+    summary(meta)
+    return meta
+
+
+def summary(meta: dict) -> None:
+    t = Table(title=f"prepared {meta['path']}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("source", meta["source"])
+    t.add_row("characters", f"{meta['characters']:,} ({fmt_bytes(meta['train_bytes'] + meta['val_bytes'])})")
+    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,}")
+    t.add_row("tokens", f"train {meta['train_tokens']:,} · val {meta['val_tokens']:,} ({meta['dtype']})")
+    t.add_row("bytes per token", f"{meta['bytes_per_token']:.2f}")
+    t.add_row("time", f"{meta['seconds']:.2f}s ({fmt_count(meta['characters'] / max(meta['seconds'], 1e-9))} chars/s)")
+    console.print(t)
+
+
+@click.command()
+@click.option("--data", "path", type=str, default=None, metavar="PATH",
+              help="A text file, a folder of text files, or - for stdin. "
+                   "Default: the Python reference documentation shipped with CPython.")
+@click.option("--tokenizer", "kind", type=click.Choice(KINDS), default="char", show_default=True,
+              help="char: one token per character; bpe: byte-level BPE, lossless on any text.")
+@click.option("--vocab-size", type=click.IntRange(min=1, max=2 ** 32 - 1), default=None,
+              help="BPE vocabulary size (default 1024). For char, a floor the alphabet must fit in.")
+@click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="Last fraction of the text kept for validation, cut at a line boundary.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder. Default: data/<name of the corpus>.")
+@click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@click.option("--encoding", default="utf-8", show_default=True, help="Text encoding of the input.")
+def prepare(path, kind, vocab_size, val_fraction, out, force, encoding):
+    """Turn text into a dataset: a trained tokenizer and train/val token files.
+
+    Writes tokenizer.json, train.bin, val.bin and meta.json into a temporary folder, then
+    renames it into place: a failure leaves nothing half-written.
+
+    \b
+    Examples:
+      tbp prepare                                   # built-in corpus -> data/pydoc
+      tbp prepare --data input.txt --tokenizer bpe --vocab-size 2048
+      cat *.md | tbp prepare --data - --out data/notes
+    """
+    run_prepare(path, kind, vocab_size, val_fraction, out, force, encoding)

@@ -1,0 +1,235 @@
+"""Text -> token files, and the batch sampler that reads them.
+
+A prepared dataset is a folder (``data/<name>/``)::
+
+    tokenizer.json  train.bin  val.bin  meta.json
+
+``train.bin``/``val.bin`` are flat arrays of token ids (uint16 when the vocabulary fits,
+uint32 otherwise), read back through ``np.memmap`` so a corpus larger than memory trains
+just the same. The validation split is the *last* fraction of the text, cut at a line
+boundary; decoding train then val gives back exactly the source text.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import __version__
+from .errors import TbpError
+from .fsutil import atomic_write_json, staged_dir
+from .tokenizer import KINDS, Tokenizer, token_dtype, train_bpe, train_char
+
+TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".h", ".js", ".html",
+                 ".csv", ".json", ".xml", ".yaml", ".yml", ".toml", ".ini", ".cfg"}
+BUILTIN = "pydoc"
+CHUNK_CHARS = 1 << 20          # encode in ~1 MB batches of whole lines
+META_VERSION = 1
+
+
+# --- reading text ---------------------------------------------------------------------------
+def builtin_corpus() -> str:
+    """The Python reference documentation that ships inside CPython (~460 KB of English)."""
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k].strip("\n") + "\n" for k in sorted(topics))
+
+
+def _decode(raw: bytes, where: str, encoding: str) -> str:
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise TbpError(f"{where}: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) is not "
+                       f"valid {encoding}; pass --encoding (for example latin-1) if the file uses another")
+    except LookupError:
+        raise TbpError(f"unknown --encoding {encoding!r}") from None
+
+
+def read_corpus(path: str | None, encoding: str = "utf-8") -> tuple[str, str, str]:
+    """(text, name, source) for a file, a folder of text files, '-' (stdin) or None (built-in)."""
+    if path is None:
+        return builtin_corpus(), BUILTIN, "builtin:pydoc_data.topics"
+    if path == "-":
+        return _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
+    p = Path(path)
+    if not p.exists():
+        raise TbpError(f"{p}: no such file or directory")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES
+                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        if not files:
+            raise TbpError(f"{p}: folder has no text files ({', '.join(sorted(TEXT_SUFFIXES)[:6])}, ...)")
+        parts = []
+        for f in files:
+            t = _decode(f.read_bytes(), str(f), encoding)
+            parts.append(t if t.endswith("\n") or not t else t + "\n")
+        return "".join(parts), p.resolve().name, str(p)
+    return _decode(p.read_bytes(), str(p), encoding), p.stem, str(p)
+
+
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """Cut the last ``val_fraction`` of the text off as validation, just after a newline."""
+    if val_fraction == 0:
+        return text, ""
+    cut = int(len(text) * (1 - val_fraction))
+    nl = text.rfind("\n", 0, cut)
+    if nl >= 0 and nl + 1 < len(text):
+        cut = nl + 1
+    return text[:cut], text[cut:]
+
+
+def _chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    """Whole-line pieces of about ``size`` characters (a line longer than that is one piece)."""
+    out, start = [], 0
+    while start < len(text):
+        end = text.find("\n", min(start + size, len(text)) - 1)
+        end = len(text) if end < 0 else end + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Token ids of ``text`` as one flat int64 array, encoded in batches of whole lines."""
+    pieces = []
+    chunks = _chunks(text)
+    for i in range(0, len(chunks), 8):
+        batch = chunks[i:i + 8]
+        pieces += tok.encode_batch(batch)
+        if progress:
+            progress(sum(len(c) for c in batch))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+# --- preparing ------------------------------------------------------------------------------
+def default_out(name: str) -> Path:
+    return Path("data") / name
+
+
+def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "char",
+            vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
+            tokenizer: Tokenizer | None = None,
+            progress: Callable[[int], None] | None = None) -> dict:
+    """Train (or reuse) a tokenizer, encode both splits, write the dataset folder atomically.
+
+    Returns the dataset's meta dict. ``tokenizer`` reuses an existing tokenizer (a checkpoint's
+    when resuming or fine-tuning) instead of training one.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise TbpError(f"{out} already exists (use --force to replace it)")
+    if kind not in KINDS:
+        raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
+    if not text.strip():
+        raise TbpError(f"{source}: corpus is empty")
+    if not 0 <= val_fraction < 1:
+        raise TbpError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    t0 = time.perf_counter()
+    train_text, val_text = split_text(text, val_fraction)
+    if tokenizer is None:
+        if kind == "char":
+            tokenizer = train_char(text)
+            if vocab_size is not None and vocab_size < tokenizer.vocab_size:
+                raise TbpError(f"--vocab-size {vocab_size} is below the corpus alphabet: "
+                               f"it has {tokenizer.vocab_size} distinct characters")
+        else:
+            tokenizer = train_bpe(_chunks(train_text or text), vocab_size or 1024)
+    else:
+        tokenizer.check(text, source)
+    dtype = token_dtype(tokenizer.vocab_size)
+    train_ids = encode(tokenizer, train_text, progress).astype(dtype)
+    val_ids = encode(tokenizer, val_text, progress).astype(dtype)
+    raw_bytes = len(text.encode("utf-8"))
+    meta = {
+        "format": META_VERSION,
+        "tokenizer": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "dtype": dtype.name,
+        "train_tokens": int(train_ids.size),
+        "val_tokens": int(val_ids.size),
+        "train_bytes": len(train_text.encode("utf-8")),
+        "val_bytes": len(val_text.encode("utf-8")),
+        "characters": len(text),
+        "bytes_per_token": raw_bytes / max(1, train_ids.size + val_ids.size),
+        "val_fraction": val_fraction,
+        "source": source,
+        "source_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "tokenizer_sha256": tokenizer.sha256(),
+        "name": name,
+        "versions": _versions(),
+        "seconds": 0.0,
+    }
+    with staged_dir(out, force) as tmp:
+        tokenizer.save(tmp / "tokenizer.json")
+        train_ids.tofile(tmp / "train.bin")
+        val_ids.tofile(tmp / "val.bin")
+        meta["seconds"] = round(time.perf_counter() - t0, 3)
+        atomic_write_json(tmp / "meta.json", meta)
+    return meta
+
+
+def _versions() -> dict:
+    import tokenizers
+    return {"tbp": __version__, "tokenizers": tokenizers.__version__, "numpy": np.__version__,
+            "python": sys.version.split()[0]}
+
+
+# --- loading --------------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """A prepared folder: memmapped splits, the tokenizer and meta.json."""
+    path: Path
+    meta: dict
+    tokenizer: Tokenizer
+    train: np.ndarray
+    val: np.ndarray
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Dataset":
+        path = Path(path)
+        if not path.is_dir():
+            raise TbpError(f"{path}: not a prepared dataset folder (run tbp prepare)")
+        for f in ("meta.json", "tokenizer.json", "train.bin", "val.bin"):
+            if not (path / f).is_file():
+                raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+            dtype = np.dtype(meta["dtype"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise TbpError(f"{path / 'meta.json'}: damaged ({e})") from None
+        tok = Tokenizer.load(path / "tokenizer.json")
+        splits = []
+        for split in ("train", "val"):
+            f = path / f"{split}.bin"
+            n = f.stat().st_size // dtype.itemsize
+            if n != meta.get(f"{split}_tokens"):
+                raise TbpError(f"{f}: holds {n} tokens, meta.json says {meta.get(f'{split}_tokens')}")
+            splits.append(np.memmap(f, dtype=dtype, mode="r") if n else np.zeros(0, dtype))
+        if tok.vocab_size != meta.get("vocab_size"):
+            raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta.get('vocab_size')}")
+        return cls(path, meta, tok, *splits)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return float(self.meta["bytes_per_token"])
+
+
+def get_batch(data: np.ndarray, batch_size: int, block_size: int,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """B random windows: x (B, T) and y (B, T) with y[:, t] == x[:, t + 1], int64.
+
+    Starts are drawn from ``rng`` only, so the same generator state gives the same batch.
+    """
+    if data.size < block_size + 1:
+        raise TbpError(f"split has {data.size} tokens, fewer than one block of {block_size} + 1")
+    starts = rng.integers(0, data.size - block_size, batch_size)                 # (B,)
+    rows = starts[:, None] + np.arange(block_size + 1)[None, :]                 # (B, T + 1)
+    window = np.asarray(data[rows], dtype=np.int64)
+    return window[:, :-1], window[:, 1:]

@@ -1,0 +1,124 @@
+"""Tokenizers built with the `tokenizers` library: char-level or byte-level BPE.
+
+Both are lossless on the text they accept: ``decode(encode(s)) == s``. The byte-level BPE
+accepts any text (every byte is in its alphabet, nothing is ever unknown); the char-level
+tokenizer accepts the characters of the corpus it was built from and names any other.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from .errors import TbpError
+
+EOT = "<|endoftext|>"
+KINDS = ("char", "bpe")
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus what tbp needs: its kind, end-of-text id, strict checks."""
+
+    def __init__(self, hf: HFTokenizer):
+        self.hf = hf
+        vocab = hf.get_vocab()
+        self.kind = "bpe" if isinstance(hf.pre_tokenizer, pre_tokenizers.ByteLevel) else "char"
+        self.eot_id = vocab.get(EOT)
+        self._alphabet = None if self.kind == "bpe" else frozenset(vocab)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def check(self, text: str, where: str = "text") -> None:
+        """Raise TbpError naming the first character a char tokenizer has never seen."""
+        if self._alphabet is None or set(text) <= self._alphabet:
+            return
+        for i, ch in enumerate(text):
+            if ch not in self._alphabet:
+                line = text.count("\n", 0, i) + 1
+                raise TbpError(f"{where}: character {ch!r} (U+{ord(ch):04X}, line {line}) is not in "
+                               f"this char tokenizer's vocabulary of {self.vocab_size}; "
+                               f"use a bpe tokenizer for open-ended text")
+
+    def encode(self, text: str) -> list[int]:
+        self.check(text)
+        return self.hf.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        for t in texts:
+            self.check(t)
+        return [np.asarray(e.ids, dtype=np.int64) for e in self.hf.encode_batch(texts)]
+
+    def decode(self, ids) -> str:
+        # keep special tokens: a literal "<|endoftext|>" in the text must survive the round trip
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def to_str(self) -> str:
+        return self.hf.to_str()
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.to_str().encode()).hexdigest()
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_str(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        if not path.is_file():
+            raise TbpError(f"{path}: no tokenizer here")
+        try:
+            return cls(HFTokenizer.from_str(path.read_text(encoding="utf-8")))
+        except Exception as e:   # the library raises plain Exceptions for bad JSON
+            raise TbpError(f"{path}: not a valid tokenizer.json ({' '.join(str(e).split())[:120]})") from None
+
+    @classmethod
+    def from_str(cls, s: str) -> "Tokenizer":
+        return cls(HFTokenizer.from_str(s))
+
+
+def train_char(text: str) -> Tokenizer:
+    """One token per distinct character, ids in sorted character order (nanoGPT's shakespeare_char).
+
+    Built as a BPE model with no merges: every character is its own token, and the Fuse
+    decoder joins tokens back with nothing in between.
+    """
+    chars = sorted(set(text))
+    if not chars:
+        raise TbpError("cannot build a char tokenizer from empty text")
+    hf = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    hf.decoder = decoders.Fuse()
+    return Tokenizer(hf)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE (GPT-2's scheme) trained to ``vocab_size`` tokens, including <|endoftext|>.
+
+    The 256 byte symbols are the initial alphabet, so any text encodes with no unknown token.
+    """
+    floor = len(pre_tokenizers.ByteLevel.alphabet()) + 1
+    if vocab_size < floor:
+        raise TbpError(f"--vocab-size {vocab_size} is below the byte-level alphabet: "
+                       f"a bpe tokenizer needs at least {floor} (256 bytes + {EOT})")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(texts, trainer)
+    return Tokenizer(hf)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
+
+
+def describe(tok: Tokenizer) -> dict:
+    return {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
+            "sha256": tok.sha256()}
+

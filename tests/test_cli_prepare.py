@@ -1,0 +1,104 @@
+"""`tbp prepare` through click's CliRunner: outputs, and every bad input as one clear line."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tbp.cli import main
+
+TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(300))
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, args, input=input)
+
+
+def assert_clean_failure(result, code, message):
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text(TEXT)
+    return p
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_prepare_writes_a_dataset(tmp_path, corpus, kind):
+    out = tmp_path / "ds"
+    r = run(["prepare", "--data", str(corpus), "--tokenizer", kind, "--vocab-size",
+             "300" if kind == "bpe" else "40", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"] == kind and meta["source"] == str(corpus)
+    assert "bytes per token" in r.output
+
+
+def test_prepare_default_corpus_works_offline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["prepare"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "data" / "pydoc" / "train.bin").stat().st_size > 500_000
+
+
+def test_prepare_from_stdin(tmp_path):
+    r = run(["prepare", "--data", "-", "--out", str(tmp_path / "s")], input=TEXT)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "s" / "meta.json").read_text())["source"] == "stdin"
+
+
+def test_missing_path(tmp_path):
+    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "nope.txt")]), 1, "nope.txt: no such file")
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n")
+    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "o")]),
+                         1, "corpus is empty")
+    assert not (tmp_path / "o").exists()
+
+
+def test_folder_without_text_files(tmp_path):
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "a.bin").write_bytes(b"\x00")
+    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "f")]), 1, "folder has no text files")
+
+
+def test_invalid_utf8_names_the_place_and_offers_encoding(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"good line\nbad \xff byte\n")
+    r = run(["prepare", "--data", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "o")])
+    assert_clean_failure(r, 1, "offset 14 (line 2) is not valid utf-8")
+    assert "--encoding" in r.output
+    r = run(["prepare", "--data", str(tmp_path / "bad.txt"), "--encoding", "latin-1", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+
+
+def test_vocab_below_alphabet(tmp_path, corpus):
+    assert_clean_failure(run(["prepare", "--data", str(corpus), "--tokenizer", "bpe", "--vocab-size", "100",
+                              "--out", str(tmp_path / "o")]), 1, "below the byte-level alphabet")
+    assert_clean_failure(run(["prepare", "--data", str(corpus), "--vocab-size", "5",
+                              "--out", str(tmp_path / "o")]), 1, "below the corpus alphabet")
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_is_left_untouched_without_force(tmp_path, corpus):
+    out = tmp_path / "ds"
+    assert run(["prepare", "--data", str(corpus), "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (tmp_path / "other.txt").write_text("something else entirely\n" * 50)
+    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out)]),
+                         1, "already exists (use --force")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out), "--force"]).exit_code == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} != before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no leftovers
+
+
+def test_usage_errors_exit_2(tmp_path, corpus):
+    assert run(["prepare", "--tokenizer", "wordpiece"]).exit_code == 2
+    assert run(["prepare", "--val-fraction", "1.5"]).exit_code == 2

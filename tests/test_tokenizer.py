@@ -1,0 +1,86 @@
+"""Tokenizers: exact round trips (a property test for BPE), strict char vocabulary."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tbp.errors import TbpError
+from tbp.tokenizer import EOT, Tokenizer, token_dtype, train_bpe, train_char
+
+CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+          "All:\nSpeak, speak.\n\tTabs\tand  double  spaces, ünïcödé, 日本語, emoji 🎉🐍\r\n") * 20
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_bpe([CORPUS], 300)
+
+
+@pytest.mark.parametrize("text", ["", "a", "hello world", "  leading and trailing  ", "\n\n\n",
+                                  "tab\there", "🎉", "日本語のテキスト", "mixed 🐍 ünï\r\nlines\n",
+                                  "<|endoftext|> literal", "\x00 nul and \x7f del"])
+def test_bpe_round_trip_table(bpe, text):
+    assert bpe.decode(bpe.encode(text)) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_bpe_is_lossless_on_arbitrary_unicode(text):
+    tok = _shared_bpe()
+    assert tok.decode(tok.encode(text)) == text
+
+
+_BPE = []
+
+
+def _shared_bpe():
+    if not _BPE:
+        _BPE.append(train_bpe([CORPUS], 300))
+    return _BPE[0]
+
+
+def test_bpe_has_end_of_text_and_requested_size(bpe):
+    assert bpe.kind == "bpe" and bpe.vocab_size == 300
+    assert bpe.eot_id is not None and bpe.hf.id_to_token(bpe.eot_id) == EOT
+
+
+def test_bpe_vocab_below_byte_alphabet_is_refused():
+    with pytest.raises(TbpError, match="at least 257"):
+        train_bpe([CORPUS], 200)
+
+
+def test_char_round_trip_and_sorted_ids():
+    tok = train_char(CORPUS)
+    assert tok.kind == "char" and tok.eot_id is None
+    assert tok.vocab_size == len(set(CORPUS))
+    ids = tok.encode(CORPUS)
+    assert len(ids) == len(CORPUS)
+    assert tok.decode(ids) == CORPUS
+    chars = sorted(set(CORPUS))
+    assert tok.encode(chars[0] + chars[-1]) == [0, len(chars) - 1]
+
+
+def test_char_names_an_unseen_character():
+    tok = train_char("abc\n")
+    with pytest.raises(TbpError, match=r"character 'z' \(U\+007A, line 2\)"):
+        tok.encode("ab\nz")
+
+
+def test_save_load_round_trip(tmp_path, bpe):
+    bpe.save(tmp_path / "tokenizer.json")
+    back = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert back.sha256() == bpe.sha256() and back.kind == "bpe"
+    assert back.encode(CORPUS) == bpe.encode(CORPUS)
+    char = train_char(CORPUS)
+    char.save(tmp_path / "c.json")
+    assert Tokenizer.load(tmp_path / "c.json").kind == "char"
+
+
+def test_load_damaged_tokenizer(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TbpError, match="not a valid tokenizer.json"):
+        Tokenizer.load(tmp_path / "tokenizer.json")
+
+
+def test_token_dtype():
+    assert token_dtype(65) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
