@@ -7,6 +7,7 @@ from .. import __version__
 from .common import Group
 from .gradcheck import gradcheck
 from .prepare import prepare
+from .train import train
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,5 +23,5 @@ def main():
     """
 
 
-for command in (prepare, gradcheck):
+for command in (prepare, train, gradcheck):
     main.add_command(command)

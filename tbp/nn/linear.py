@@ -23,10 +23,11 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self.cache = x
-        y = x @ self.params["weight"]                                      # (..., out)
+        # fold (B, T) into one axis: one large GEMM, not B small ones
+        y = x.reshape(-1, self.d_in) @ self.params["weight"]              # (N, out)
         if "bias" in self.params:
             y += self.params["bias"]
-        return y
+        return y.reshape(*x.shape[:-1], self.d_out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dweight += x^T dout;  dbias += sum over tokens of dout;  dx = dout @ weight^T.
@@ -40,7 +41,7 @@ class Linear(Module):
             self.grads["weight"] += x.reshape(-1, self.d_in).T @ d2
         if "bias" in self.grads:
             self.grads["bias"] += d2.sum(0)
-        return dout @ self.params["weight"].T                              # (..., in)
+        return (d2 @ self.params["weight"].T).reshape(x.shape)            # (..., in)
 
 
 class LoRA(Linear):
@@ -68,11 +69,12 @@ class LoRA(Linear):
         self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        h = x @ self.params["lora_down"]                                   # (..., R)
-        y = Linear.forward(self, x)
-        y += self.scale * (h @ self.params["lora_up"])
+        x2 = x.reshape(-1, self.d_in)                                      # (N, in)
+        h = x2 @ self.params["lora_down"]                                  # (N, R)
+        y = Linear.forward(self, x2)                                       # (N, out)
+        y += self.params["lora_up"].dtype.type(self.scale) * (h @ self.params["lora_up"])
         self.cache = x, h
-        return y
+        return y.reshape(*x.shape[:-1], self.d_out)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """[paper §6, eqs. 44-46], with h = x @ lora_down:
@@ -80,11 +82,14 @@ class LoRA(Linear):
         dx = dout weight^T + s (dout lora_up^T) lora_down^T.
         """
         x, h = self.cache
+        s = self.params["lora_up"].dtype.type(self.scale)
         d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
-        dh = self.scale * (dout @ self.params["lora_up"].T)                # (..., R)
-        self.grads["lora_up"] += self.scale * (h.reshape(-1, self.rank).T @ d2)
-        self.grads["lora_down"] += x.reshape(-1, self.d_in).T @ dh.reshape(-1, self.rank)
-        return dout @ self.params["weight"].T + dh @ self.params["lora_down"].T
+        dh = s * (d2 @ self.params["lora_up"].T)                           # (N, R)
+        self.grads["lora_up"] += s * (h.T @ d2)
+        self.grads["lora_down"] += x.reshape(-1, self.d_in).T @ dh
+        dx = d2 @ self.params["weight"].T
+        dx += dh @ self.params["lora_down"].T
+        return dx.reshape(x.shape)                                         # (..., in)
 
     def merged(self) -> np.ndarray:
         """weight + s * lora_down @ lora_up: the plain weight this adapter folds into."""

@@ -1,0 +1,176 @@
+"""Checkpoints: safe (no pickle, ever), atomic on write, validated on read.
+
+A run directory holds::
+
+    config.json            {"format", "model", "train", "lora", "base"}
+    tokenizer.json         the tokenizer the model reads
+    model.safetensors      weights, GPT-2 names          (adapter.safetensors for a LoRA run)
+    best.safetensors       weights at the best validation loss   (best-adapter.safetensors)
+    optimizer.safetensors  AdamW moments m.<name>, v.<name>
+    state.json             step, RNG state, best val loss, tokenizer SHA-256, ...
+    metrics.jsonl          one JSON object per logged step
+
+Each weight file records its step in the safetensors metadata, so a resume can prove that
+weights, moments and state belong together.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save as st_save
+
+from .errors import TbpError
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .nn import GPT, ModelConfig, add_lora
+from .tokenizer import Tokenizer
+
+FORMAT = 1
+FILES = ("config.json", "tokenizer.json", "state.json")
+
+
+def weights_name(adapter: bool, best: bool = False) -> str:
+    return ("best-" if best else "") + ("adapter" if adapter else "model") + ".safetensors"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- writing --------------------------------------------------------------------------------
+def write_arrays(path: str | Path, arrays: dict[str, np.ndarray], step: int, kind: str) -> None:
+    data = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                   metadata={"format": f"tbp-{FORMAT}", "kind": kind, "step": str(step)})
+    atomic_write_bytes(path, data)
+
+
+def trainable_arrays(model: GPT, adapter: bool) -> dict[str, np.ndarray]:
+    """All weights, or (for a LoRA run) just the adapters."""
+    if adapter:
+        return {k: v for k, v in model.params.items() if "lora_" in k}
+    return dict(model.params)
+
+
+def write_run_header(run: Path, config: dict, tokenizer: Tokenizer) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run / "config.json", {"format": FORMAT, **config})
+    atomic_write_text(run / "tokenizer.json", tokenizer.to_str())
+
+
+def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: bool) -> None:
+    """Weights, moments, then state.json last: the state names the step the others hold."""
+    step = state["step"]
+    weights = trainable_arrays(model, adapter)
+    write_arrays(run / weights_name(adapter), weights, step, "weights")
+    if best:
+        write_arrays(run / weights_name(adapter, best=True), weights, step, "weights")
+    write_arrays(run / "optimizer.safetensors", optimizer.state_arrays(), step, "optimizer")
+    atomic_write_json(run / "state.json", state)
+
+
+# --- reading --------------------------------------------------------------------------------
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise TbpError(f"{path}: missing")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TbpError(f"{path}: damaged JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise TbpError(f"{path}: expected a JSON object")
+    return obj
+
+
+def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, metadata) of a safetensors file; data only, nothing executable."""
+    if not path.is_file():
+        raise TbpError(f"{path}: missing")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:    # safetensors raises its own error types for truncated/garbled files
+        raise TbpError(f"{path}: damaged safetensors file ({' '.join(str(e).split())[:100]})") from None
+    return arrays, meta
+
+
+def read_config(run: Path) -> dict:
+    run = Path(run)
+    if not run.is_dir():
+        raise TbpError(f"{run}: no such checkpoint directory")
+    cfg = read_json(run / "config.json")
+    if cfg.get("format") != FORMAT:
+        raise TbpError(f"{run / 'config.json'}: checkpoint format {cfg.get('format')!r}, this tbp reads {FORMAT}")
+    return cfg
+
+
+def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: list[str] | None = None) -> None:
+    """Copy ``arrays`` into the model's parameters after checking names, shapes, dtypes, values."""
+    want = names if names is not None else list(model.params)
+    missing = [k for k in want if k not in arrays]
+    extra = [k for k in arrays if k not in want]
+    if missing or extra:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
+        raise TbpError(f"{source}: tensor names do not match the model ({what})")
+    for k in want:
+        a, p = arrays[k], model.params[k]
+        if a.shape != p.shape:
+            raise TbpError(f"{source}: {k} has shape {a.shape}, the config needs {p.shape}")
+        if a.dtype not in (np.float32, np.float64):
+            raise TbpError(f"{source}: {k} has dtype {a.dtype}; expected float32 or float64")
+        if not np.isfinite(a).all():
+            raise TbpError(f"{source}: {k} holds non-finite values")
+        np.copyto(p, a, casting="unsafe" if a.dtype != p.dtype else "no")
+
+
+def load_model(run: str | Path, dtype=None, best: bool = False, cls=GPT):
+    """(model, tokenizer, config dict) of a run: a full model or a base plus its LoRA adapter.
+
+    dtype: None keeps the checkpoint's; float32/float64 converts explicitly.
+    """
+    run = Path(run)
+    cfg = read_config(run)
+    try:
+        mcfg = ModelConfig.from_dict(cfg.get("model", {}))
+    except (TypeError, ValueError) as e:
+        raise TbpError(f"{run / 'config.json'}: bad model config ({e})") from None
+    tok = Tokenizer.load(run / "tokenizer.json")
+    if tok.vocab_size != mcfg.vocab_size:
+        raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "
+                       f"{mcfg.vocab_size} rows: the files belong to different models")
+    lora = cfg.get("lora")
+    path = run / weights_name(bool(lora), best)
+    arrays, _ = read_arrays(path)
+    file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
+    model = cls(mcfg, seed=0, dtype=dtype or file_dtype)
+    if lora:
+        base = cfg.get("base") or {}
+        base_path = Path(base.get("path", ""))
+        base_weights = base_path / weights_name(False)
+        if not base_weights.is_file():
+            raise TbpError(f"{run}: its base model {base_weights} is missing")
+        if file_sha256(base_weights) != base.get("sha256"):
+            raise TbpError(f"{run}: its base {base_weights} has changed since the adapter was trained "
+                           f"(SHA-256 mismatch); the adapter only makes sense on the exact base")
+        load_into(model, read_arrays(base_weights)[0], base_weights)
+        add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
+        load_into(model, arrays, path, names=[k for k in model.params if "lora_" in k])
+    else:
+        load_into(model, arrays, path)
+    return model, tok, cfg
+
+
+def latest_run(root: str | Path = "checkpoints") -> Path:
+    """The run under ``root`` whose state.json was written most recently."""
+    root = Path(root)
+    runs = [p for p in root.glob("*/state.json")] if root.is_dir() else []
+    if not runs:
+        raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
+    return max(runs, key=lambda p: p.stat().st_mtime).parent

@@ -1,0 +1,88 @@
+"""AdamW, the warmup + cosine learning-rate schedule, and global-norm gradient clipping."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def lr_at(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int) -> float:
+    """Learning rate for 0-based ``step``: linear warmup to ``lr``, then cosine down to ``min_lr``.
+
+    Warmup reaches lr at step = warmup (nanoGPT's and the PyTorch reference's formula);
+    after ``decay_iters`` it stays at min_lr.
+    """
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    if step >= decay_iters:
+        return min_lr
+    ratio = (step - warmup) / max(1, decay_iters - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def global_norm(grads: dict[str, np.ndarray]) -> float:
+    """sqrt of the sum of squares of every gradient entry (accumulated in float64)."""
+    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+
+
+def clip_grads(grads: dict[str, np.ndarray], max_norm: float) -> float:
+    """Scale all gradients in place so their global norm is at most ``max_norm``; returns the
+    norm before clipping (what a logger wants to see). max_norm <= 0 disables clipping."""
+    norm = global_norm(grads)
+    if max_norm > 0 and norm > max_norm:
+        scale = np.float32(max_norm / (norm + 1e-6))
+        for g in grads.values():
+            g *= g.dtype.type(scale)
+    return norm
+
+
+class AdamW:
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW computes it.
+
+    p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+    Weight decay applies to matrices only (ndim >= 2: embeddings and linear weights), never to
+    biases or layer-norm gains, following nanoGPT. Moments are kept in the parameters' dtype.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
+                 weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8):
+        self.params, self.grads = params, grads
+        self.names = list(grads)          # only what has a gradient: frozen weights are not stepped
+        self.weight_decay, self.beta1, self.beta2, self.eps = weight_decay, beta1, beta2, eps
+        self.m = {k: np.zeros_like(params[k]) for k in self.names}
+        self.v = {k: np.zeros_like(params[k]) for k in self.names}
+        self.t = 0
+
+    def step(self, lr: float) -> None:
+        self.t += 1
+        b1, b2 = self.beta1, self.beta2
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for k in self.names:
+            p, g, m, v = self.params[k], self.grads[k], self.m[k], self.v[k]
+            f = p.dtype.type
+            if self.weight_decay and p.ndim >= 2:
+                p *= f(1 - lr * self.weight_decay)
+            m *= f(b1)
+            m += f(1 - b1) * g
+            v *= f(b2)
+            v += f(1 - b2) * (g * g)
+            denom = np.sqrt(v)
+            denom *= f(1 / math.sqrt(bc2))
+            denom += f(self.eps)
+            p -= f(lr / bc1) * (m / denom)
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        out = {f"m.{k}": self.m[k] for k in self.names}
+        out.update({f"v.{k}": self.v[k] for k in self.names})
+        return out
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray], t: int) -> None:
+        want = set(self.state_arrays())
+        if set(arrays) != want:
+            missing = sorted(want - set(arrays))[:3]
+            raise ValueError(f"optimizer state does not match the model (missing {missing})")
+        for k in self.names:
+            np.copyto(self.m[k], arrays[f"m.{k}"])
+            np.copyto(self.v[k], arrays[f"v.{k}"])
+        self.t = t

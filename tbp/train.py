@@ -1,0 +1,191 @@
+"""The training loop. It reports through callbacks and never prints.
+
+One step: ``grad_accum`` micro-batches of forward + handwritten backward, a finiteness
+check, global-norm clipping, one AdamW update at the scheduled learning rate. Every
+``eval_interval`` steps (and at the end): train/val loss on fixed batches, then an atomic
+checkpoint. Everything random draws from generators seeded by ``TrainConfig.seed``, and
+their states are checkpointed, so a resumed run continues bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint
+from .config import TrainConfig
+from .data import Dataset, get_batch
+from .errors import TbpError
+from .fsutil import append_line, atomic_write_text
+from .nn import GPT
+from .optim import AdamW, clip_grads, lr_at
+
+
+class Callbacks:
+    """What a front end may observe; every method is optional."""
+
+    def start(self, trainer: "Trainer") -> None: ...
+    def step(self, trainer: "Trainer", metrics: dict) -> None: ...     # has val_loss on evals
+    def saved(self, trainer: "Trainer", step: int, best: bool) -> None: ...
+
+
+@dataclass
+class State:
+    """What, beyond weights and moments, a resume needs to continue exactly."""
+    step: int = 0                      # optimizer steps completed
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0
+    best_val_loss: float | None = None
+    best_step: int | None = None
+    data_rng: dict = field(default_factory=dict)     # bit-generator state of the batch sampler
+    tokenizer_sha256: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class NonFiniteError(TbpError):
+    pass
+
+
+class Trainer:
+    def __init__(self, model: GPT, dataset: Dataset, cfg: TrainConfig, run: Path, config_record: dict,
+                 adapter: bool = False, callbacks: Callbacks | None = None, state: State | None = None,
+                 optimizer_state: tuple[dict, int] | None = None):
+        self.model, self.data, self.cfg, self.run = model, dataset, cfg, Path(run)
+        self.config_record, self.adapter = config_record, adapter
+        self.cb = callbacks or Callbacks()
+        T = model.config.n_ctx
+        for split in ("train", "val"):
+            n = getattr(dataset, split).size
+            if n < T + 1:
+                raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
+                               f"of {T} + 1; use more text or a smaller --n-ctx")
+        self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2)
+        if optimizer_state is not None:
+            self.opt.load_state_arrays(*optimizer_state)
+        self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
+        self.data_rng = np.random.default_rng(cfg.seed)
+        if self.state.data_rng:
+            self.data_rng.bit_generator.state = self.state.data_rng
+        # fixed eval batches: the same windows at every eval, so the curve is comparable
+        self.eval_sets = {split: [get_batch(getattr(dataset, split), cfg.batch_size, T,
+                                            np.random.default_rng(cfg.seed + 1 + i))
+                                  for i in range(cfg.eval_batches)] for split in ("train", "val")}
+        self.stop_requested = False      # set by a front end (Ctrl-C): finish the step, save, stop
+        self.saving = False
+        self.hard_stop = False           # a second Ctrl-C during a save: quit once the files are whole
+        self.interrupted = False
+        self.last_saved_step: int | None = None
+
+    # --- public -----------------------------------------------------------------------------
+    def run_loop(self) -> State:
+        """Train until max_iters or a stop request; returns the final state."""
+        cfg, st = self.cfg, self.state
+        self.cb.start(self)
+        t_start = time.perf_counter() - st.elapsed_s
+        t_log, tokens_log = time.perf_counter(), 0
+        tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model.config.n_ctx
+        while st.step < cfg.max_iters:
+            if self.stop_requested:
+                self.interrupted = True
+                break
+            lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
+            loss, gnorm = self._step(lr)
+            st.step += 1
+            st.tokens_seen += tokens_per_step
+            tokens_log += tokens_per_step
+            st.elapsed_s = time.perf_counter() - t_start
+            metrics = {"step": st.step, "lr": lr, "train_loss": loss, "grad_norm": gnorm}
+            is_eval = st.step % cfg.eval_interval == 0 or st.step == cfg.max_iters
+            if is_eval or st.step % cfg.log_interval == 0 or st.step == 1:
+                now = time.perf_counter()
+                metrics["tokens_per_s"] = tokens_log / max(now - t_log, 1e-9)
+                metrics["elapsed_s"] = st.elapsed_s
+                t_log, tokens_log = now, 0
+                if is_eval:
+                    metrics.update(self.evaluate())
+                    if not math.isfinite(metrics["val_loss"]):
+                        raise NonFiniteError(f"step {st.step}: validation loss is {metrics['val_loss']}; "
+                                             f"not saving (last good checkpoint: step {self.last_saved_step})")
+                append_line(self.run / "metrics.jsonl", json.dumps(metrics))
+            self.cb.step(self, metrics)
+            if is_eval:
+                self.save(metrics["val_loss"])
+        if self.interrupted and self.last_saved_step != st.step:
+            self.save(None)
+        return st
+
+    def evaluate(self) -> dict:
+        """Mean loss over the fixed eval batches of each split; val also in bits per byte."""
+        out = {}
+        with np.errstate(over="ignore", invalid="ignore"):
+            for split, batches in self.eval_sets.items():
+                out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(
+                    np.mean([self.model.loss(x, y) for x, y in batches]))
+        meta = self.data.meta
+        bytes_per_token = meta["val_bytes"] / max(1, meta["val_tokens"])
+        out["val_bpb"] = out["val_loss"] / math.log(2) / bytes_per_token
+        return out
+
+    def save(self, val_loss: float | None) -> None:
+        st = self.state
+        best = val_loss is not None and (st.best_val_loss is None or val_loss < st.best_val_loss)
+        if best:
+            st.best_val_loss, st.best_step = val_loss, st.step
+        st.data_rng = self.data_rng.bit_generator.state
+        self.saving = True
+        try:
+            checkpoint.save(self.run, self.model, self.opt, st.to_dict(), self.adapter, best)
+        finally:
+            self.saving = False
+        if self.hard_stop:
+            raise KeyboardInterrupt
+        self.last_saved_step = st.step
+        self.cb.saved(self, st.step, best)
+
+    # --- internals --------------------------------------------------------------------------
+    def _step(self, lr: float) -> tuple[float, float]:
+        # overflow on a diverging run is caught below, by value, with the step named
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._step_unguarded(lr)
+
+    def _step_unguarded(self, lr: float) -> tuple[float, float]:
+        cfg, model = self.cfg, self.model
+        model.zero_grad()
+        total = 0.0
+        for _ in range(cfg.grad_accum):
+            x, y = get_batch(self.data.train, cfg.batch_size, model.config.n_ctx, self.data_rng)
+            total += model.loss(x, y) / cfg.grad_accum
+            dlogits = model.loss_fn.backward()
+            if cfg.grad_accum > 1:
+                dlogits *= dlogits.dtype.type(1.0 / cfg.grad_accum)
+            model.backward(dlogits)
+        gnorm = clip_grads(model.grads, cfg.grad_clip)
+        if not (math.isfinite(total) and math.isfinite(gnorm)):
+            what = "loss" if not math.isfinite(total) else "gradient norm"
+            good = f"; the last good checkpoint (step {self.last_saved_step}) is kept" \
+                if self.last_saved_step is not None else "; no checkpoint was written"
+            raise NonFiniteError(f"step {self.state.step + 1}: {what} is {total if what == 'loss' else gnorm}"
+                                 f" (try a lower --lr){good}")
+        self.opt.step(lr)
+        return total, gnorm
+
+
+def trim_metrics(run: Path, step: int) -> None:
+    """Drop metrics lines past ``step`` (logged after the last checkpoint of a crashed run)."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except ValueError:
+            continue      # a torn last line from a hard kill
+    atomic_write_text(path, "".join(l + "\n" for l in keep))

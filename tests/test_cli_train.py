@@ -1,0 +1,139 @@
+"""`tbp train` through CliRunner: runs, resume, Ctrl-C, refusals and their exit codes."""
+import json
+import signal
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tbp import GPT
+from tbp.cli import main
+from tbp.cli import train as cli_train
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
+        "--eval-batches", "2", "--eval-interval", "5", "--log-interval", "5", "-q"]
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], **kw)
+
+
+def clean_fail(r, code, msg):
+    assert r.exit_code == code, r.output
+    assert msg in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.fixture
+def trained(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "checkpoints/a", "--max-iters", 10, *TINY])
+    assert r.exit_code == 0, r.output
+    return tmp_path / "checkpoints" / "a"
+
+
+def test_train_on_a_text_file_writes_a_complete_run(trained):
+    names = sorted(p.name for p in trained.iterdir())
+    assert names == ["best-model.safetensors", "config.json", "metrics.jsonl", "model.safetensors",
+                     "optimizer.safetensors", "state.json", "tokenizer.json"]
+    lines = [json.loads(l) for l in (trained / "metrics.jsonl").read_text().splitlines()]
+    for key in ("step", "lr", "train_loss", "grad_norm", "tokens_per_s", "elapsed_s"):
+        assert all(key in m for m in lines)
+    evals = [m for m in lines if "val_loss" in m]
+    assert [m["step"] for m in evals] == [5, 10] and all("val_bpb" in m for m in evals)
+    assert json.loads((trained / "state.json").read_text())["step"] == 10
+    assert (trained.parent.parent / "data" / "corpus" / "meta.json").is_file()   # prepared on the fly
+
+
+def test_existing_run_without_resume_or_force_is_refused(trained, corpus_file):
+    before = (trained / "model.safetensors").read_bytes()
+    clean_fail(run(["train", "--data", corpus_file, "--out", trained, *TINY]), 1, "already holds a run")
+    assert (trained / "model.safetensors").read_bytes() == before
+    r = run(["train", "--data", corpus_file, "--out", trained, "--force", "--max-iters", 3, *TINY])
+    assert r.exit_code == 0, r.output
+    assert json.loads((trained / "state.json").read_text())["step"] == 3
+
+
+def test_resume_continues_to_a_new_total(trained):
+    r = run(["train", "--out", trained, "--resume", "--max-iters", 15, "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((trained / "state.json").read_text())["step"] == 15
+
+
+def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    orig = cli_train.Progress.step
+
+    def step(self, trainer, m):
+        orig(self, trainer, m)
+        if m["step"] == 3:
+            signal.raise_signal(signal.SIGINT)      # the real handler runs
+    monkeypatch.setattr(cli_train.Progress, "step", step)
+    r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 10, *TINY])
+    assert r.exit_code == 130, r.output
+    assert "finishing this step and saving" in r.output
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 3
+    monkeypatch.setattr(cli_train.Progress, "step", orig)
+    r = run(["train", "--out", "run", "--resume", "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 10
+
+
+def test_nan_exits_1_naming_the_step(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 30, "--lr", 1e4, "--grad-clip", 0,
+             *TINY])
+    clean_fail(r, 1, "is nan")
+    assert "step" in r.output
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["--d-model", 10, "--n-head", 4], 1, "divisible"),
+    (["--batch-size", 0], 2, "--batch-size"),
+    (["--lr", -1], 2, "--lr"),
+    (["--min-lr", 1], 1, "min_lr <= lr"),
+    (["--resume"], 1, "r: no such checkpoint directory"),
+    (["--lora-rank", 4], 2, "give it --init-from"),
+    (["--n-ctx", 4096], 1, "fewer than one block"),
+])
+def test_nonsense_options_are_refused(tmp_path, corpus_file, monkeypatch, args, code, msg):
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 2, *TINY[:-1], *args]), code, msg)
+
+
+def test_resume_with_data_of_another_tokenizer_is_refused(trained, tmp_path):
+    from tbp import data
+    data.prepare("completely different alphabet XYZ\n" * 100, "o", "test", tmp_path / "other")
+    clean_fail(run(["train", "--out", trained, "--resume", "--data", tmp_path / "other", "-q"]), 1,
+               "tokenizer differs")
+
+
+def test_resume_with_text_the_tokenizer_cannot_encode(trained, tmp_path):
+    (tmp_path / "new.txt").write_text("Zebra ζ\n" * 100)
+    clean_fail(run(["train", "--out", trained, "--resume", "--data", tmp_path / "new.txt", "-q"]), 1,
+               "is not in this char tokenizer's vocabulary")
+
+
+def test_config_file_supplies_options(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps({"model": {"n_layer": 2, "d_model": 16, "n_head": 2,
+                                                             "n_ctx": 16}, "max_iters": 4, "batch_size": 2}))
+    r = run(["train", "--config", tmp_path / "cfg.json", "--data", corpus_file, "--out", "c", "-q",
+             "--eval-batches", 1])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["model"]["n_layer"] == 2 and cfg["train"]["max_iters"] == 4 and cfg["train"]["batch_size"] == 2
+    (tmp_path / "bad.json").write_text(json.dumps({"n_layers": 2}))
+    assert run(["train", "--config", tmp_path / "bad.json"]).exit_code == 2
+
+
+def test_loaded_model_reproduces_logits(trained):
+    model = GPT.load(trained)
+    idx = np.arange(16)[None] % model.config.vocab_size
+    assert model.forward(idx).shape == (1, 16, model.config.vocab_size)
+    again = GPT.load(trained)
+    np.testing.assert_array_equal(again.forward(idx), model.forward(idx))
+
+
+def test_resume_needs_out():
+    clean_fail(run(["train", "--resume"]), 2, "--resume needs --out")

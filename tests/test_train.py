@@ -1,0 +1,164 @@
+"""The training loop: learning, exact resume, guards, checkpoints."""
+import json
+
+import numpy as np
+import pytest
+
+from tbp import GPT, ModelConfig, checkpoint, runs
+from tbp.config import TrainConfig
+from tbp.errors import TbpError
+from tbp.optim import AdamW, clip_grads, global_norm, lr_at
+from tbp.train import Callbacks
+
+SMALL = dict(n_layer=2, n_head=2, d_model=16, n_ctx=16)
+
+
+def tcfg(**kw):
+    base = dict(batch_size=4, max_iters=20, lr=3e-3, warmup=3, eval_interval=10, eval_batches=2,
+                log_interval=5, seed=7)
+    return TrainConfig(**{**base, **kw})
+
+
+def new_trainer(tmp_path, dataset, name="run", callbacks=None, **kw):
+    mcfg = ModelConfig(vocab_size=dataset.tokenizer.vocab_size, **SMALL)
+    return runs.new_run(tmp_path / name, mcfg, tcfg(**kw), dataset, False, callbacks)
+
+
+def test_overfitting_one_batch_drives_the_loss_near_zero():
+    model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=32), seed=0)
+    opt = AdamW(model.params, model.grads, weight_decay=0.0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 11, (4, 8))
+    y = rng.integers(0, 11, (4, 8))
+    first = model.loss_and_backward(x, y)
+    for _ in range(300):
+        loss = model.loss_and_backward(x, y)
+        opt.step(1e-2)
+    assert first > 2.0 and loss < 0.05
+
+
+def test_training_lowers_validation_loss(tmp_path, dataset):
+    tr = new_trainer(tmp_path, dataset, max_iters=60, eval_interval=60)
+    before = tr.evaluate()["val_loss"]
+    tr.run_loop()
+    assert tr.evaluate()["val_loss"] < before - 0.5
+
+
+class StopAt(Callbacks):
+    def __init__(self, n):
+        self.n = n
+
+    def step(self, trainer, metrics):
+        if metrics["step"] == self.n:
+            trainer.stop_requested = True       # what the Ctrl-C handler does
+
+
+def _snapshot(tr):
+    return ({k: v.copy() for k, v in tr.model.params.items()},
+            {k: v.copy() for k, v in tr.opt.state_arrays().items()}, tr.data_rng.bit_generator.state)
+
+
+def test_ten_steps_resume_ten_steps_equals_twenty_steps_exactly(tmp_path, dataset):
+    straight = new_trainer(tmp_path, dataset, "straight")
+    straight.run_loop()
+    p20, o20, r20 = _snapshot(straight)
+
+    first = new_trainer(tmp_path, dataset, "split", callbacks=StopAt(7))   # stops between evals
+    first.run_loop()
+    assert first.interrupted and first.state.step == 7
+    second = runs.resume(tmp_path / "split", {}, {}, None)
+    second.run_loop()
+    p, o, r = _snapshot(second)
+    assert second.state.step == 20
+    for k in p20:
+        np.testing.assert_array_equal(p[k], p20[k], err_msg=k)
+    for k in o20:
+        np.testing.assert_array_equal(o[k], o20[k], err_msg=k)
+    assert r == r20
+    steps = [json.loads(l)["step"] for l in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))        # no step logged twice
+
+
+def test_resume_with_a_larger_max_iters_continues(tmp_path, dataset):
+    tr = new_trainer(tmp_path, dataset, max_iters=10, lr_decay_iters=20)
+    tr.run_loop()
+    more = runs.resume(tmp_path / "run", {"max_iters": 20}, {}, None)
+    assert more.state.step == 10 and more.cfg.max_iters == 20
+    more.run_loop()
+    assert more.state.step == 20
+    ref = new_trainer(tmp_path, dataset, "ref", max_iters=20, lr_decay_iters=20)
+    ref.run_loop()
+    for k in ref.model.params:
+        np.testing.assert_array_equal(more.model.params[k], ref.model.params[k])
+
+
+def test_resume_refuses_files_from_different_steps(tmp_path, dataset):
+    tr = new_trainer(tmp_path, dataset, max_iters=10)
+    tr.run_loop()
+    checkpoint.write_arrays(tmp_path / "run" / "optimizer.safetensors", tr.opt.state_arrays(), 3, "optimizer")
+    with pytest.raises(TbpError, match="different steps"):
+        runs.resume(tmp_path / "run", {}, {}, None)
+
+
+def test_checkpoint_loads_to_identical_logits(tmp_path, dataset):
+    tr = new_trainer(tmp_path, dataset, max_iters=10)
+    tr.run_loop()
+    loaded = GPT.load(tmp_path / "run")
+    idx = np.random.default_rng(0).integers(0, dataset.tokenizer.vocab_size, (2, 16))
+    np.testing.assert_array_equal(loaded.forward(idx), tr.model.forward(idx))
+    assert loaded.dtype == np.float32
+    assert GPT.load(tmp_path / "run", dtype=np.float64).dtype == np.float64
+
+
+def test_nan_guard_stops_without_poisoning_the_checkpoint(tmp_path, dataset, monkeypatch):
+    tr = new_trainer(tmp_path, dataset, max_iters=30)
+    orig = tr.model.loss
+
+    def poisoned(x, y):                      # the 13th step's loss is NaN
+        loss = orig(x, y)
+        return float("nan") if tr.state.step >= 12 else loss
+    monkeypatch.setattr(tr.model, "loss", poisoned)
+    with pytest.raises(TbpError, match=r"step 13: loss is nan.*last good checkpoint \(step 10\)"):
+        tr.run_loop()
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["step"] == 10
+    model = GPT.load(tmp_path / "run")
+    assert all(np.isfinite(p).all() for p in model.params.values())
+
+
+def test_clipping_bounds_the_global_norm(rng):
+    grads = {"a": rng.standard_normal((10, 10)).astype(np.float32) * 5,
+             "b": rng.standard_normal(7).astype(np.float32)}
+    before = global_norm(grads)
+    assert clip_grads(grads, 1.0) == pytest.approx(before)
+    assert global_norm(grads) == pytest.approx(1.0, rel=1e-5)
+    small = {"a": np.full(4, 0.1, dtype=np.float32)}
+    clip_grads(small, 1.0)
+    np.testing.assert_array_equal(small["a"], 0.1 * np.ones(4, dtype=np.float32))
+
+
+def test_schedule_warms_up_then_decays_to_min_lr():
+    lrs = [lr_at(s, 1e-3, 1e-4, 10, 100) for s in range(120)]
+    assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[10] == pytest.approx(1e-3)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101]))
+    assert lrs[100] == lrs[119] == pytest.approx(1e-4)
+
+
+def test_adamw_matches_the_closed_form_on_one_step():
+    p = {"w": np.array([[1.0, -2.0]]), "b": np.array([0.5])}
+    g = {"w": np.array([[0.1, 0.2]]), "b": np.array([-0.3])}
+    opt = AdamW(p, g, weight_decay=0.1, beta1=0.9, beta2=0.99, eps=1e-8)
+    opt.step(0.01)
+    # first step: m_hat = g, v_hat = g^2 -> update = lr * sign(g) (up to eps); decay on matrices only
+    np.testing.assert_allclose(p["w"], np.array([[1.0, -2.0]]) * (1 - 0.001) - 0.01 * np.sign([[0.1, 0.2]]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(p["b"], [0.5 + 0.01], rtol=1e-6)
+
+
+def test_data_shorter_than_one_block_is_refused(tmp_path):
+    from tbp import data
+    data.prepare("tiny text\n" * 3, "t", "test", tmp_path / "short")
+    ds = data.Dataset.load(tmp_path / "short")
+    with pytest.raises(TbpError, match="fewer than one block"):
+        new_trainer(tmp_path, ds)
