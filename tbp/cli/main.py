@@ -8,6 +8,7 @@ from .common import Group
 from .gradcheck import gradcheck
 from .prepare import prepare
 from .train import train
+from .generate import generate
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -23,5 +24,5 @@ def main():
     """
 
 
-for command in (prepare, train, gradcheck):
+for command in (prepare, train, generate, gradcheck):
     main.add_command(command)

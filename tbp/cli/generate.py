@@ -1,0 +1,120 @@
+"""`tbp generate`: stream text from a checkpoint."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .. import checkpoint
+from ..errors import TbpError
+from ..generate import Sampling, Stats, generate_text
+from ..model import GPT
+from .common import console, fmt_bytes
+
+
+def _prompt_text(prompt, prompt_file) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give --prompt or --prompt-file, not both")
+    if prompt is not None:
+        return prompt
+    if prompt_file is not None:
+        try:
+            return Path(prompt_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TbpError(f"{prompt_file}: not valid UTF-8 at byte {e.start}") from None
+    if not sys.stdin.isatty():
+        return sys.stdin.read()
+    return ""
+
+
+def start_tokens(tok, text: str) -> tuple[list[int], str]:
+    """Prompt ids; an empty prompt starts from <|endoftext|> or, for a char tokenizer, a newline."""
+    if text:
+        tok.check(text, "prompt")
+        return tok.encode(text), ""
+    if tok.eot_id is not None:
+        return [tok.eot_id], "starting from <|endoftext|>"
+    if "\n" in tok.hf.get_vocab():
+        return tok.encode("\n"), "no prompt: starting from a newline"
+    raise TbpError("empty prompt: this tokenizer has no start token and no newline; give --prompt")
+
+
+@click.command()
+@click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
+              help="Run directory. Default: the most recently saved run under checkpoints/.")
+@click.option("--prompt", default=None, help="Text to continue. Default: stdin when piped, else none.")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Read the prompt from a file.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--temperature", type=float, default=0.8, show_default=True,
+              help="Softmax temperature; 0 is greedy.")
+@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens only.")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling: the smallest set with mass p.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Make the sampling repeatable.")
+@click.option("--num-samples", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Independent samples, decoded together as one batch.")
+@click.option("--stop", multiple=True, help="End a sample at this string (repeatable).")
+@click.option("--kv-cache/--no-kv-cache", default=True, show_default=True,
+              help="--no-kv-cache recomputes every token's full window: the slow baseline.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Print text as it is generated (one sample only).")
+@click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
+def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, seed, num_samples, stop,
+             kv_cache, stream, best):
+    """Sample text from a trained model, streamed to stdout, with a KV cache.
+
+    Each new token attends once to the cached keys and values of the tokens before it, so
+    the cost per token grows linearly with the text, not quadratically. A prompt longer
+    than the context keeps its last tokens (with a warning); past the context, the cache is
+    refilled from the most recent half window. stdout carries only the generated text.
+
+    \b
+    Examples:
+      tbp generate
+      tbp generate --checkpoint checkpoints/shakespeare --prompt "ROMEO:" --temperature 0.7 --top-k 40
+      echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
+    """
+    try:
+        sampling = Sampling(temperature, top_k, top_p)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    run = run or checkpoint.latest_run()
+    text = _prompt_text(prompt, prompt_file)
+    model, tok, _ = checkpoint.load_model(run, best=best, cls=GPT)
+    ids, note = start_tokens(tok, text)
+    n_ctx = model.config.n_ctx
+    if len(ids) > n_ctx:
+        console.print(f"[yellow]warning:[/] prompt has {len(ids)} tokens; keeping the last {n_ctx} (the context)")
+        ids = ids[-n_ctx:]
+    if note:
+        console.print(f"[dim]{note}[/]")
+    rng = np.random.default_rng(seed)
+    stats = Stats()
+    streaming = stream and num_samples == 1
+    outputs = [""] * num_samples
+    out = sys.stdout
+    if streaming:
+        out.write(text)
+        out.flush()
+    for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
+                                  kv_cache, tuple(stop), stats):
+        if streaming:
+            out.write(piece)
+            out.flush()
+        else:
+            outputs[i] += piece
+    if streaming:
+        out.write("\n")
+    else:
+        for i, o in enumerate(outputs):
+            if num_samples > 1:
+                out.write(f"--- sample {i + 1} ---\n")
+            out.write(text + o + "\n")
+    out.flush()
+    tps = stats.new_tokens / max(stats.decode_s + stats.prefill_s, 1e-9)
+    cache = f" · KV cache {fmt_bytes(stats.cache_bytes)}" if kv_cache else " · no KV cache"
+    console.print(f"[dim]{stats.new_tokens} tokens × {num_samples} sample(s) in "
+                  f"{stats.prefill_s + stats.decode_s:.2f}s ({tps:.0f} tokens/s; prompt {stats.prompt_tokens} "
+                  f"tokens, prefill {stats.prefill_s * 1e3:.0f} ms){cache} · {run}[/]")

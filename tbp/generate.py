@@ -1,0 +1,195 @@
+"""Sampling from a model, with a KV cache: a Python generator of token ids, then of text.
+
+Cost. A prefill runs the prompt once (quadratic in its length, like training). After that
+each token costs one row of attention against the cache per layer: linear in the number of
+tokens so far, never a recomputation of the past (paper §3.2). Without the cache
+(``use_cache=False``) every token re-runs the whole window: quadratic per token.
+
+Past the context. Positions are learned, so the cache cannot slide: when it is full, it is
+refilled by a prefill of the most recent ``n_ctx // 2`` tokens (one prefill every
+``n_ctx / 2`` tokens, so the amortised cost per token stays linear in n_ctx). The uncached
+path uses exactly the same windows, so both paths see the same context at every step and
+draw the same random numbers: with the same seed they produce the same text.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .nn import GPT
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0       # 0: greedy (argmax)
+    top_k: int | None = None       # keep the k most likely tokens (clamped to V)
+    top_p: float | None = None     # keep the smallest set whose probability reaches p
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top-k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
+    """Next token for each row of logits (B, V) -> (B,) int64.
+
+    One uniform number per row is drawn (even when greedy), and the token is found by
+    inverting the CDF of the filtered distribution: the same draws give the same tokens
+    whichever way the logits were computed.
+    """
+    u = rng.random(logits.shape[0])                                        # (B,)
+    if s.temperature == 0:
+        return logits.argmax(-1).astype(np.int64)
+    z = logits.astype(np.float64) / s.temperature                          # (B, V), float64 for the CDF
+    V = z.shape[-1]
+    if s.top_k is not None and s.top_k < V:
+        kth = np.partition(z, V - s.top_k, axis=-1)[:, V - s.top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if s.top_p is not None and s.top_p < 1:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, -1)
+        # keep a token if the mass before it is below top_p: the first token always stays
+        keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < s.top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    cdf = np.cumsum(p, -1)
+    idx = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
+    return np.minimum(idx, V - 1).astype(np.int64)
+
+
+def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
+                 rng: np.random.Generator, num_samples: int = 1,
+                 use_cache: bool = True) -> Iterator[np.ndarray]:
+    """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
+
+    ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
+    """
+    n_ctx = model.config.n_ctx
+    if not 1 <= len(prompt) <= n_ctx:
+        raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
+    tokens = np.tile(np.asarray(prompt, dtype=np.int64), (num_samples, 1))     # (B, t)
+    start = 0                                 # first position of the current window
+    caches = model.new_caches(num_samples) if use_cache else None
+    if caches is not None:
+        logits = model.forward_cached(tokens, caches)[:, -1]                    # (B, V)
+    else:
+        logits = model.forward(tokens)[:, -1]
+    for _ in range(max_new_tokens):
+        nxt = sample(logits, sampling, rng)                                     # (B,)
+        yield nxt
+        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+        if tokens.shape[1] - start > n_ctx:
+            start = tokens.shape[1] - n_ctx // 2        # window full: keep the recent half
+            if caches is not None:
+                caches = model.new_caches(num_samples)
+                logits = model.forward_cached(tokens[:, start:], caches)[:, -1]
+                continue
+        if caches is not None:
+            logits = model.forward_cached(nxt[:, None], caches)[:, -1]
+        else:
+            logits = model.forward(tokens[:, start:])[:, -1]
+
+
+class TextStream:
+    """Token ids -> text pieces for one sample, safe for streaming.
+
+    Holds back an incomplete multi-byte character (a byte-level BPE token can end inside
+    one; the decoder shows it as U+FFFD) and any tail that could still become a stop string.
+    """
+
+    def __init__(self, tok: Tokenizer, stop: tuple[str, ...] = ()):
+        self.tok, self.stop = tok, tuple(s for s in stop if s)
+        self.pending: list[int] = []
+        self.text = ""          # everything decoded so far
+        self.emitted = 0        # how much of it has been handed out
+        self.done = False
+
+    def push(self, token: int) -> str:
+        if self.done:
+            return ""
+        self.pending.append(int(token))
+        piece = self.tok.decode(self.pending)
+        if piece.endswith("\ufffd") and len(self.pending) < 8:
+            return ""           # wait for the rest of the character
+        self.pending = []
+        self.text += piece
+        for s in self.stop:
+            i = self.text.find(s, max(0, self.emitted - len(s)))
+            if i >= 0:
+                self.text = self.text[:i]
+                self.done = True
+                return self._emit(len(self.text))
+        hold = max((len(s) - 1 for s in self.stop), default=0)
+        return self._emit(max(self.emitted, len(self.text) - hold))
+
+    def flush(self) -> str:
+        if self.pending and not self.done:
+            self.text += self.tok.decode(self.pending)
+            self.pending = []
+        return self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> str:
+        out = self.text[self.emitted:upto]
+        self.emitted = max(self.emitted, upto)
+        return out
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    cache_bytes: int = 0
+
+
+def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens: int,
+                  sampling: Sampling, rng: np.random.Generator, num_samples: int = 1,
+                  use_cache: bool = True, stop: tuple[str, ...] = (),
+                  stats: Stats | None = None) -> Iterator[tuple[int, str]]:
+    """Yield (sample index, text piece) as tokens arrive; a sample ends at a stop string,
+    at the tokenizer's end-of-text token, or after ``max_new_tokens``."""
+    stats = stats if stats is not None else Stats()
+    streams = [TextStream(tok, stop) for _ in range(num_samples)]
+    stats.prompt_tokens = len(prompt)
+    if use_cache:
+        per_layer = num_samples * model.config.n_head * model.config.n_ctx * (
+            model.config.d_key + model.config.d_head) * model.dtype.itemsize
+        stats.cache_bytes = per_layer * model.config.n_layer
+    t0 = time.perf_counter()
+    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache)
+    first = True
+    for nxt in gen:
+        if first:
+            stats.prefill_s = time.perf_counter() - t0   # includes the first sampled token
+            t0, first = time.perf_counter(), False
+        stats.new_tokens += 1
+        for i, t in enumerate(nxt):
+            s = streams[i]
+            if s.done:
+                continue
+            if tok.eot_id is not None and t == tok.eot_id:
+                s.done = True
+                continue
+            piece = s.push(int(t))
+            if piece:
+                yield i, piece
+        if all(s.done for s in streams):
+            break
+    stats.decode_s = time.perf_counter() - t0
+    for i, s in enumerate(streams):
+        piece = s.flush()
+        if piece:
+            yield i, piece

@@ -1,0 +1,75 @@
+"""`tbp generate` through CliRunner."""
+import pytest
+from click.testing import CliRunner
+
+from tbp.cli import main
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
+        "--eval-batches", "1", "--eval-interval", "5", "-q"]
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], **kw)
+
+
+@pytest.fixture
+def run_dir(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "checkpoints/g", "--max-iters", 5, *TINY])
+    assert r.exit_code == 0, r.output
+    return tmp_path / "checkpoints" / "g"
+
+
+def test_generate_defaults_to_latest_run_and_streams_text(run_dir):
+    r = CliRunner().invoke(main, ["generate", "--max-new-tokens", "30", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert "tokens/s" in r.output and "KV cache" in r.output
+
+
+def test_same_seed_same_text_with_and_without_cache(run_dir):
+    runner = CliRunner()
+    args = ["generate", "--checkpoint", str(run_dir), "--prompt", "the cat", "--max-new-tokens", "40",
+            "--seed", "3", "--temperature", "0.9", "--top-k", "10", "--top-p", "0.95"]
+    a = runner.invoke(main, args)
+    b = runner.invoke(main, args + ["--no-kv-cache"])
+    assert a.exit_code == b.exit_code == 0
+    assert a.stdout == b.stdout and a.stdout.startswith("the cat")
+
+
+def test_prompt_longer_than_context_is_cropped_with_a_warning(run_dir):
+    r = run(["generate", "--checkpoint", run_dir, "--prompt", "the cat sat on the mat " * 4,
+             "--max-new-tokens", 5])
+    assert r.exit_code == 0, r.output
+    assert "keeping the last 16" in r.output
+
+
+def test_several_samples(run_dir):
+    r = run(["generate", "--checkpoint", run_dir, "--num-samples", 3, "--max-new-tokens", 10, "--seed", 0])
+    assert r.exit_code == 0 and r.stdout.count("--- sample") == 3
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["--temperature", "-1"], 2, "temperature must be >= 0"),
+    (["--top-p", "0"], 2, "top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], 2, "top-p must be in (0, 1]"),
+    (["--top-k", "0"], 2, "top-k must be >= 1"),
+    (["--prompt", "Zé"], 1, "character 'Z' (U+005A, line 1) is not in this char tokenizer"),
+])
+def test_bad_input(run_dir, args, code, msg):
+    r = run(["generate", "--checkpoint", run_dir, *args])
+    assert r.exit_code == code, r.output
+    assert msg in r.output and "Traceback" not in r.output
+
+
+def test_missing_and_damaged_checkpoints(tmp_path, run_dir):
+    r = run(["generate", "--checkpoint", tmp_path / "nope"])
+    assert r.exit_code == 1 and "no such checkpoint directory" in r.output
+    (run_dir / "model.safetensors").write_bytes(b"garbage")
+    r = run(["generate", "--checkpoint", run_dir])
+    assert r.exit_code == 1 and "damaged safetensors" in r.output and "Traceback" not in r.output
+
+
+def test_no_checkpoint_at_all(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["generate"])
+    assert r.exit_code == 1 and "no checkpoint under checkpoints" in r.output

@@ -1,0 +1,113 @@
+"""KV-cache decoding equals full recomputation; sampling rules; streaming text."""
+import numpy as np
+import pytest
+
+from tbp import GPT, ModelConfig
+from tbp.generate import Sampling, TextStream, generate_ids, generate_text, sample
+from tbp.tokenizer import train_bpe, train_char
+
+CFG = dict(vocab_size=17, n_ctx=12, n_layer=2, n_head=2, d_model=16)
+
+
+def randomized(dtype, seed=0, **kw):
+    model = GPT(ModelConfig(**{**CFG, **kw}), seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    for p in model.params.values():          # O(1) weights: sharp, varied attention patterns
+        p += (rng.standard_normal(p.shape) * 0.3).astype(dtype)
+    return model
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-4)])
+@pytest.mark.parametrize("prompt_len", [1, 5, 12])
+def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len):
+    model = randomized(dtype, tie_head=False, d_qk=3)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 17, (2, 12))
+    caches = model.new_caches(2)
+    cached = model.forward_cached(tokens[:, :prompt_len], caches)              # prefill
+    full = model.forward(tokens[:, :prompt_len])
+    np.testing.assert_allclose(cached, full, rtol=0, atol=tol)
+    for t in range(prompt_len, 12):                                              # one token at a time
+        step = model.forward_cached(tokens[:, t:t + 1], caches)[:, -1]
+        np.testing.assert_allclose(step, model.forward(tokens[:, :t + 1])[:, -1], rtol=0, atol=tol)
+    assert caches[0].length == 12
+    with pytest.raises(ValueError, match="longer than the context"):
+        model.forward_cached(tokens[:, :1], caches)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5),
+                                      Sampling(1.3, top_p=0.8), Sampling(1.0, top_k=4, top_p=0.9)])
+@pytest.mark.parametrize("prompt_len", [1, 4, 12])
+def test_cache_and_no_cache_produce_identical_tokens(sampling, prompt_len):
+    model = randomized(np.float64)
+    prompt = list(np.random.default_rng(2).integers(0, 17, prompt_len))
+    runs = []
+    for use_cache in (True, False):
+        gen = generate_ids(model, prompt, 40, sampling, np.random.default_rng(9), num_samples=3,
+                           use_cache=use_cache)                     # 40 tokens: well past n_ctx = 12
+        runs.append(np.stack(list(gen)))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert runs[0].shape == (40, 3)
+
+
+def test_seeded_sampling_is_repeatable_and_seeds_differ():
+    model = randomized(np.float32)
+    draw = lambda seed: np.stack(list(generate_ids(model, [1, 2], 30, Sampling(1.0), np.random.default_rng(seed))))
+    np.testing.assert_array_equal(draw(5), draw(5))
+    assert not np.array_equal(draw(5), draw(6))
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy(rng):
+    logits = rng.standard_normal((4, 9))
+    greedy = logits.argmax(-1)
+    np.testing.assert_array_equal(sample(logits, Sampling(0.0), rng), greedy)
+    np.testing.assert_array_equal(sample(logits, Sampling(1.0, top_k=1), rng), greedy)
+    np.testing.assert_array_equal(sample(logits, Sampling(1.0, top_p=1e-9), rng), greedy)
+
+
+def test_top_k_is_clamped_and_top_k_and_top_p_restrict_support(rng):
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    seen_k = {int(sample(logits, Sampling(1.0, top_k=2), rng)[0]) for _ in range(300)}
+    assert seen_k == {0, 1}
+    seen_p = {int(sample(logits, Sampling(1.0, top_p=0.75), rng)[0]) for _ in range(300)}
+    assert seen_p == {0, 1}                   # 0.5 < 0.75, 0.5 + 0.3 >= 0.75: two tokens
+    seen_all = {int(sample(logits, Sampling(1.0, top_k=100), rng)[0]) for _ in range(2000)}
+    assert seen_all == {0, 1, 2, 3}
+
+
+def test_sampling_frequencies_follow_the_distribution(rng):
+    p = np.array([0.6, 0.3, 0.1])
+    draws = np.array([sample(np.log(p)[None], Sampling(1.0), rng)[0] for _ in range(4000)])
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, p, atol=0.03)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(temperature=-0.1), "temperature"), (dict(top_k=0), "top-k"),
+                                      (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p")])
+def test_bad_sampling_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Sampling(**kw)
+
+
+def test_text_stream_never_splits_a_multibyte_character():
+    tok = train_bpe(["plain ascii text only\n" * 50], 300)
+    ids = tok.encode("é🎉日")             # byte tokens: each character spans several
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == "é🎉日"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_strings_end_a_sample_and_are_not_printed():
+    tok = train_char("abcdef\n")
+    stream = TextStream(tok, stop=("cd",))
+    out = "".join(stream.push(i) for i in tok.encode("abcdefab")) + stream.flush()
+    assert out == "ab" and stream.done
+
+
+def test_generate_text_stops_at_end_of_text():
+    tok = train_bpe(["some text\n" * 20], 260)
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=8, n_layer=1, n_head=1, d_model=8,
+                            tie_head=False), seed=0)
+    model.params["lm_head.bias"][tok.eot_id] += 50.0     # <|endoftext|> is the certain next token
+    pieces = list(generate_text(model, tok, [tok.eot_id], 20, Sampling(0.0), np.random.default_rng(0)))
+    assert pieces == []
