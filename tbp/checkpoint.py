@@ -168,9 +168,18 @@ def load_model(run: str | Path, dtype=None, best: bool = False, cls=GPT):
 
 
 def latest_run(root: str | Path = "checkpoints") -> Path:
-    """The run under ``root`` whose state.json was written most recently."""
+    """The run under ``root`` whose weights were written most recently."""
     root = Path(root)
-    runs = [p for p in root.glob("*/state.json")] if root.is_dir() else []
-    if not runs:
+    found = [p for name in ("model.safetensors", "adapter.safetensors") for p in root.glob(f"*/{name}")] \
+        if root.is_dir() else []
+    if not found:
         raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
-    return max(runs, key=lambda p: p.stat().st_mtime).parent
+    return max(found, key=lambda p: p.stat().st_mtime).parent
+
+
+def save_plain(out: Path, model: GPT, tokenizer: Tokenizer, record: dict, force: bool = False) -> None:
+    """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder."""
+    from .fsutil import staged_dir
+    with staged_dir(out, force) as tmp:
+        write_run_header(tmp, record, tokenizer)
+        write_arrays(tmp / weights_name(False), dict(model.params), record.get("step", 0), "weights")

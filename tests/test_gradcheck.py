@@ -66,12 +66,12 @@ def test_a_broken_backward_fails_the_check(monkeypatch, layer, cls, broken):
             return self.c_fc.backward(dg * du)
     elif cls is CausalSelfAttention:
         def broken(self, dout):
-            q, k, v, att = self.cache
-            B, H, T, D = q.shape
+            qs, k, v, att, y = self.cache
+            B, H, T, D = qs.shape
             dy = self.c_proj.backward(dout).reshape(B, T, H, D).transpose(0, 2, 1, 3)
             dv = att.transpose(0, 1, 3, 2) @ dy
-            dS = att * (dy @ v.transpose(0, 1, 3, 2)) * self.scale      # row-sum term dropped
-            dq, dk = dS @ k, dS.transpose(0, 1, 3, 2) @ q
+            dS = att * (dy @ v.transpose(0, 1, 3, 2))                   # row-sum term dropped
+            dq, dk = dS @ k * self.scale, dS.transpose(0, 1, 3, 2) @ qs
             dqkv = np.concatenate([self._merge(dq), self._merge(dk), self._merge(dv)], -1)
             return self.c_attn.backward(dqkv)
     _broken(monkeypatch, cls, "backward", broken)

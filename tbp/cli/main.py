@@ -9,6 +9,8 @@ from .gradcheck import gradcheck
 from .prepare import prepare
 from .train import train
 from .generate import generate
+from .merge import merge
+from .info import info
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -24,5 +26,5 @@ def main():
     """
 
 
-for command in (prepare, train, generate, gradcheck):
+for command in (prepare, train, generate, merge, info, gradcheck):
     main.add_command(command)

@@ -42,6 +42,7 @@ class CausalSelfAttention(Module):
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_k))   # a scalar of the model's dtype
         self.collect()
         self.cache = None
+        self._masks: dict = {}
 
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*(2Dk+Dv)) -> q (B, H, T, Dk), k (B, H, T, Dk), v (B, H, T, Dv) views."""
@@ -52,16 +53,23 @@ class CausalSelfAttention(Module):
         v = qkv[..., 2 * H * Dk:].reshape(B, T, H, Dv).transpose(0, 2, 1, 3)
         return q, k, v
 
+    def _mask(self, Tq: int, Tk: int, q_pos0: int, dtype) -> np.ndarray:
+        """(Tq, Tk) additive mask: 0 where key j <= query position q_pos0 + i, else -inf."""
+        key = (Tq, Tk, q_pos0, np.dtype(dtype))
+        if key not in self._masks:
+            future = np.arange(Tk)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
+            if len(self._masks) > 8:
+                self._masks.clear()
+            self._masks[key] = np.where(future, -np.inf, 0).astype(dtype)
+        return self._masks[key]
+
     def _softmax_rows(self, att: np.ndarray, q_pos0: int) -> np.ndarray:
         """In place: mask keys after each query (when causal), then softmax over keys.
 
         att: (B, H, Tq, Tk) scores of queries at positions q_pos0.. against keys at 0..Tk-1.
         """
-        Tq, Tk = att.shape[-2:]
         if self.causal:
-            # key j is visible to the query at position q_pos0 + i iff j <= q_pos0 + i
-            future = np.arange(Tk)[None, :] > (q_pos0 + np.arange(Tq))[:, None]   # (Tq, Tk)
-            att[..., future] = -np.inf
+            att += self._mask(*att.shape[-2:], q_pos0, att.dtype)
         att -= att.max(-1, keepdims=True)
         np.exp(att, out=att)
         att /= att.sum(-1, keepdims=True)
@@ -74,33 +82,34 @@ class CausalSelfAttention(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         q, k, v = self._heads(self.c_attn.forward(x))
-        att = q @ k.transpose(0, 1, 3, 2)                                  # (B, H, T, T)
-        att *= self.scale
+        qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
+        att = qs @ k.transpose(0, 1, 3, 2)                                 # (B, H, T, T)
         att = self._softmax_rows(att, 0)                                   # (B, H, T, T)
         y = att @ v                                                        # (B, H, T, Dv)
-        self.cache = q, k, v, att
+        self.cache = qs, k, v, att, y
         return self.c_proj.forward(self._merge(y))                         # (B, T, C)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """[paper §3.2, §4]  With P = softmax(S), S = q k^T * scale, y = P v, per head:
         dv = P^T dy;  dP = dy v^T;  dS = P * (dP - rowsum(dP * P));
         dq = scale * dS k;  dk = scale * dS^T q.
+        rowsum(dP * P) = rowsum(dy * y), since y = P v: a (T, Dv) product instead of (T, T).
         Masked entries have P = 0, so dS vanishes there with no special case.
         The key bias gets an exactly zero gradient in exact arithmetic: every row of dS sums to
         zero (softmax is invariant to a shift of its scores), so sum_t dk[t] = 0.
         """
-        q, k, v, att = self.cache
-        B, H, T, _ = q.shape
+        qs, k, v, att, y = self.cache
+        B, H, T, _ = qs.shape
         Dk, Dv = self.Dk, self.Dv
         dy = self.c_proj.backward(dout)                                    # (B, T, H*Dv)
         dy = dy.reshape(B, T, H, Dv).transpose(0, 2, 1, 3)                 # (B, H, T, Dv)
         dv = att.transpose(0, 1, 3, 2) @ dy                                # (B, H, T, Dv)
         datt = dy @ v.transpose(0, 1, 3, 2)                                # (B, H, T, T)
-        datt -= (datt * att).sum(-1, keepdims=True)
-        datt *= att
-        datt *= self.scale                                                 # dS, scaled
+        datt -= np.einsum("bhtd,bhtd->bht", dy, y)[..., None]             # (B, H, T, 1) broadcast
+        datt *= att                                                        # dS w.r.t. qs k^T
         dq = datt @ k                                                      # (B, H, T, Dk)
-        dk = datt.transpose(0, 1, 3, 2) @ q                                # (B, H, T, Dk)
+        dq *= self.scale
+        dk = datt.transpose(0, 1, 3, 2) @ qs                               # (B, H, T, Dk)
         dqkv = np.empty((B, T, H * (2 * Dk + Dv)), dtype=dout.dtype)      # (B, T, H*(2Dk+Dv))
         dqkv[..., :H * Dk] = dq.transpose(0, 2, 1, 3).reshape(B, T, H * Dk)
         dqkv[..., H * Dk:2 * H * Dk] = dk.transpose(0, 2, 1, 3).reshape(B, T, H * Dk)

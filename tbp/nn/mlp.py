@@ -30,18 +30,39 @@ class MLP(Module):
         if self.activation == "relu":
             self.cache = u
             return self.c_proj.forward(np.maximum(u, 0))
+        # (1 + tanh z) / 2 == sigmoid(2z): one exp instead of a tanh (~1.5x cheaper per
+        # element), and s is all the backward needs besides u. Built in place: s = -2z first.
         k, a = u.dtype.type(_GELU_K), u.dtype.type(_GELU_A)
-        th = np.tanh(k * (u + a * u * u * u))                              # (B, T, 4C)
-        self.cache = u, th                    # backward needs tanh again: keep it, don't recompute
-        return self.c_proj.forward(0.5 * u * (1 + th))
+        s = u * u                                                          # (B, T, 4C)
+        s *= -2 * k * a
+        s -= 2 * k
+        s *= u                                                             # -2z = -2k (u + a u^3)
+        with np.errstate(over="ignore"):                                   # exp -> inf gives s = 0, the limit
+            np.exp(s, out=s)
+        s += 1
+        np.reciprocal(s, out=s)                                            # s = sigmoid(2z)
+        self.cache = u, s
+        return self.c_proj.forward(u * s)                                  # gelu(u) = u s
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        """dg/du = (1 + tanh)/2 + u/2 (1 - tanh^2) k (1 + 3 a u^2) for GELU; [u > 0] for ReLU."""
+        """GELU: g = u s with s = sigmoid(2z), z = k (u + a u^3), so
+        dg/du = s + u s (1 - s) 2k (1 + 3a u^2)   (= (1 + tanh z)/2 + u/2 (1 - tanh^2 z) dz/du).
+        ReLU: dg/du = [u > 0].
+        """
         dg = self.c_proj.backward(dout)                                    # (B, T, 4C)
         if self.activation == "relu":
             u = self.cache
-            return self.c_fc.backward(dg * (u > 0))
-        u, th = self.cache
+            dg *= u > 0
+            return self.c_fc.backward(dg)
+        u, s = self.cache
         k, a = u.dtype.type(_GELU_K), u.dtype.type(_GELU_A)
-        du = 0.5 * (1 + th) + 0.5 * u * (1 - th * th) * k * (1 + 3 * a * u * u)
-        return self.c_fc.backward(dg * du)
+        t = u * u                                                          # (B, T, 4C)
+        t *= 6 * k * a
+        t += 2 * k
+        t *= u                                                             # 2k u (1 + 3a u^2)
+        w = 1 - s
+        w *= s                                                             # s (1 - s)
+        t *= w
+        t += s                                                             # dg/du
+        dg *= t
+        return self.c_fc.backward(dg)

@@ -1,0 +1,146 @@
+"""`tbp info`: what a checkpoint or a dataset holds."""
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from .. import checkpoint
+from ..errors import TbpError
+from .common import console, fmt_bytes
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 48) -> str:
+    if not values:
+        return ""
+    if len(values) > width:                      # average into `width` buckets
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / max(1, b - a) for a, b in zip(edges, edges[1:])]
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(SPARK[min(7, int((v - lo) / span * 7.999))] for v in values)
+
+
+def param_groups(params: dict) -> "OrderedDict[str, int]":
+    """Parameter counts per layer: wte, wpe, h.0.attn, h.0.mlp, ..., ln_f, lm_head."""
+    groups: OrderedDict[str, int] = OrderedDict()
+    for name, shape in params.items():
+        parts = name.split(".")
+        key = ".".join(parts[:3]) if parts[0] == "h" else parts[0]
+        groups[key] = groups.get(key, 0) + int(math.prod(shape))
+    def order(key: str):
+        parts = key.split(".")
+        if parts[0] == "h":
+            return (1, int(parts[1]), parts[2])
+        return ({"wte": 0, "wpe": 0}.get(parts[0], 2), {"wte": 0, "wpe": 1}.get(parts[0], 0), parts[0])
+    return OrderedDict(sorted(groups.items(), key=lambda kv: order(kv[0])))
+
+
+def run_info(run: Path) -> dict:
+    cfg = checkpoint.read_config(run)
+    lora = cfg.get("lora")
+    arrays, meta = checkpoint.read_arrays(run / checkpoint.weights_name(bool(lora)))
+    shapes = {k: list(v.shape) for k, v in arrays.items()}
+    state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
+    metrics = []
+    if (run / "metrics.jsonl").is_file():
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            try:
+                metrics.append(json.loads(line))
+            except ValueError:
+                pass
+    files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
+    return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
+            "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
+            "dtype": str(next(iter(arrays.values())).dtype) if arrays else None,
+            "parameters": sum(int(math.prod(s)) for s in shapes.values()),
+            "layers": param_groups(shapes), "state": state, "metrics": metrics, "files": files}
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object on stdout.")
+def info(path, as_json):
+    """Show what a checkpoint (or a prepared dataset) holds.
+
+    For a run: the model's configuration, parameters per layer, the training state and the
+    loss curve. For a dataset folder: its tokenizer, token counts and source.
+
+    \b
+    Examples:
+      tbp info                      # the newest run under checkpoints/
+      tbp info checkpoints/pydoc --json
+      tbp info data/pydoc
+    """
+    path = path or checkpoint.latest_run()
+    if (path / "meta.json").is_file() and not (path / "config.json").is_file():
+        meta = checkpoint.read_json(path / "meta.json")
+        if as_json:
+            click.echo(json.dumps(meta, indent=2))
+            return
+        from .prepare import summary
+        summary({**meta, "path": str(path)})
+        return
+    if not (path / "config.json").is_file():
+        raise TbpError(f"{path}: neither a run (config.json) nor a dataset (meta.json)")
+    d = run_info(path)
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    m = d["model"]
+    t = Table(title=f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
+                       f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
+    opts = [f"activation {m['activation']}", f"ln_eps {m['ln_eps']:g}",
+            "tied head" if m["tie_head"] else "untied head", "biases" if m["bias"] else "no biases"]
+    if m.get("d_qk"):
+        opts.append(f"d_qk {m['d_qk']}")
+    t.add_row("options", " · ".join(opts))
+    t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']})")
+    if d["lora"]:
+        t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
+                          f"{', '.join(d['lora']['targets'])}")
+        t.add_row("base", f"{d['base']['path']} (SHA-256 {d['base']['sha256'][:12]}…)")
+    st = d["state"]
+    if st:
+        tr = d["train"] or {}
+        t.add_row("trained", f"step {st.get('step', 0):,} of {tr.get('max_iters', '?')} · "
+                             f"{st.get('tokens_seen', 0):,} tokens · {st.get('elapsed_s', 0):.0f}s")
+        if st.get("best_val_loss") is not None:
+            t.add_row("best val loss", f"{st['best_val_loss']:.4f} at step {st['best_step']}")
+    evals = [x for x in d["metrics"] if "val_loss" in x]
+    if evals:
+        last = evals[-1]
+        t.add_row("last eval", f"step {last['step']}: train {last['eval_train_loss']:.4f} · "
+                               f"val {last['val_loss']:.4f} ({last['val_bpb']:.3f} bits/byte)")
+    losses = [x["train_loss"] for x in d["metrics"]]
+    if losses:
+        t.add_row("train loss", f"{sparkline(losses)}  {losses[0]:.2f} → {losses[-1]:.2f}")
+    t.add_row("data", str(d["data"]))
+    t.add_row("files", " · ".join(f"{k} {fmt_bytes(v)}" for k, v in d["files"].items()))
+    console.print(t)
+    layers = Table(title="parameters per layer", title_justify="left")
+    layers.add_column("layer")
+    layers.add_column("parameters", justify="right")
+    layers.add_column("share", justify="right")
+    for name, n in d["layers"].items():
+        layers.add_row(name, f"{n:,}", f"{100 * n / max(1, d['parameters']):.1f}%")
+    console.print(layers)
+    if len(evals) > 1:
+        curve = Table(title="evaluations", title_justify="left")
+        for col in ("step", "lr", "train", "val", "val bits/byte"):
+            curve.add_column(col, justify="right")
+        stride = max(1, len(evals) // 12)
+        for x in evals[::stride] + ([evals[-1]] if (len(evals) - 1) % stride else []):
+            curve.add_row(str(x["step"]), f"{x['lr']:.2e}", f"{x['eval_train_loss']:.4f}", f"{x['val_loss']:.4f}",
+                          f"{x['val_bpb']:.3f}")
+        console.print(curve)

@@ -1,0 +1,43 @@
+"""`tbp merge`: fold a LoRA run's adapters into plain weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import checkpoint
+from ..errors import TbpError
+from ..model import GPT
+from ..nn import merge_lora
+from .common import console
+
+
+@click.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for the merged checkpoint.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+def merge(run, out, force):
+    """Fold a LoRA run into a plain checkpoint: W <- W + (alpha/r) lora_down @ lora_up.
+
+    The result loads and generates like any run, without the base, and can itself be
+    fine-tuned again.
+
+    \b
+    Example:
+      tbp merge checkpoints/notes --out checkpoints/notes-merged
+    """
+    model, tok, cfg = checkpoint.load_model(run, cls=GPT)
+    if not cfg.get("lora"):
+        raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
+    if out.exists() and not force:
+        raise TbpError(f"{out} already exists (use --force to replace it)")
+    merge_lora(model)
+    state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
+    record = {"model": model.config.to_dict(), "train": cfg.get("train"), "data": cfg.get("data"),
+              "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
+                                                          "base": cfg.get("base")},
+              "step": state.get("step", 0)}
+    checkpoint.save_plain(out, model, tok, record, force)
+    console.print(f"merged {run} (rank {cfg['lora']['rank']}, {', '.join(cfg['lora']['targets'])}) "
+                  f"into {out}; generate with: tbp generate --checkpoint {out}")

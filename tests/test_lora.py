@@ -1,0 +1,132 @@
+"""LoRA fine-tuning end to end: frozen base, exact merge, resume, refusals."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tbp import GPT, checkpoint, runs
+from tbp.cli import main
+from tbp.config import TrainConfig
+from tbp.data import Dataset
+from tbp.nn import merge_lora
+from tbp.train import Callbacks
+
+TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--n-ctx", "16", "--batch-size", "4",
+        "--eval-batches", "2", "--eval-interval", "10", "-q"]
+NEW_TEXT = "".join(f"the log sat on the dog; the mat ate the cat. {i % 5}\n" for i in range(400))
+
+
+def run(args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture
+def base(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "base", "--max-iters", 40, "--lr", 1e-2, "--warmup", 2, *TINY])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "new.txt").write_text(NEW_TEXT)
+    return tmp_path / "base"
+
+
+def lora(args=(), out="ft", iters=30):
+    return run(["train", "--init-from", "base", "--data", "new.txt", "--lora-rank", 4, "--out", out,
+                "--max-iters", iters, "--lr", 1e-2, "--warmup", 2, "--eval-interval", 10, "--eval-batches", 2, "--batch-size", 4,
+                "-q", *args])
+
+
+def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, tmp_path):
+    weights_before = (base / "model.safetensors").read_bytes()
+    base_model = GPT.load(base)
+    r = lora()
+    assert r.exit_code == 0, r.output
+    assert (base / "model.safetensors").read_bytes() == weights_before
+    ft = tmp_path / "ft"
+    assert (ft / "adapter.safetensors").is_file() and not (ft / "model.safetensors").exists()
+    arrays, _ = checkpoint.read_arrays(ft / "adapter.safetensors")
+    assert arrays and all("lora_" in k for k in arrays)
+    adapted = GPT.load(ft)
+    for k, v in base_model.params.items():          # every base tensor inside the adapted model
+        np.testing.assert_array_equal(adapted.params[k], v)
+    ratio = (ft / "adapter.safetensors").stat().st_size / len(weights_before)
+    assert ratio < 0.25, ratio
+    cfg = json.loads((ft / "config.json").read_text())
+    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == checkpoint.file_sha256(base / "model.safetensors")
+
+
+def test_loss_on_the_new_data_falls(base, tmp_path):
+    assert lora(iters=40).exit_code == 0
+    evals = [json.loads(l) for l in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    val = [m["val_loss"] for m in evals if "val_loss" in m]
+    assert val[-1] < val[0] - 0.1 and val == sorted(val, reverse=True), val
+
+
+def test_merged_and_unmerged_give_the_same_logits(base, tmp_path):
+    assert lora().exit_code == 0
+    adapted = GPT.load(tmp_path / "ft", dtype=np.float64)
+    idx = np.random.default_rng(0).integers(0, adapted.config.vocab_size, (2, 16))
+    before = adapted.forward(idx)
+    merge_lora(adapted)
+    np.testing.assert_allclose(adapted.forward(idx), before, rtol=0, atol=1e-10)
+    r = run(["merge", tmp_path / "ft", "--out", tmp_path / "merged"])
+    assert r.exit_code == 0, r.output
+    merged = GPT.load(tmp_path / "merged", dtype=np.float64)
+    np.testing.assert_allclose(merged.forward(idx), before, rtol=0, atol=1e-5)   # stored as float32
+    g = run(["generate", "--checkpoint", tmp_path / "merged", "--max-new-tokens", 5])
+    assert g.exit_code == 0, g.output
+
+
+def test_adapter_run_generates(base, tmp_path):
+    assert lora().exit_code == 0
+    g = run(["generate", "--checkpoint", tmp_path / "ft", "--prompt", "the", "--max-new-tokens", 10, "--seed", 1])
+    assert g.exit_code == 0, g.output
+
+
+class StopAt(Callbacks):
+    def step(self, trainer, m):
+        if m["step"] == 6:
+            trainer.stop_requested = True
+
+
+def test_adapter_run_resumes_exactly(base, tmp_path):
+    from tbp.cli.prepare import run_prepare
+    prep = lambda p, k, v, o, f, t: run_prepare(p, k, v, 0.1, o, f, "utf-8", tokenizer=t)
+    tok = GPT.load  # noqa: F841  (keeps the import obviously used)
+    from tbp.tokenizer import Tokenizer
+    ds = runs.resolve_dataset("new.txt", prep, Tokenizer.load(base / "tokenizer.json"))
+    cfg = TrainConfig(batch_size=4, max_iters=12, lr=1e-2, warmup=2, eval_interval=4, eval_batches=1, seed=3)
+    spec = runs.LoraSpec(4, 4.0, runs.lora_targets("all"))
+    straight = runs.init_from(tmp_path / "s", base, cfg, ds, False, spec, {})
+    straight.run_loop()
+    split = runs.init_from(tmp_path / "p", base, cfg, ds, False, spec, {}, callbacks=StopAt())
+    split.run_loop()
+    assert split.interrupted and split.state.step == 6
+    resumed = runs.resume(tmp_path / "p", {}, {}, None)
+    resumed.run_loop()
+    for k in straight.model.grads:
+        np.testing.assert_array_equal(resumed.model.params[k], straight.model.params[k], err_msg=k)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--lora-rank", 999], "LoRA rank must be in [1, 32]"),
+    (["--lora-targets", "attn.c_attn,conv"], "unknown LoRA target 'conv'"),
+    (["--lora-targets", "lm_head"], "needs an untied head"),
+])
+def test_bad_lora_options(base, args, msg):
+    r = run(["train", "--init-from", "base", "--data", "new.txt", "--lora-rank", 4, "--out", "bad",
+             "--max-iters", 2, "-q", *args])
+    assert r.exit_code == 1, r.output
+    assert msg in r.output and "Traceback" not in r.output
+
+
+def test_changed_or_missing_base_is_refused(base, tmp_path):
+    assert lora(iters=5).exit_code == 0
+    data = bytearray((base / "model.safetensors").read_bytes())
+    data[-1] ^= 1                                  # one bit of one weight
+    (base / "model.safetensors").write_bytes(bytes(data))
+    g = run(["generate", "--checkpoint", tmp_path / "ft"])
+    assert g.exit_code == 1 and "has changed since the adapter was trained" in g.output
+    (base / "model.safetensors").unlink()
+    g = run(["generate", "--checkpoint", tmp_path / "ft"])
+    assert g.exit_code == 1 and "base model" in g.output and "is missing" in g.output
