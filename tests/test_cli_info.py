@@ -16,12 +16,12 @@ def run(args):
 
 def test_info_on_a_run_and_on_its_dataset(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 10, *TINY]).exit_code == 0
-    r = run(["info", "r"])
+    assert run(["train", "--data", corpus_file, "--out", "checkpoints/r", "--max-iters", 10, *TINY]).exit_code == 0
+    r = run(["info", "checkpoints/r"])
     assert r.exit_code == 0, r.output
     for text in ("2 layers", "parameters per layer", "h.1.mlp", "best val loss", "evaluations"):
         assert text in r.output
-    d = json.loads(run(["info", "r", "--json"]).stdout)
+    d = json.loads(run(["info", "checkpoints/r", "--json"]).stdout)
     assert d["state"]["step"] == 10 and d["kind"] == "model"
     assert sum(d["layers"].values()) == d["parameters"]
     assert list(d["layers"])[:3] == ["wte", "wpe", "h.0.attn"]
