@@ -11,6 +11,7 @@ from .train import train
 from .generate import generate
 from .merge import merge
 from .info import info
+from .bench import bench
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -26,5 +27,9 @@ def main():
     """
 
 
-for command in (prepare, train, generate, merge, info, gradcheck):
+for command in (prepare, train, generate, merge, info, bench, gradcheck):
     main.add_command(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -68,8 +68,9 @@ class CausalSelfAttention(Module):
 
         att: (B, H, Tq, Tk) scores of queries at positions q_pos0.. against keys at 0..Tk-1.
         """
-        if self.causal:
-            att += self._mask(*att.shape[-2:], q_pos0, att.dtype)
+        Tq, Tk = att.shape[-2:]
+        if self.causal and Tq > 1:      # one query at the end of the keys sees them all
+            att += self._mask(Tq, Tk, q_pos0, att.dtype)
         att -= att.max(-1, keepdims=True)
         np.exp(att, out=att)
         att /= att.sum(-1, keepdims=True)

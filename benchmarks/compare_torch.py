@@ -1,0 +1,66 @@
+"""tbp vs the PyTorch reference: training tokens/s for two shapes, generation tokens/s at batch 1.
+
+Runs `tbp bench --json` and `torch_ref.py` alternately, --repeats times each, and prints the
+medians and the ratio tbp / PyTorch. Example:
+
+    python benchmarks/compare_torch.py --torch-python .torchenv/bin/python --repeats 5
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REF = HERE.parent.parent / "shared" / "bench" / "torch_ref.py"
+DATA = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+CASES = [
+    # name, model (layers, heads, width, context), batch, kind
+    ("train 4L-128 T64 B12", (4, 4, 128, 64), 12, "train"),
+    ("train 6L-384 T256 B8", (6, 6, 384, 256), 8, "train"),
+    ("generate 4L-128 T1024 B1", (4, 4, 128, 1024), 1, "generate"),
+]
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def tbp_cmd(model, batch, kind, iters):
+    L, H, C, T = model
+    cmd = [sys.executable, "-m", "tbp.cli.main", "bench", "--json", "--n-layer", str(L), "--n-head", str(H),
+           "--d-model", str(C), "--n-ctx", str(T), "--batch-size", str(batch), "--iters", str(iters)]
+    return cmd + (["--gen-tokens", "0"] if kind == "train" else ["--gen-tokens", "1000", "--iters", "1"])
+
+
+def torch_cmd(py, model, batch, kind, iters):
+    L, H, C, T = model
+    cmd = [py, str(REF), "--data", str(DATA), "--n-layer", str(L), "--n-head", str(H), "--d-model", str(C),
+           "--block-size", str(T), "--batch-size", str(batch), "--eval-batches", "1"]
+    return cmd + (["--iters", str(iters + 10)] if kind == "train" else ["--iters", "0", "--gen-tokens", "1000"])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--torch-python", required=True, help="an interpreter with torch installed")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--iters", type=int, default=30)
+    a = p.parse_args()
+    rows = []
+    for name, model, batch, kind in CASES:
+        key = "train_tokens_per_s" if kind == "train" else "generate_tokens_per_s"
+        ours, theirs = [], []
+        for _ in range(a.repeats):
+            ours.append(run_json(tbp_cmd(model, batch, kind, a.iters))[key])
+            theirs.append(run_json(torch_cmd(a.torch_python, model, batch, kind, a.iters))[key])
+        o, t = statistics.median(ours), statistics.median(theirs)
+        rows.append((name, o, t, o / t))
+        print(f"{name:28s} tbp {o:10.0f} tok/s   torch {t:10.0f} tok/s   ratio {o / t:5.2f}x", flush=True)
+    print(json.dumps([{"case": r[0], "tbp": r[1], "torch": r[2], "ratio": r[3]} for r in rows]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""nanoGPT's CPU recipe, char-level, on a text file: the val loss to compare with torch_ref.py.
+
+4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 iterations, lr 1e-3 -> 1e-4,
+warmup 100, beta2 0.99, weight decay 0.1, clip 1.0, no dropout; val loss on 50 fixed batches.
+
+    python benchmarks/quality.py --data ../shared/data/tinyshakespeare.txt --out checkpoints/shakespeare
+"""
+import argparse
+import subprocess
+import sys
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", default="checkpoints/shakespeare-recipe")
+    p.add_argument("--iters", type=int, default=2000)
+    a = p.parse_args()
+    cmd = [sys.executable, "-m", "tbp", "train", "--data", a.data, "--out", a.out, "--force",
+           "--n-layer", "4", "--n-head", "4", "--d-model", "128", "--n-ctx", "64", "--batch-size", "12",
+           "--max-iters", str(a.iters), "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "100",
+           "--beta2", "0.99", "--weight-decay", "0.1", "--grad-clip", "1.0", "--eval-interval", "250",
+           "--eval-batches", "50", "--seed", "1337"]
+    subprocess.run(cmd, check=True)
+    subprocess.run([sys.executable, "-m", "tbp", "info", a.out], check=True)
+
+
+if __name__ == "__main__":
+    main()

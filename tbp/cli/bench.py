@@ -1,0 +1,75 @@
+"""`tbp bench`: training and generation throughput on this machine."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+import click
+import numpy as np
+from rich.table import Table
+
+from .. import __version__
+from ..bench import bench_generate, bench_train, matmul_peak_gflops
+from ..config import ModelConfig
+from .common import console, fmt_count
+from .train import _model_options
+
+
+@click.command()
+@click.option("--vocab-size", type=click.IntRange(min=2), default=65, show_default=True,
+              help="Vocabulary (65: tinyshakespeare's characters).")
+@_model_options
+@click.option("--batch-size", type=click.IntRange(min=1), default=12, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed training steps (after 3 warm-up steps); the median is reported.")
+@click.option("--gen-tokens", type=click.IntRange(min=0), default=None,
+              help="Tokens to generate at batch 1 (default: the whole context; 0 skips generation).")
+@click.option("--no-kv-cache", is_flag=True, help="Time generation without the cache (the quadratic baseline).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, as_json, **model_opts):
+    """Time training steps and cached generation for one model configuration.
+
+    Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
+    --iters steps. Generation: batch-1 sampling from a one-token prompt. Also reports the
+    achieved GFLOP/s (from the model's FLOP count) and this machine's float32 matmul peak.
+
+    \b
+    Examples:
+      tbp bench --n-layer 4 --n-head 4 --d-model 128 --n-ctx 64 --batch-size 12
+      tbp bench --n-ctx 1024 --iters 3 --json
+    """
+    cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
+    res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
+    with console.status("timing training steps...") if not as_json else _null():
+        res.update(bench_train(cfg, batch_size, iters))
+    if gen_tokens != 0:
+        with console.status("timing generation...") if not as_json else _null():
+            res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
+    else:
+        res["generate_tokens_per_s"] = None
+    res["peak_gflops"] = matmul_peak_gflops()
+    res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+                      "tbp": __version__}
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    t = Table(title=f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
+                    f"batch {batch_size}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s")
+    t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "
+                          f"the matmul peak {res['peak_gflops']:.0f} GFLOP/s)")
+    if res.get("generate_tokens_per_s"):
+        t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
+                              f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
+    console.print(t)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
