@@ -12,6 +12,7 @@ from .generate import generate
 from .merge import merge
 from .info import info
 from .bench import bench
+from .interop import export, import_
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -27,7 +28,7 @@ def main():
     """
 
 
-for command in (prepare, train, generate, merge, info, bench, gradcheck):
+for command in (prepare, train, generate, merge, info, bench, gradcheck, export, import_):
     main.add_command(command)
 
 
