@@ -45,7 +45,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
                 seed: int = 0, dtype=np.float32) -> dict:
     """Median time of a full training step on random tokens."""
     model = GPT(cfg, seed=seed, dtype=dtype)
-    opt = AdamW(model.params, model.grads)
+    opt = AdamW(model.params, model.grads, flat=model.flat)
     rng = np.random.default_rng(seed)
     times = []
     for i in range(warmup + iters):

@@ -46,18 +46,35 @@ class AdamW:
     """
 
     def __init__(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
-                 weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8):
+                 weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8,
+                 flat: tuple | None = None):
         self.params, self.grads = params, grads
         self.names = list(grads)          # only what has a gradient: frozen weights are not stepped
         self.weight_decay, self.beta1, self.beta2, self.eps = weight_decay, beta1, beta2, eps
-        self.m = {k: np.zeros_like(params[k]) for k in self.names}
-        self.v = {k: np.zeros_like(params[k]) for k in self.names}
+        # fast path: every parameter lives in one packed buffer (Module.pack) and all train
+        self.flat = flat if flat is not None and len(grads) == len(params) else None
+        if self.flat is not None:
+            fp = self.flat[0]
+            self.flat_m, self.flat_v = np.zeros_like(fp), np.zeros_like(fp)
+            self.m = {k: self._view(self.flat_m, params[k]) for k in self.names}
+            self.v = {k: self._view(self.flat_v, params[k]) for k in self.names}
+        else:
+            self.m = {k: np.zeros_like(params[k]) for k in self.names}
+            self.v = {k: np.zeros_like(params[k]) for k in self.names}
         self.t = 0
+
+    def _view(self, buf: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The slice of ``buf`` at the offset where ``p`` sits in the packed parameter buffer."""
+        off = (p.__array_interface__["data"][0] - self.flat[0].__array_interface__["data"][0]) // p.itemsize
+        return buf[off:off + p.size].reshape(p.shape)
 
     def step(self, lr: float) -> None:
         self.t += 1
         b1, b2 = self.beta1, self.beta2
         bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        if self.flat is not None:
+            self._step_flat(lr, bc1, bc2)
+            return
         for k in self.names:
             p, g, m, v = self.params[k], self.grads[k], self.m[k], self.v[k]
             f = p.dtype.type
@@ -71,6 +88,43 @@ class AdamW:
             denom *= f(1 / math.sqrt(bc2))
             denom += f(self.eps)
             p -= f(lr / bc1) * (m / denom)
+
+    CHUNK = 1 << 15
+
+    def _step_flat(self, lr: float, bc1: float, bc2: float) -> None:
+        """The per-tensor arithmetic, op for op, over the packed buffers in cache-sized chunks.
+
+        Whole-buffer expressions would allocate several model-sized temporaries per step and
+        stream every buffer through memory ten times; chunks of 32K entries stay in cache and
+        reuse two scratch arrays.
+        """
+        p, g, n_matrix = self.flat
+        m, v = self.flat_m, self.flat_v
+        f = p.dtype.type
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = (np.empty(self.CHUNK, p.dtype), np.empty(self.CHUNK, p.dtype))
+        decay = f(1 - lr * self.weight_decay)
+        b1, c1, b2, c2 = f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2)
+        inv_bc2, eps, step = f(1 / math.sqrt(bc2)), f(self.eps), f(lr / bc1)
+        for s in range(0, p.size, self.CHUNK):
+            e = min(s + self.CHUNK, p.size)
+            ps, gs, ms, vs = p[s:e], g[s:e], m[s:e], v[s:e]
+            a, b = self._scratch[0][:e - s], self._scratch[1][:e - s]
+            if self.weight_decay and s < n_matrix:
+                ps[:min(e, n_matrix) - s] *= decay
+            ms *= b1
+            np.multiply(c1, gs, out=a)
+            ms += a
+            vs *= b2
+            np.multiply(gs, gs, out=a)
+            a *= c2
+            vs += a
+            np.sqrt(vs, out=a)
+            a *= inv_bc2
+            a += eps
+            np.divide(ms, a, out=b)
+            b *= step
+            ps -= b
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         out = {f"m.{k}": self.m[k] for k in self.names}

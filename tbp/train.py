@@ -65,7 +65,7 @@ class Trainer:
             if n < T + 1:
                 raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
                                f"of {T} + 1; use more text or a smaller --n-ctx")
-        self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2)
+        self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2, flat=model.flat)
         if optimizer_state is not None:
             self.opt.load_state_arrays(*optimizer_state)
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())

@@ -162,3 +162,20 @@ def test_data_shorter_than_one_block_is_refused(tmp_path):
     ds = data.Dataset.load(tmp_path / "short")
     with pytest.raises(TbpError, match="fewer than one block"):
         new_trainer(tmp_path, ds)
+
+
+def test_packed_adamw_equals_the_per_tensor_loop(rng):
+    a = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=16), seed=0)
+    b = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=16), seed=0)
+    fast = AdamW(a.params, a.grads, flat=a.flat)
+    slow = AdamW(b.params, b.grads)
+    assert fast.flat is not None and slow.flat is None
+    x = rng.integers(0, 11, (3, 8))
+    for step in range(5):
+        a.loss_and_backward(x, x)
+        b.loss_and_backward(x, x)
+        fast.step(1e-2)
+        slow.step(1e-2)
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
+        np.testing.assert_array_equal(fast.m[k], slow.m[k])

@@ -22,6 +22,7 @@ class Module:
         self.children: dict[str, Module] = {}
         self.frozen: set[str] = set()
         self._own: list[str] = []
+        self.flat = None                # (params, grads, n_matrix) once pack() has run
 
     def param(self, name: str, value: np.ndarray) -> np.ndarray:
         """Register a leaf parameter and a zeroed gradient of the same shape and dtype."""
@@ -53,6 +54,9 @@ class Module:
         self.grads.pop(name, None)
 
     def zero_grad(self) -> None:
+        if self.flat is not None:
+            self.flat[1].fill(0)        # frozen entries of the buffer are never read
+            return
         for g in self.grads.values():
             g.fill(0)
 
@@ -71,4 +75,33 @@ class Module:
         for _, m in self.modules():
             for name in m._own:
                 m.freeze(name)
+        self.flat = None                # adapters added next live outside the packed buffer
         self.collect()
+
+    def pack(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Move every leaf parameter and gradient into one flat buffer each, matrices first.
+
+        Afterwards each ``params``/``grads`` entry is a view into ``flat_params``/``flat_grads``,
+        so the optimizer, clipping and ``zero_grad`` run as a handful of large array operations
+        instead of a few per tensor. Returns (flat_params, flat_grads, n_matrix_entries): the
+        first n entries are the matrices (what weight decay applies to).
+        """
+        leaves = [(m, k) for _, m in self.modules() for k in m._own]
+        leaves.sort(key=lambda mk: mk[0].params[mk[1]].ndim < 2)          # stable: matrices first
+        dtype = leaves[0][0].params[leaves[0][1]].dtype
+        total = sum(m.params[k].size for m, k in leaves)
+        flat_p, flat_g = np.empty(total, dtype), np.zeros(total, dtype)
+        off = n_matrix = 0
+        for m, k in leaves:
+            p = m.params[k]
+            view = flat_p[off:off + p.size].reshape(p.shape)
+            view[...] = p
+            m.params[k] = view
+            if k in m.grads:
+                m.grads[k] = flat_g[off:off + p.size].reshape(p.shape)
+            off += p.size
+            if p.ndim >= 2:
+                n_matrix = off
+        self.collect()
+        self.flat = (flat_p, flat_g, n_matrix)
+        return self.flat
