@@ -48,14 +48,17 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     u = rng.random(logits.shape[0])                                        # (B,)
     if s.temperature == 0:
         return logits.argmax(-1).astype(np.int64)
-    z = logits.astype(np.float64) / s.temperature                          # (B, V), float64 for the CDF
+    z = logits.astype(np.float64)                                          # (B, V), float64 for the CDF
+    if s.temperature != 1:
+        z /= s.temperature
     V = z.shape[-1]
     if s.top_k is not None and s.top_k < V:
         kth = np.partition(z, V - s.top_k, axis=-1)[:, V - s.top_k][:, None]
         z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    z -= z.max(-1, keepdims=True)
+    p = np.exp(z, out=z)
     if s.top_p is not None and s.top_p < 1:
+        p /= p.sum(-1, keepdims=True)
         order = np.argsort(-p, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(p, order, -1)
         # keep a token if the mass before it is below top_p: the first token always stays
@@ -64,7 +67,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
         np.put_along_axis(keep, order, keep_sorted, -1)
         p = np.where(keep, p, 0.0)
         p /= p.sum(-1, keepdims=True)
-    cdf = np.cumsum(p, -1)
+    cdf = np.cumsum(p, -1)                  # unnormalised: compare with u times the total
     idx = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
     return np.minimum(idx, V - 1).astype(np.int64)
 
@@ -97,7 +100,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
                 logits = model.forward_cached(tokens[:, start:], caches)[:, -1]
                 continue
         if caches is not None:
-            logits = model.forward_cached(nxt[:, None], caches)[:, -1]
+            logits = model.forward_cached(nxt[:, None], caches, check=False)[:, -1]
         else:
             logits = model.forward(tokens[:, start:])[:, -1]
 

@@ -147,13 +147,17 @@ class GPT(Module):
         """One preallocated KV cache per block, each for n_ctx positions."""
         return [blk.attn.new_cache(B, self.config.n_ctx) for blk in self.blocks]
 
-    def forward_cached(self, idx: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+    def forward_cached(self, idx: np.ndarray, caches: list[KVCache], check: bool = True) -> np.ndarray:
         """Logits of new tokens idx (B, Tn) that continue the cached ones: (B, Tn, V).
 
         A prefill passes the whole prompt; each later step passes one token (Tn = 1).
+        ``check=False`` skips validating ids the caller already knows are in range (a sampler's).
         """
         pos0 = caches[0].length
-        idx = self.check_tokens(idx, pos0)
+        if check:
+            idx = self.check_tokens(idx, pos0)
+        elif pos0 + idx.shape[1] > self.config.n_ctx:
+            raise ValueError(f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context")
         x = self.embed.forward(idx, pos0)
         for block, cache in zip(self.blocks, caches):
             x = block.forward_cached(x, cache)

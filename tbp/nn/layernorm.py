@@ -21,18 +21,24 @@ class LayerNorm(Module):
             self.param("bias", np.zeros(d, dtype=dtype))
         self.cache = None
 
+    def _mean_vector(self, x: np.ndarray) -> np.ndarray:
+        """(C, 1) column of 1/C: a mean over channels as one matrix-vector product."""
+        C = x.shape[-1]
+        if getattr(self, "_avg", None) is None or self._avg.dtype != x.dtype or self._avg.shape[0] != C:
+            self._avg = np.full((C, 1), 1.0 / C, dtype=x.dtype)
+        return self._avg
+
     def forward(self, x: np.ndarray) -> np.ndarray:
-        # np.add.reduce * (1/C) rather than .mean(): same numbers, less per-call overhead,
-        # which dominates when decoding one token at a time
-        inv_c = x.dtype.type(1.0 / x.shape[-1])
-        mean = np.add.reduce(x, axis=-1, keepdims=True) * inv_c           # (..., 1)
-        xc = x - mean                                                      # (..., C)
-        var = np.add.reduce(xc * xc, axis=-1, keepdims=True) * inv_c      # (..., 1)
-        var += x.dtype.type(self.eps)
-        rstd = 1.0 / np.sqrt(var)                                          # (..., 1)
-        xhat = xc * rstd                                                   # (..., C)
-        self.cache = xhat, rstd
-        y = xhat * self.params["weight"]
+        # Few, in-place operations: when decoding one token at a time the cost of a layer
+        # norm is its number of numpy calls, not its arithmetic.
+        avg = self._mean_vector(x)
+        xc = x - x @ avg                                                   # (..., C) centred
+        std = (xc * xc) @ avg                                              # (..., 1) variance
+        std += x.dtype.type(self.eps)
+        np.sqrt(std, out=std)                                              # (..., 1)
+        xc /= std                                                          # xhat, in place
+        self.cache = xc, std
+        y = xc * self.params["weight"]
         if "bias" in self.params:
             y += self.params["bias"]
         return y
@@ -42,16 +48,16 @@ class LayerNorm(Module):
         dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (means over channels);
         dweight += sum over tokens of dout * xhat;  dbias += sum over tokens of dout.
         """
-        xhat, rstd = self.cache
+        xhat, std = self.cache
         C = dout.shape[-1]
         if "weight" in self.grads:
             self.grads["weight"] += (dout * xhat).reshape(-1, C).sum(0)
         if "bias" in self.grads:
             self.grads["bias"] += dout.reshape(-1, C).sum(0)
-        inv_c = dout.dtype.type(1.0 / C)
+        avg = self._mean_vector(dout)
         dxhat = dout * self.params["weight"]                               # (..., C)
-        proj = np.add.reduce(dxhat * xhat, axis=-1, keepdims=True) * inv_c  # (..., 1) mean(dxhat xhat)
-        dx = dxhat - np.add.reduce(dxhat, axis=-1, keepdims=True) * inv_c
+        proj = (dxhat * xhat) @ avg                                        # (..., 1) mean(dxhat xhat)
+        dx = dxhat - dxhat @ avg
         dx -= xhat * proj
-        dx *= rstd
+        dx /= std
         return dx
