@@ -71,9 +71,10 @@ class CausalSelfAttention(Module):
         Tq, Tk = att.shape[-2:]
         if self.causal and Tq > 1:      # one query at the end of the keys sees them all
             att += self._mask(Tq, Tk, q_pos0, att.dtype)
-        att -= att.max(-1, keepdims=True)
+        # ufunc reductions directly: .max()/.sum() add a Python wrapper per call
+        att -= np.maximum.reduce(att, axis=-1, keepdims=True)
         np.exp(att, out=att)
-        att /= att.sum(-1, keepdims=True)
+        att /= np.add.reduce(att, axis=-1, keepdims=True)
         return att
 
     def _merge(self, y: np.ndarray) -> np.ndarray:
@@ -137,8 +138,7 @@ class CausalSelfAttention(Module):
         cache.k[:, :, t0:t1] = k
         cache.v[:, :, t0:t1] = v
         cache.length = t1
-        att = q @ cache.k[:, :, :t1].transpose(0, 1, 3, 2)                 # (B, H, Tn, t1)
-        att *= self.scale
+        att = (q * self.scale) @ cache.k[:, :, :t1].transpose(0, 1, 3, 2)  # (B, H, Tn, t1)
         att = self._softmax_rows(att, t0)
         y = att @ cache.v[:, :, :t1]                                       # (B, H, Tn, Dv)
         self.cache = None

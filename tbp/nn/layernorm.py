@@ -20,13 +20,14 @@ class LayerNorm(Module):
         if bias:
             self.param("bias", np.zeros(d, dtype=dtype))
         self.cache = None
+        self._avg = None
 
     def _mean_vector(self, x: np.ndarray) -> np.ndarray:
         """(C, 1) column of 1/C: a mean over channels as one matrix-vector product."""
-        C = x.shape[-1]
-        if getattr(self, "_avg", None) is None or self._avg.dtype != x.dtype or self._avg.shape[0] != C:
-            self._avg = np.full((C, 1), 1.0 / C, dtype=x.dtype)
-        return self._avg
+        avg = self._avg
+        if avg is None or avg.dtype != x.dtype:
+            avg = self._avg = np.full((x.shape[-1], 1), 1.0 / x.shape[-1], dtype=x.dtype)
+        return avg
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         # Few, in-place operations: when decoding one token at a time the cost of a layer

@@ -25,9 +25,10 @@ class Linear(Module):
         self.cache = x
         # fold (B, T) into one axis: one large GEMM, not B small ones
         y = x.reshape(-1, self.d_in) @ self.params["weight"]              # (N, out)
-        if "bias" in self.params:
-            y += self.params["bias"]
-        return y.reshape(*x.shape[:-1], self.d_out)
+        b = self.params.get("bias")
+        if b is not None:
+            y += b
+        return y.reshape(x.shape[:-1] + (self.d_out,))
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dweight += x^T dout;  dbias += sum over tokens of dout;  dx = dout @ weight^T.

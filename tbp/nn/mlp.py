@@ -37,8 +37,9 @@ class MLP(Module):
         s *= -2 * k * a
         s -= 2 * k
         s *= u                                                             # -2z = -2k (u + a u^3)
-        with np.errstate(over="ignore"):                                   # exp -> inf gives s = 0, the limit
-            np.exp(s, out=s)
+        # clamp so exp cannot overflow: beyond 80, s < e^-80 is zero to any float's precision
+        np.minimum(s, s.dtype.type(80), out=s)
+        np.exp(s, out=s)
         s += 1
         np.reciprocal(s, out=s)                                            # s = sigmoid(2z)
         self.cache = u, s
