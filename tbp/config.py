@@ -1,15 +1,15 @@
 """Configuration: ModelConfig (the engine's, re-exported) and TrainConfig, both JSON round-trip."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
-from .nn.config import ModelConfig
+from .nn.config import DictConfig, ModelConfig
 
 __all__ = ["ModelConfig", "TrainConfig"]
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(DictConfig):
     batch_size: int = 12          # sequences per micro-batch
     grad_accum: int = 1           # micro-batches per optimizer step
     max_iters: int = 1500         # optimizer steps (sized so a bare `tbp train` takes ~4 min)
@@ -26,6 +26,7 @@ class TrainConfig:
     log_interval: int = 10        # steps between metrics lines
     seed: int = 1337              # init, data order and eval batches all derive from it
     dtype: str = "float32"        # float32 to train; float64 for checks
+    KIND = "training config"
 
     def __post_init__(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_batches", "log_interval")
@@ -48,14 +49,3 @@ class TrainConfig:
     @property
     def decay_iters(self) -> int:
         return self.lr_decay_iters or self.max_iters
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown training config keys: {', '.join(sorted(unknown))}")
-        return cls(**d)

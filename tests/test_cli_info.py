@@ -53,3 +53,21 @@ def test_every_command_has_help_with_an_example():
         r = run([cmd, "--help"])
         assert r.exit_code == 0 and "Example" in r.output, cmd
     assert "tbp train" in run(["--help"]).output
+
+
+def test_bench_json_reports_the_documented_keys():
+    r = run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
+             "--iters", 2, "--gen-tokens", 5, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    for key in ("train_tokens_per_s", "train_ms_per_iter", "generate_tokens_per_s", "gflops", "peak_gflops"):
+        assert d[key] > 0, key
+    assert d["generate_tokens"] == 5 and d["config"]["n_ctx"] == 16
+
+
+def test_flop_count_matches_a_hand_count():
+    from tbp.bench import train_flops_per_token
+    from tbp.nn import ModelConfig
+    cfg = ModelConfig(vocab_size=10, n_ctx=8, n_layer=1, n_head=2, d_model=4)
+    # per layer: c_attn 4*12 + c_proj 4*4 + mlp 2*4*16 = 192 weights; head 4*10; attention 2*8*2*(2+2)
+    assert train_flops_per_token(cfg) == 3 * (2 * (192 + 40) + 2 * 8 * 2 * 4)

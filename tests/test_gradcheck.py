@@ -56,8 +56,6 @@ def _broken(monkeypatch, cls, method, fn):
 ])
 def test_a_broken_backward_fails_the_check(monkeypatch, layer, cls, broken):
     if cls is MLP:
-        orig = MLP.backward
-
         def broken(self, dout):
             u, th = self.cache
             dg = self.c_proj.backward(dout)

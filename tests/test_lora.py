@@ -8,7 +8,6 @@ from click.testing import CliRunner
 from tbp import GPT, checkpoint, runs
 from tbp.cli import main
 from tbp.config import TrainConfig
-from tbp.data import Dataset
 from tbp.nn import merge_lora
 from tbp.train import Callbacks
 
@@ -92,7 +91,6 @@ class StopAt(Callbacks):
 def test_adapter_run_resumes_exactly(base, tmp_path):
     from tbp.cli.prepare import run_prepare
     prep = lambda p, k, v, o, f, t: run_prepare(p, k, v, 0.1, o, f, "utf-8", tokenizer=t)
-    tok = GPT.load  # noqa: F841  (keeps the import obviously used)
     from tbp.tokenizer import Tokenizer
     ds = runs.resolve_dataset("new.txt", prep, Tokenizer.load(base / "tokenizer.json"))
     cfg = TrainConfig(batch_size=4, max_iters=12, lr=1e-2, warmup=2, eval_interval=4, eval_batches=1, seed=3)

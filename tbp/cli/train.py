@@ -13,10 +13,10 @@ from rich.table import Table
 from tqdm import tqdm
 
 from .. import runs
+from ..checkpoint import read_config
 from ..config import ModelConfig, TrainConfig
-from ..errors import TbpError
 from ..nn import LORA_TARGETS
-from ..tokenizer import KINDS
+from ..tokenizer import KINDS, Tokenizer
 from ..train import Callbacks
 from .common import console, fmt_count
 from .prepare import run_prepare
@@ -42,13 +42,12 @@ def _load_config_file(ctx, param, value):
         elif k not in ("format", "data", "lora", "base", "init_from"):
             flat[k] = v
     names = {p.name for p in ctx.command.params}
-    renames = {"tie_head": "tie_head", "lr_decay_iters": "lr_decay_iters"}
-    unknown = [k for k in flat if k.replace("-", "_") not in names and k not in ("vocab_size", "causal")]
+    derived = ("vocab_size", "causal")      # set by the data and the engine, not by options
+    unknown = [k for k in flat if k.replace("-", "_") not in names and k not in derived]
     if unknown:
         raise click.BadParameter(f"{value}: unknown keys {', '.join(unknown)}", ctx, param)
     ctx.default_map = {**(ctx.default_map or {}),
-                       **{renames.get(k, k.replace("-", "_")): v for k, v in flat.items()
-                          if k not in ("vocab_size", "causal")}}
+                       **{k.replace("-", "_"): v for k, v in flat.items() if k not in derived}}
     return value
 
 
@@ -263,15 +262,12 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
     if resume:
         ds = None
         if data_arg is not None:
-            from ..checkpoint import read_config
-            from ..tokenizer import Tokenizer
             read_config(out)
             ds = runs.resolve_dataset(data_arg, prepare, Tokenizer.load(out / "tokenizer.json"))
         trainer = runs.resume(out, train_given, model_given, ds, progress)
     else:
         tcfg = TrainConfig(**{k: opts[k] for k in TRAIN_KEYS})
         if init_from is not None:
-            from ..tokenizer import Tokenizer
             ds = runs.resolve_dataset(data_arg, prepare, Tokenizer.load(init_from / "tokenizer.json"))
             lora = None
             if lora_rank is not None:

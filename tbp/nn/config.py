@@ -6,8 +6,23 @@ from dataclasses import asdict, dataclass, fields
 ACTIVATIONS = ("gelu", "relu")
 
 
+class DictConfig:
+    """JSON round trip for a config dataclass; unknown keys are an error, never ignored."""
+    KIND = "config"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.KIND} keys: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(DictConfig):
     vocab_size: int = 65          # V: tokens the model reads and predicts
     n_ctx: int = 128              # longest sequence (number of learned positions)
     n_layer: int = 4              # L: transformer blocks
@@ -19,6 +34,7 @@ class ModelConfig:
     ln_eps: float = 1e-5          # layer norm epsilon (the paper's checks use 0)
     tie_head: bool = True         # logits = ln_f(x) @ wte.T; False: an untied lm_head (+ bias)
     causal: bool = True           # causal mask; False gives permutation-equivariant attention
+    KIND = "model config"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
@@ -44,14 +60,3 @@ class ModelConfig:
     def d_key(self) -> int:
         """Dk: query/key width per head."""
         return self.d_qk if self.d_qk is not None else self.d_head
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown model config keys: {', '.join(sorted(unknown))}")
-        return cls(**d)
