@@ -106,7 +106,8 @@ class GPT(Module):
         self.cache = xf
         if self.lm_head is not None:
             return self.lm_head.forward(xf)
-        return xf @ self.params["wte"].T                                   # (B, T, V)
+        V, C = self.params["wte"].shape
+        return np.dot(xf.reshape(-1, C), self.params["wte"].T).reshape(xf.shape[:-1] + (V,))
 
     def backward(self, dlogits: np.ndarray) -> None:
         """The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
@@ -118,8 +119,8 @@ class GPT(Module):
             dxf = self.lm_head.backward(dlogits)
         else:
             if "wte" in self.grads:
-                self.grads["wte"] += dlogits.reshape(-1, dlogits.shape[-1]).T @ xf.reshape(-1, C)
-            dxf = dlogits @ self.params["wte"]                             # (B, T, C)
+                self.grads["wte"] += np.dot(dlogits.reshape(-1, dlogits.shape[-1]).T, xf.reshape(-1, C))
+            dxf = np.dot(dlogits.reshape(-1, dlogits.shape[-1]), self.params["wte"]).reshape(xf.shape)
         dx = self.ln_f.backward(dxf)
         for block in reversed(self.blocks):
             dx = block.backward(dx)

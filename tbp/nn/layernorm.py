@@ -30,35 +30,36 @@ class LayerNorm(Module):
         return avg
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        # Few, in-place operations: when decoding one token at a time the cost of a layer
-        # norm is its number of numpy calls, not its arithmetic.
-        avg = self._mean_vector(x)
-        xc = x - x @ avg                                                   # (..., C) centred
-        std = (xc * xc) @ avg                                              # (..., 1) variance
+        # Few, in-place operations on a 2-D view: when decoding one token at a time the cost
+        # of a layer norm is its number of numpy calls, not its arithmetic.
+        x2 = x.reshape(-1, x.shape[-1])                                    # (N, C)
+        avg = self._mean_vector(x2)
+        xc = x2 - np.dot(x2, avg)                                          # (N, C) centred
+        std = np.dot(xc * xc, avg)                                         # (N, 1) variance
         std += x.dtype.type(self.eps)
-        np.sqrt(std, out=std)                                              # (..., 1)
+        np.sqrt(std, out=std)
         xc /= std                                                          # xhat, in place
         self.cache = xc, std
         y = xc * self.params["weight"]
         if "bias" in self.params:
             y += self.params["bias"]
-        return y
+        return y.reshape(x.shape)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """[paper §5]  dxhat = dout * weight;
         dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (means over channels);
         dweight += sum over tokens of dout * xhat;  dbias += sum over tokens of dout.
         """
-        xhat, std = self.cache
-        C = dout.shape[-1]
+        xhat, std = self.cache                                             # (N, C), (N, 1)
+        d2 = dout.reshape(xhat.shape)
         if "weight" in self.grads:
-            self.grads["weight"] += (dout * xhat).reshape(-1, C).sum(0)
+            self.grads["weight"] += (d2 * xhat).sum(0)
         if "bias" in self.grads:
-            self.grads["bias"] += dout.reshape(-1, C).sum(0)
-        avg = self._mean_vector(dout)
-        dxhat = dout * self.params["weight"]                               # (..., C)
-        proj = (dxhat * xhat) @ avg                                        # (..., 1) mean(dxhat xhat)
-        dx = dxhat - dxhat @ avg
+            self.grads["bias"] += d2.sum(0)
+        avg = self._mean_vector(d2)
+        dxhat = d2 * self.params["weight"]                                 # (N, C)
+        proj = np.dot(dxhat * xhat, avg)                                   # (N, 1) mean(dxhat xhat)
+        dx = dxhat - np.dot(dxhat, avg)
         dx -= xhat * proj
         dx /= std
-        return dx
+        return dx.reshape(dout.shape)

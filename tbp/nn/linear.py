@@ -23,8 +23,9 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self.cache = x
-        # fold (B, T) into one axis: one large GEMM, not B small ones
-        y = x.reshape(-1, self.d_in) @ self.params["weight"]              # (N, out)
+        # fold (B, T) into one axis: one large GEMM, not B small ones. np.dot, not @: for 2-D
+        # operands both call BLAS, and np.dot has half the fixed cost (one-token decoding)
+        y = np.dot(x.reshape(-1, self.d_in), self.params["weight"])       # (N, out)
         b = self.params.get("bias")
         if b is not None:
             y += b
@@ -39,10 +40,10 @@ class Linear(Module):
         x = self.cache
         d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
         if "weight" in self.grads:
-            self.grads["weight"] += x.reshape(-1, self.d_in).T @ d2
+            self.grads["weight"] += np.dot(x.reshape(-1, self.d_in).T, d2)
         if "bias" in self.grads:
             self.grads["bias"] += d2.sum(0)
-        return (d2 @ self.params["weight"].T).reshape(x.shape)            # (..., in)
+        return np.dot(d2, self.params["weight"].T).reshape(x.shape)       # (..., in)
 
 
 class LoRA(Linear):
@@ -71,9 +72,9 @@ class LoRA(Linear):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x2 = x.reshape(-1, self.d_in)                                      # (N, in)
-        h = x2 @ self.params["lora_down"]                                  # (N, R)
+        h = np.dot(x2, self.params["lora_down"])                           # (N, R)
         y = Linear.forward(self, x2)                                       # (N, out)
-        y += self.params["lora_up"].dtype.type(self.scale) * (h @ self.params["lora_up"])
+        y += self.params["lora_up"].dtype.type(self.scale) * np.dot(h, self.params["lora_up"])
         self.cache = x, h
         return y.reshape(*x.shape[:-1], self.d_out)
 
@@ -85,13 +86,13 @@ class LoRA(Linear):
         x, h = self.cache
         s = self.params["lora_up"].dtype.type(self.scale)
         d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
-        dh = s * (d2 @ self.params["lora_up"].T)                           # (N, R)
-        self.grads["lora_up"] += s * (h.T @ d2)
-        self.grads["lora_down"] += x.reshape(-1, self.d_in).T @ dh
-        dx = d2 @ self.params["weight"].T
-        dx += dh @ self.params["lora_down"].T
+        dh = s * np.dot(d2, self.params["lora_up"].T)                      # (N, R)
+        self.grads["lora_up"] += s * np.dot(h.T, d2)
+        self.grads["lora_down"] += np.dot(x.reshape(-1, self.d_in).T, dh)
+        dx = np.dot(d2, self.params["weight"].T)
+        dx += np.dot(dh, self.params["lora_down"].T)
         return dx.reshape(x.shape)                                         # (..., in)
 
     def merged(self) -> np.ndarray:
         """weight + s * lora_down @ lora_up: the plain weight this adapter folds into."""
-        return self.params["weight"] + self.scale * (self.params["lora_down"] @ self.params["lora_up"])
+        return self.params["weight"] + self.scale * np.dot(self.params["lora_down"], self.params["lora_up"])
