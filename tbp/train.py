@@ -165,7 +165,7 @@ class Trainer:
             if cfg.grad_accum > 1:
                 dlogits *= dlogits.dtype.type(1.0 / cfg.grad_accum)
             model.backward(dlogits)
-        gnorm = clip_grads(model.grads, cfg.grad_clip)
+        gnorm = clip_grads(model.grads, cfg.grad_clip, self.opt.flat[1] if self.opt.flat else None)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
             good = f"; the last good checkpoint (step {self.last_saved_step}) is kept" \
