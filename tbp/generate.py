@@ -55,7 +55,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     if s.top_k is not None and s.top_k < V:
         kth = np.partition(z, V - s.top_k, axis=-1)[:, V - s.top_k][:, None]
         z = np.where(z < kth, -np.inf, z)
-    z -= z.max(-1, keepdims=True)
+    z -= np.maximum.reduce(z, axis=-1, keepdims=True)
     p = np.exp(z, out=z)
     if s.top_p is not None and s.top_p < 1:
         p /= p.sum(-1, keepdims=True)
@@ -68,8 +68,9 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
         p = np.where(keep, p, 0.0)
         p /= p.sum(-1, keepdims=True)
     cdf = np.cumsum(p, -1)                  # unnormalised: compare with u times the total
-    idx = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
-    return np.minimum(idx, V - 1).astype(np.int64)
+    # the first token whose cumulative mass passes u * total; a zero-probability token
+    # never passes first, and u < 1 guarantees the last one does
+    return np.argmax(cdf > (u * cdf[:, -1])[:, None], axis=-1)
 
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
@@ -82,7 +83,10 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
-    tokens = np.tile(np.asarray(prompt, dtype=np.int64), (num_samples, 1))     # (B, t)
+    n0 = len(prompt)
+    buf = np.empty((num_samples, n0 + max_new_tokens), dtype=np.int64)        # (B, every token)
+    buf[:, :n0] = np.asarray(prompt, dtype=np.int64)
+    tokens = buf[:, :n0]
     start = 0                                 # first position of the current window
     caches = model.new_caches(num_samples) if use_cache else None
     if caches is not None:
@@ -92,7 +96,8 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     for _ in range(max_new_tokens):
         nxt = sample(logits, sampling, rng)                                     # (B,)
         yield nxt
-        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+        buf[:, tokens.shape[1]] = nxt
+        tokens = buf[:, :tokens.shape[1] + 1]
         if tokens.shape[1] - start > n_ctx:
             start = tokens.shape[1] - n_ctx // 2        # window full: keep the recent half
             if caches is not None:
