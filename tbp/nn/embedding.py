@@ -25,7 +25,8 @@ class Embedding(Module):
         return self.params["wte"][idx] + self.params["wpe"][pos0:pos0 + T]   # (B, T, C)
 
     def backward(self, dout: np.ndarray) -> None:
-        """dwte[v] += sum of dout over every (b, t) with idx[b, t] == v;  dwpe[t] += sum_b dout[b, t].
+        """[paper §2]  dwte[v] += sum of dout over every (b, t) with idx[b, t] == v;
+        dwpe[t] += sum_b dout[b, t].
 
         A token repeated in the batch must accumulate (plain fancy-index assignment would
         keep only the last write): rows are sorted by token id and each run of equal ids is

@@ -110,7 +110,7 @@ class GPT(Module):
         return np.dot(xf.reshape(-1, C), self.params["wte"].T).reshape(xf.shape[:-1] + (V,))
 
     def backward(self, dlogits: np.ndarray) -> None:
-        """The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
+        """[paper §7, Table 3]  The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
         dwte += dlogits^T xf and dxf = dlogits wte; the embedding's scatter adds to the same dwte.
         """
         xf = self.cache

@@ -32,7 +32,8 @@ class Linear(Module):
         return y.reshape(x.shape[:-1] + (self.d_out,))
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        """dweight += x^T dout;  dbias += sum over tokens of dout;  dx = dout @ weight^T.
+        """[paper §3.2 eqs. 22-24, the fully connected layer]
+        dweight += x^T dout;  dbias += sum over tokens of dout;  dx = dout @ weight^T.
 
         Tokens are independent rows, so the batch and time axes fold into one.
         A frozen weight or bias (LoRA's base) skips its gradient entirely.

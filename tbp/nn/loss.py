@@ -37,7 +37,7 @@ class CrossEntropy:
         return loss
 
     def backward(self) -> np.ndarray:
-        """dlogits = (p - onehot(targets)) / N: softmax and log fused, no division by p."""
+        """[paper §1]  dlogits = (p - onehot(targets)) / N: softmax and log fused, no division by p."""
         p, rows, t, shape = self.cache
         p[rows, t] -= 1
         p /= p.dtype.type(t.size)

@@ -56,7 +56,7 @@ class MLP(Module):
         return self.c_proj.forward(u * s)                                  # gelu(u) = u s
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        """GELU: g = u s with s = sigmoid(2z), z = k (u + a u^3), so
+        """[paper §7, FC_expand > g > FC_contract]  GELU: g = u s with s = sigmoid(2z), z = k (u + a u^3), so
         dg/du = s + u s (1 - s) 2k (1 + 3a u^2)   (= (1 + tanh z)/2 + u/2 (1 - tanh^2 z) dz/du).
         ReLU: dg/du = [u > 0].
         """
