@@ -105,6 +105,11 @@ def read_config(run: Path) -> dict:
     run = Path(run)
     if not run.is_dir():
         raise TbpError(f"{run}: no such checkpoint directory")
+    if not (run / "config.json").is_file():
+        if (run / "meta.json").is_file():
+            raise TbpError(f"{run} is a prepared dataset, not a checkpoint "
+                           f"(train on it with: tbp train --data {run})")
+        raise TbpError(f"{run}: not a checkpoint (no config.json)")
     cfg = read_json(run / "config.json")
     if cfg.get("format") != FORMAT:
         raise TbpError(f"{run / 'config.json'}: checkpoint format {cfg.get('format')!r}, this tbp reads {FORMAT}")

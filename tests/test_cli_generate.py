@@ -73,3 +73,8 @@ def test_no_checkpoint_at_all(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run(["generate"])
     assert r.exit_code == 1 and "no checkpoint under checkpoints" in r.output
+
+
+def test_a_dataset_folder_is_not_a_checkpoint(run_dir):
+    r = run(["generate", "--checkpoint", run_dir.parent.parent / "data" / "corpus"])
+    assert r.exit_code == 1 and "is a prepared dataset, not a checkpoint" in r.output
