@@ -28,6 +28,8 @@ def test_info_on_a_run_and_on_its_dataset(tmp_path, corpus_file, monkeypatch):
     ds = json.loads(run(["info", "data/corpus", "--json"]).stdout)
     assert ds["tokenizer"] == "char" and ds["train_tokens"] > 0
     assert run(["info"]).exit_code == 0                       # newest run by default
+    listing = json.loads(run(["info", "checkpoints", "--json"]).stdout)
+    assert [r["run"] for r in listing] == ["checkpoints/r"] and listing[0]["step"] == 10
 
 
 def test_info_on_a_folder_that_is_neither(tmp_path):

@@ -42,6 +42,31 @@ def param_groups(params: dict) -> "OrderedDict[str, int]":
     return OrderedDict(sorted(groups.items(), key=lambda kv: order(kv[0])))
 
 
+def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
+    """A folder of runs (checkpoints/): one line each."""
+    rows = []
+    for run in runs:
+        try:
+            cfg = checkpoint.read_config(run)
+            state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
+        except TbpError:
+            continue
+        m = cfg.get("model") or {}
+        rows.append({"run": str(run), "kind": "lora" if cfg.get("lora") else "model",
+                     "shape": f"{m.get('n_layer')}L × {m.get('d_model')}, ctx {m.get('n_ctx')}",
+                     "step": state.get("step"), "best_val_loss": state.get("best_val_loss")})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"runs under {root}", title_justify="left")
+    for col in ("run", "kind", "shape", "step", "best val"):
+        t.add_column(col, justify="right" if col in ("step", "best val") else "left")
+    for r in rows:
+        best = f"{r['best_val_loss']:.4f}" if r["best_val_loss"] is not None else "-"
+        t.add_row(r["run"], r["kind"], r["shape"], str(r["step"] if r["step"] is not None else "-"), best)
+    console.print(t)
+
+
 def run_info(run: Path) -> dict:
     cfg = checkpoint.read_config(run)
     lora = cfg.get("lora")
@@ -70,15 +95,21 @@ def info(path, as_json):
     """Show what a checkpoint (or a prepared dataset) holds.
 
     For a run: the model's configuration, parameters per layer, the training state and the
-    loss curve. For a dataset folder: its tokenizer, token counts and source.
+    loss curve. For a dataset folder: its tokenizer, token counts and source. For a folder
+    of runs (checkpoints/): one line per run.
 
     \b
     Examples:
       tbp info                      # the newest run under checkpoints/
       tbp info checkpoints/pydoc --json
       tbp info data/pydoc
+      tbp info checkpoints
     """
     path = path or checkpoint.latest_run()
+    runs = sorted(p.parent for p in path.glob("*/config.json")) if not (path / "config.json").is_file() else []
+    if runs:
+        _list_runs(path, runs, as_json)
+        return
     if (path / "meta.json").is_file() and not (path / "config.json").is_file():
         meta = checkpoint.read_json(path / "meta.json")
         if as_json:
