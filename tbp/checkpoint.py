@@ -24,14 +24,11 @@ from safetensors import safe_open
 from safetensors.numpy import save as st_save
 
 from .errors import TbpError
-from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, staged_dir
 from .nn import GPT, ModelConfig, add_lora
 from .tokenizer import Tokenizer
 
 FORMAT = 1
-FILES = ("config.json", "tokenizer.json", "state.json")
-
-
 def weights_name(adapter: bool, best: bool = False) -> str:
     return ("best-" if best else "") + ("adapter" if adapter else "model") + ".safetensors"
 
@@ -96,6 +93,8 @@ def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
             arrays = {k: f.get_tensor(k) for k in f.keys()}
+    except TypeError as e:    # bfloat16 (and other dtypes numpy lacks)
+        raise TbpError(f"{path}: {e}; convert the weights to float32 or float16 first") from None
     except Exception as e:    # safetensors raises its own error types for truncated/garbled files
         raise TbpError(f"{path}: damaged safetensors file ({' '.join(str(e).split())[:100]})") from None
     return arrays, meta
@@ -184,7 +183,6 @@ def latest_run(root: str | Path = "checkpoints") -> Path:
 
 def save_plain(out: Path, model: GPT, tokenizer: Tokenizer, record: dict, force: bool = False) -> None:
     """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder."""
-    from .fsutil import staged_dir
     with staged_dir(out, force) as tmp:
         write_run_header(tmp, record, tokenizer)
         write_arrays(tmp / weights_name(False), dict(model.params), record.get("step", 0), "weights")

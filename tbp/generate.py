@@ -173,9 +173,7 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     streams = [TextStream(tok, stop) for _ in range(num_samples)]
     stats.prompt_tokens = len(prompt)
     if use_cache:
-        per_layer = num_samples * model.config.n_head * model.config.n_ctx * (
-            model.config.d_key + model.config.d_head) * model.dtype.itemsize
-        stats.cache_bytes = per_layer * model.config.n_layer
+        stats.cache_bytes = model.cache_bytes(num_samples)
     t0 = time.perf_counter()
     gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache)
     first = True

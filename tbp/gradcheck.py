@@ -18,7 +18,7 @@ This module is numbers only: the CLI renders the results.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
@@ -64,7 +64,6 @@ class Case:
     layer: str
     f: Callable[[], float]
     prepare: Callable[[], list]          # runs the backward, returns [Target, ...]
-    tags: list = field(default_factory=list)
 
 
 def check_case(case: Case, rng: np.random.Generator, eps: float = DEFAULT_EPS,
@@ -121,7 +120,7 @@ def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
 
-def _targets(module, grads_view: dict, x=None, dx=None, H=None, Dk=None) -> list[Target]:
+def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:
     out = []
     for name, value in module.params.items():
         if name not in module.grads:
@@ -183,7 +182,7 @@ def _projected_case(layer: str, module, x: np.ndarray, rng, H=None, Dk=None) -> 
         module.zero_grad()
         module.forward(x)
         dx = module.backward(w.copy())
-        return _targets(module, module.grads, x, dx, H, Dk)
+        return _targets(module, x, dx, H, Dk)
 
     return Case(layer, f, prepare)
 
@@ -201,7 +200,7 @@ def _embedding_case(rng) -> Case:
         emb.zero_grad()
         emb.forward(idx, pos0=2)
         emb.backward(w.copy())
-        return _targets(emb, emb.grads)
+        return _targets(emb)
 
     return Case("embedding [repeated ids]", f, prepare)
 
@@ -237,7 +236,7 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
 
     def prepare():
         model.loss_and_backward(idx, targets)
-        return _targets(model, model.grads, H=cfg.n_head, Dk=cfg.d_key)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_key)
 
     return Case(layer, f, prepare)
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save as st_save
 
 from . import checkpoint
 from .errors import TbpError
-from .fsutil import atomic_write_json, atomic_write_text, staged_dir
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, staged_dir
 from .nn import GPT, ModelConfig
 from .tokenizer import Tokenizer
 
@@ -77,10 +78,8 @@ def export_hf(model: GPT, tok: Tokenizer, out: Path, force: bool = False) -> dic
         raise TbpError("this is a LoRA run: fold it first with tbp merge, then export the merged run")
     arrays = {hf_name(k): np.ascontiguousarray(v, dtype=np.float32) for k, v in model.params.items()}
     config = hf_config(model.config, tok)
-    from safetensors.numpy import save
     with staged_dir(out, force) as tmp:
-        from .fsutil import atomic_write_bytes
-        atomic_write_bytes(tmp / "model.safetensors", save(arrays, metadata={"format": "pt"}))
+        atomic_write_bytes(tmp / "model.safetensors", st_save(arrays, metadata={"format": "pt"}))
         atomic_write_json(tmp / "config.json", config)
         atomic_write_text(tmp / "tokenizer.json", tok.to_str())
         eot = "<|endoftext|>" if tok.eot_id is not None else None
@@ -126,7 +125,7 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
     if tok.vocab_size != cfg.vocab_size:
         raise TbpError(f"{src}: tokenizer has {tok.vocab_size} tokens but config.json says vocab_size "
                        f"{cfg.vocab_size}")
-    raw = _read_weights(src / "model.safetensors")
+    raw, _ = checkpoint.read_arrays(src / "model.safetensors")
     arrays, lm_head = {}, None
     for name, a in raw.items():
         if name.endswith("lm_head.weight"):
@@ -149,15 +148,4 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
               "imported_from": str(src.resolve())}
     checkpoint.save_plain(out, model, tok, record, force)
     return model, tok
-
-
-def _read_weights(path: Path) -> dict[str, np.ndarray]:
-    try:
-        from safetensors import safe_open
-        with safe_open(str(path), framework="numpy") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
-    except TypeError as e:        # bfloat16 has no numpy dtype
-        raise TbpError(f"{path}: {e}; convert the checkpoint to float32 or float16 first") from None
-    except Exception as e:
-        raise TbpError(f"{path}: damaged safetensors file ({' '.join(str(e).split())[:100]})") from None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import nn
+from .checkpoint import load_model
 
 
 class GPT(nn.GPT):
@@ -18,5 +19,4 @@ class GPT(nn.GPT):
 
         dtype: None keeps the stored dtype; best=True takes the best-validation weights.
         """
-        from .checkpoint import load_model
         return load_model(run, dtype=dtype, best=best, cls=cls)[0]

@@ -117,8 +117,3 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
 
-
-def describe(tok: Tokenizer) -> dict:
-    return {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-            "sha256": tok.sha256()}
-

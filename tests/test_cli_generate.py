@@ -1,23 +1,14 @@
 """`tbp generate` through CliRunner."""
 import pytest
 from click.testing import CliRunner
+from helpers import run, train_tiny
 
 from tbp.cli import main
-
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
-        "--eval-batches", "1", "--eval-interval", "5", "-q"]
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], **kw)
 
 
 @pytest.fixture
 def run_dir(tmp_path, corpus_file, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    r = run(["train", "--data", corpus_file, "--out", "checkpoints/g", "--max-iters", 5, *TINY])
-    assert r.exit_code == 0, r.output
-    return tmp_path / "checkpoints" / "g"
+    return train_tiny(tmp_path, corpus_file, monkeypatch, "checkpoints/g", 5)
 
 
 def test_generate_defaults_to_latest_run_and_streams_text(run_dir):

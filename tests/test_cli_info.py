@@ -1,17 +1,13 @@
 """`tbp info` on runs and datasets, `tbp merge` refusals, and the top-level help."""
 import json
 
-from click.testing import CliRunner
+from helpers import run
 
-from tbp.cli import main
 from tbp.cli.info import sparkline
 
 TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
         "--eval-batches", "1", "--eval-interval", "5", "-q"]
 
-
-def run(args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_info_on_a_run_and_on_its_dataset(tmp_path, corpus_file, monkeypatch):

@@ -2,22 +2,9 @@
 import json
 
 import pytest
-from click.testing import CliRunner
-
-from tbp.cli import main
+from helpers import clean_fail, run
 
 TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(300))
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input)
-
-
-def assert_clean_failure(result, code, message):
-    assert result.exit_code == code, result.output
-    assert message in result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
 @pytest.fixture
@@ -53,12 +40,12 @@ def test_prepare_from_stdin(tmp_path):
 
 
 def test_missing_path(tmp_path):
-    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "nope.txt")]), 1, "nope.txt: no such file")
+    clean_fail(run(["prepare", "--data", str(tmp_path / "nope.txt")]), 1, "nope.txt: no such file")
 
 
 def test_empty_corpus(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
-    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "o")]),
+    clean_fail(run(["prepare", "--data", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "o")]),
                          1, "corpus is empty")
     assert not (tmp_path / "o").exists()
 
@@ -66,22 +53,22 @@ def test_empty_corpus(tmp_path):
 def test_folder_without_text_files(tmp_path):
     (tmp_path / "f").mkdir()
     (tmp_path / "f" / "a.bin").write_bytes(b"\x00")
-    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "f")]), 1, "folder has no text files")
+    clean_fail(run(["prepare", "--data", str(tmp_path / "f")]), 1, "folder has no text files")
 
 
 def test_invalid_utf8_names_the_place_and_offers_encoding(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"good line\nbad \xff byte\n")
     r = run(["prepare", "--data", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "o")])
-    assert_clean_failure(r, 1, "offset 14 (line 2) is not valid utf-8")
+    clean_fail(r, 1, "offset 14 (line 2) is not valid utf-8")
     assert "--encoding" in r.output
     r = run(["prepare", "--data", str(tmp_path / "bad.txt"), "--encoding", "latin-1", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
 
 
 def test_vocab_below_alphabet(tmp_path, corpus):
-    assert_clean_failure(run(["prepare", "--data", str(corpus), "--tokenizer", "bpe", "--vocab-size", "100",
+    clean_fail(run(["prepare", "--data", str(corpus), "--tokenizer", "bpe", "--vocab-size", "100",
                               "--out", str(tmp_path / "o")]), 1, "below the byte-level alphabet")
-    assert_clean_failure(run(["prepare", "--data", str(corpus), "--vocab-size", "5",
+    clean_fail(run(["prepare", "--data", str(corpus), "--vocab-size", "5",
                               "--out", str(tmp_path / "o")]), 1, "below the corpus alphabet")
     assert not (tmp_path / "o").exists()
 
@@ -91,7 +78,7 @@ def test_existing_output_is_left_untouched_without_force(tmp_path, corpus):
     assert run(["prepare", "--data", str(corpus), "--out", str(out)]).exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (tmp_path / "other.txt").write_text("something else entirely\n" * 50)
-    assert_clean_failure(run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out)]),
+    clean_fail(run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out)]),
                          1, "already exists (use --force")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out), "--force"]).exit_code == 0

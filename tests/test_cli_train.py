@@ -4,32 +4,15 @@ import signal
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from helpers import TINY, clean_fail, run, train_tiny
 
 from tbp import GPT
-from tbp.cli import main
 from tbp.cli import train as cli_train
-
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
-        "--eval-batches", "2", "--eval-interval", "5", "--log-interval", "5", "-q"]
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], **kw)
-
-
-def clean_fail(r, code, msg):
-    assert r.exit_code == code, r.output
-    assert msg in r.output, r.output
-    assert "Traceback" not in r.output
 
 
 @pytest.fixture
 def trained(tmp_path, corpus_file, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    r = run(["train", "--data", corpus_file, "--out", "checkpoints/a", "--max-iters", 10, *TINY])
-    assert r.exit_code == 0, r.output
-    return tmp_path / "checkpoints" / "a"
+    return train_tiny(tmp_path, corpus_file, monkeypatch, "checkpoints/a", 10)
 
 
 def test_train_on_a_text_file_writes_a_complete_run(trained):

@@ -111,3 +111,9 @@ def test_generate_text_stops_at_end_of_text():
     model.params["lm_head.bias"][tok.eot_id] += 50.0     # <|endoftext|> is the certain next token
     pieces = list(generate_text(model, tok, [tok.eot_id], 20, Sampling(0.0), np.random.default_rng(0)))
     assert pieces == []
+
+
+def test_cache_bytes_matches_what_new_caches_allocates():
+    model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
+    caches = model.new_caches(3)
+    assert model.cache_bytes(3) == sum(c.k.nbytes + c.v.nbytes for c in caches)

@@ -3,19 +3,15 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.numpy import save_file
+from helpers import run
 
 from tbp import GPT, ModelConfig
-from tbp.cli import main
 from tbp.tokenizer import train_bpe
 
 CFG = dict(n_ctx=32, n_layer=2, n_head=2, d_model=16)
 
-
-def run(args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,9 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from helpers import run
 
 from tbp import GPT, checkpoint, runs
-from tbp.cli import main
 from tbp.config import TrainConfig
 from tbp.nn import merge_lora
 from tbp.train import Callbacks
@@ -15,9 +14,6 @@ TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--n-ctx", "16", "
         "--eval-batches", "2", "--eval-interval", "10", "-q"]
 NEW_TEXT = "".join(f"the log sat on the dog; the mat ate the cat. {i % 5}\n" for i in range(400))
 
-
-def run(args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import checkpoint
 from ..errors import TbpError
 from .common import console, fmt_bytes
+from .prepare import summary
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -115,7 +116,6 @@ def info(path, as_json):
         if as_json:
             click.echo(json.dumps(meta, indent=2))
             return
-        from .prepare import summary
         summary({**meta, "path": str(path)})
         return
     if not (path / "config.json").is_file():

@@ -19,9 +19,10 @@ class KVCache:
         self.v = np.zeros((B, H, n_ctx, d_v), dtype=dtype)
         self.length = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+    @staticmethod
+    def size_bytes(B: int, H: int, n_ctx: int, d_k: int, d_v: int, dtype) -> int:
+        """Memory of one layer's cache, without allocating it."""
+        return B * H * n_ctx * (d_k + d_v) * np.dtype(dtype).itemsize
 
 
 class CausalSelfAttention(Module):
@@ -120,6 +121,9 @@ class CausalSelfAttention(Module):
 
     def new_cache(self, B: int, n_ctx: int) -> KVCache:
         return KVCache(B, self.H, n_ctx, self.Dk, self.Dv, self.params["c_attn.weight"].dtype)
+
+    def cache_bytes(self, B: int, n_ctx: int) -> int:
+        return KVCache.size_bytes(B, self.H, n_ctx, self.Dk, self.Dv, self.params["c_attn.weight"].dtype)
 
     def forward_cached(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """Inference only: attend the new tokens x to themselves and everything cached.   [paper §3.2]

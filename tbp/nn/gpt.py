@@ -148,6 +148,10 @@ class GPT(Module):
         """One preallocated KV cache per block, each for n_ctx positions."""
         return [blk.attn.new_cache(B, self.config.n_ctx) for blk in self.blocks]
 
+    def cache_bytes(self, B: int = 1) -> int:
+        """Memory that new_caches(B) allocates."""
+        return sum(blk.attn.cache_bytes(B, self.config.n_ctx) for blk in self.blocks)
+
     def forward_cached(self, idx: np.ndarray, caches: list[KVCache], check: bool = True) -> np.ndarray:
         """Logits of new tokens idx (B, Tn) that continue the cached ones: (B, Tn, V).
 

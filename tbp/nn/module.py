@@ -12,15 +12,14 @@ class Module:
     arrays are never rebound, only updated in place (the optimizer, loading, ``zero_grad``),
     so those references stay live.
 
-    ``frozen`` names parameters that get no gradient (LoRA's frozen base): they stay in
-    ``params`` but not in ``grads``, and the layer skips their gradient's matmul entirely.
+    A frozen parameter (LoRA's base) stays in ``params`` but has no entry in ``grads``, and
+    the layer skips its gradient's matmul entirely.
     """
 
     def __init__(self) -> None:
         self.params: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
         self.children: dict[str, Module] = {}
-        self.frozen: set[str] = set()
         self._own: list[str] = []
         self.flat = None                # (params, grads, n_matrix) once pack() has run
 
@@ -50,7 +49,6 @@ class Module:
 
     def freeze(self, name: str) -> None:
         """Stop computing the gradient of leaf parameter ``name``."""
-        self.frozen.add(name)
         self.grads.pop(name, None)
 
     def zero_grad(self) -> None:
