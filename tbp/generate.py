@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .nn import GPT
+from .nn import GPT, Decoder
 from .tokenizer import Tokenizer
 
 
@@ -43,18 +43,19 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
 
     One uniform number per row is drawn (even when greedy), and the token is found by
     inverting the CDF of the filtered distribution: the same draws give the same tokens
-    whichever way the logits were computed.
+    whichever way the logits were computed. Called once per token, so the common case
+    (no top-k / top-p) is kept to a handful of NumPy calls.
     """
     u = rng.random(logits.shape[0])                                        # (B,)
     if s.temperature == 0:
         return logits.argmax(-1).astype(np.int64)
     z = logits.astype(np.float64)                                          # (B, V), float64 for the CDF
     if s.temperature != 1:
-        z /= s.temperature
+        z *= 1.0 / s.temperature
     V = z.shape[-1]
     if s.top_k is not None and s.top_k < V:
         kth = np.partition(z, V - s.top_k, axis=-1)[:, V - s.top_k][:, None]
-        z = np.where(z < kth, -np.inf, z)
+        z[z < kth] = -np.inf
     z -= np.maximum.reduce(z, axis=-1, keepdims=True)
     p = np.exp(z, out=z)
     if s.top_p is not None and s.top_p < 1:
@@ -65,12 +66,13 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
         keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < s.top_p
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, -1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(-1, keepdims=True)
-    cdf = np.cumsum(p, -1)                  # unnormalised: compare with u times the total
-    # the first token whose cumulative mass passes u * total; a zero-probability token
-    # never passes first, and u < 1 guarantees the last one does
-    return np.argmax(cdf > (u * cdf[:, -1])[:, None], axis=-1)
+        p[~keep] = 0.0
+    # ufunc methods and array methods directly: np.cumsum / np.argmax add a Python layer
+    cdf = np.add.accumulate(p, axis=-1, out=p)      # unnormalised: compare with u times the total
+    # the first token whose cumulative mass passes u * total: a zero-probability token never
+    # passes first, and u < 1 guarantees the last one does
+    u *= cdf[:, -1]
+    return (cdf > u[:, None]).argmax(-1)
 
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
@@ -88,9 +90,9 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     buf[:, :n0] = np.asarray(prompt, dtype=np.int64)
     tokens = buf[:, :n0]
     start = 0                                 # first position of the current window
-    caches = model.new_caches(num_samples) if use_cache else None
-    if caches is not None:
-        logits = model.forward_cached(tokens, caches)[:, -1]                    # (B, V)
+    decoder = model.decoder(num_samples) if use_cache else None
+    if decoder is not None:
+        logits = decoder.forward(tokens)[:, -1]                                 # (B, V)
     else:
         logits = model.forward(tokens)[:, -1]
     for _ in range(max_new_tokens):
@@ -100,12 +102,12 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
         tokens = buf[:, :tokens.shape[1] + 1]
         if tokens.shape[1] - start > n_ctx:
             start = tokens.shape[1] - n_ctx // 2        # window full: keep the recent half
-            if caches is not None:
-                caches = model.new_caches(num_samples)
-                logits = model.forward_cached(tokens[:, start:], caches)[:, -1]
+            if decoder is not None:
+                decoder.reset()
+                logits = decoder.forward(tokens[:, start:])[:, -1]
                 continue
-        if caches is not None:
-            logits = model.forward_cached(nxt[:, None], caches, check=False)[:, -1]
+        if decoder is not None:
+            logits = decoder.forward(nxt[:, None], check=False)[:, -1]
         else:
             logits = model.forward(tokens[:, start:])[:, -1]
 
@@ -173,7 +175,7 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     streams = [TextStream(tok, stop) for _ in range(num_samples)]
     stats.prompt_tokens = len(prompt)
     if use_cache:
-        stats.cache_bytes = model.cache_bytes(num_samples)
+        stats.cache_bytes = Decoder.cache_size(model, num_samples)
     t0 = time.perf_counter()
     gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache)
     first = True

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
+from tbp.nn import LORA_TARGETS, Decoder, add_lora
 from tbp.generate import Sampling, TextStream, generate_ids, generate_text, sample
 from tbp.tokenizer import train_bpe, train_char
 
@@ -17,22 +18,51 @@ def randomized(dtype, seed=0, **kw):
     return model
 
 
+OPTIONS = [dict(), dict(tie_head=False, d_qk=3), dict(activation="relu", bias=False, ln_eps=0.0)]
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-4)])
 @pytest.mark.parametrize("prompt_len", [1, 5, 12])
-def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len):
-    model = randomized(dtype, tie_head=False, d_qk=3)
+@pytest.mark.parametrize("options", OPTIONS, ids=["gpt2", "untied-dqk3", "relu-nobias-eps0"])
+def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, options):
+    model = randomized(dtype, **options)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 17, (2, 12))
-    caches = model.new_caches(2)
-    cached = model.forward_cached(tokens[:, :prompt_len], caches)              # prefill
+    decoder = model.decoder(2)
+    cached = decoder.forward(tokens[:, :prompt_len])                             # prefill
     full = model.forward(tokens[:, :prompt_len])
     np.testing.assert_allclose(cached, full, rtol=0, atol=tol)
     for t in range(prompt_len, 12):                                              # one token at a time
-        step = model.forward_cached(tokens[:, t:t + 1], caches)[:, -1]
+        step = decoder.forward(tokens[:, t:t + 1])[:, -1]
         np.testing.assert_allclose(step, model.forward(tokens[:, :t + 1])[:, -1], rtol=0, atol=tol)
-    assert caches[0].length == 12
+    assert decoder.length == 12
     with pytest.raises(ValueError, match="longer than the context"):
-        model.forward_cached(tokens[:, :1], caches)
+        decoder.forward(tokens[:, :1])
+    decoder.reset()                                          # the same buffers serve a new start
+    np.testing.assert_allclose(decoder.forward(tokens[:, :3]), model.forward(tokens[:, :3]), rtol=0, atol=tol)
+
+
+def test_decoder_merges_lora_and_snapshots_the_weights():
+    model = randomized(np.float64, tie_head=False)
+    add_lora(model, rank=2, alpha=4.0, targets=LORA_TARGETS)
+    for name, p in model.params.items():
+        if name.endswith("lora_up"):
+            p += np.random.default_rng(3).standard_normal(p.shape)     # adapters that change the output
+    tokens = np.random.default_rng(4).integers(0, 17, (1, 9))
+    decoder = model.decoder()
+    np.testing.assert_allclose(decoder.forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
+    before = model.forward(tokens)
+    model.params["h.0.mlp.c_fc.lora_up"] += 1.0                           # a later change ...
+    decoder.reset()
+    np.testing.assert_allclose(decoder.forward(tokens), before, rtol=0, atol=1e-10)   # ... is not seen
+
+
+def test_decoder_refuses_wrong_batch_and_non_causal_models():
+    model = randomized(np.float32)
+    with pytest.raises(ValueError, match="holds 2 sequences, got 1"):
+        model.decoder(2).forward(np.zeros((1, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="causal"):
+        GPT(ModelConfig(**CFG, causal=False)).decoder()
 
 
 @pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5),
@@ -113,7 +143,7 @@ def test_generate_text_stops_at_end_of_text():
     assert pieces == []
 
 
-def test_cache_bytes_matches_what_new_caches_allocates():
+def test_cache_size_matches_what_the_decoder_allocates():
     model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
-    caches = model.new_caches(3)
-    assert model.cache_bytes(3) == sum(c.k.nbytes + c.v.nbytes for c in caches)
+    # L * B * n_ctx * H * (Dk + Dv + 1) float32 numbers: 2 * 3 * 12 * 2 * (3 + 8 + 1) * 4 bytes
+    assert Decoder.cache_size(model, 3) == model.decoder(3).cache_bytes == 6912

@@ -148,9 +148,9 @@ def test_dtype_is_kept_end_to_end(rng, dtype):
     assert model.forward(idx).dtype == dtype
     model.loss_and_backward(idx, idx)
     assert all(g.dtype == dtype for g in model.grads.values())
-    caches = model.new_caches(2)
-    assert model.forward_cached(idx, caches).dtype == dtype
-    assert caches[0].k.dtype == dtype
+    decoder = model.decoder(2)
+    assert decoder.forward(idx).dtype == dtype
+    assert decoder.keys.dtype == decoder.values.dtype == dtype
 
 
 def test_same_seed_same_model_across_dtypes():

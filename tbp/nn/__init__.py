@@ -16,13 +16,14 @@ from .module import Module
 from .embedding import Embedding
 from .linear import Linear, LoRA
 from .layernorm import LayerNorm
-from .attention import CausalSelfAttention, KVCache
+from .attention import CausalSelfAttention
 from .mlp import MLP
 from .loss import cross_entropy, CrossEntropy
 from .gpt import Block, GPT, LORA_TARGETS, add_lora, merge_lora
+from .decode import Decoder
 
 __all__ = [
     "ModelConfig", "Module", "Embedding", "Linear", "LoRA", "LayerNorm",
-    "CausalSelfAttention", "KVCache", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
+    "CausalSelfAttention", "Decoder", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
     "LORA_TARGETS", "add_lora", "merge_lora",
 ]

@@ -1,5 +1,7 @@
-"""Multi-head (causal) self-attention and its key/value cache.   [paper §3-4]"""
+"""Multi-head (causal) self-attention.   [paper §3-4]"""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -7,22 +9,14 @@ from .linear import Linear
 from .module import Module
 
 
-class KVCache:
-    """Keys and values of one attention layer, preallocated to the context length.   [paper §3.2]
-
-    k: (B, H, n_ctx, Dk); v: (B, H, n_ctx, Dv); ``length`` positions are filled.
-    Memory: B * H * n_ctx * (Dk + Dv) numbers per layer.
-    """
-
-    def __init__(self, B: int, H: int, n_ctx: int, d_k: int, d_v: int, dtype):
-        self.k = np.zeros((B, H, n_ctx, d_k), dtype=dtype)
-        self.v = np.zeros((B, H, n_ctx, d_v), dtype=dtype)
-        self.length = 0
-
-    @staticmethod
-    def size_bytes(B: int, H: int, n_ctx: int, d_k: int, d_v: int, dtype) -> int:
-        """Memory of one layer's cache, without allocating it."""
-        return B * H * n_ctx * (d_k + d_v) * np.dtype(dtype).itemsize
+@functools.lru_cache(maxsize=8)
+def causal_mask(Tq: int, q_pos0: int, dtype) -> np.ndarray:
+    """(Tq, q_pos0 + Tq) additive mask for queries at positions q_pos0 ...: 0 where key j <= the
+    query's position, -inf after it. Cached (read-only): training reuses one shape every step."""
+    future = np.arange(q_pos0 + Tq)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
+    mask = np.where(future, -np.inf, 0).astype(dtype)
+    mask.flags.writeable = False
+    return mask
 
 
 class CausalSelfAttention(Module):
@@ -43,7 +37,6 @@ class CausalSelfAttention(Module):
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_k))   # a scalar of the model's dtype
         self.collect()
         self.cache = None
-        self._masks: dict = {}
 
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*(2Dk+Dv)) -> q (B, H, T, Dk), k (B, H, T, Dk), v (B, H, T, Dv) views."""
@@ -54,24 +47,10 @@ class CausalSelfAttention(Module):
         v = qkv[..., 2 * H * Dk:].reshape(B, T, H, Dv).transpose(0, 2, 1, 3)
         return q, k, v
 
-    def _mask(self, Tq: int, Tk: int, q_pos0: int, dtype) -> np.ndarray:
-        """(Tq, Tk) additive mask: 0 where key j <= query position q_pos0 + i, else -inf."""
-        key = (Tq, Tk, q_pos0, np.dtype(dtype))
-        if key not in self._masks:
-            future = np.arange(Tk)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
-            if len(self._masks) > 8:
-                self._masks.clear()
-            self._masks[key] = np.where(future, -np.inf, 0).astype(dtype)
-        return self._masks[key]
-
-    def _softmax_rows(self, att: np.ndarray, q_pos0: int) -> np.ndarray:
-        """In place: mask keys after each query (when causal), then softmax over keys.
-
-        att: (B, H, Tq, Tk) scores of queries at positions q_pos0.. against keys at 0..Tk-1.
-        """
-        Tq, Tk = att.shape[-2:]
-        if self.causal and Tq > 1:      # one query at the end of the keys sees them all
-            att += self._mask(Tq, Tk, q_pos0, att.dtype)
+    def _softmax_rows(self, att: np.ndarray) -> np.ndarray:
+        """In place: mask keys after each query (when causal), then softmax over keys.  att: (B, H, T, T)."""
+        if self.causal:
+            att += causal_mask(att.shape[-2], 0, att.dtype)
         # ufunc reductions directly: .max()/.sum() add a Python wrapper per call
         att -= np.maximum.reduce(att, axis=-1, keepdims=True)
         np.exp(att, out=att)
@@ -87,7 +66,7 @@ class CausalSelfAttention(Module):
         q, k, v = self._heads(self.c_attn.forward(x))
         qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
         att = qs @ k.transpose(0, 1, 3, 2)                                 # (B, H, T, T)
-        att = self._softmax_rows(att, 0)                                   # (B, H, T, T)
+        att = self._softmax_rows(att)                                      # (B, H, T, T)
         y = att @ v                                                        # (B, H, T, Dv)
         self.cache = qs, k, v, att, y
         return self.c_proj.forward(self._merge(y))                         # (B, T, C)
@@ -118,32 +97,3 @@ class CausalSelfAttention(Module):
         dqkv[..., H * Dk:2 * H * Dk] = dk.transpose(0, 2, 1, 3).reshape(B, T, H * Dk)
         dqkv[..., 2 * H * Dk:] = self._merge(dv)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)
-
-    def new_cache(self, B: int, n_ctx: int) -> KVCache:
-        return KVCache(B, self.H, n_ctx, self.Dk, self.Dv, self.params["c_attn.weight"].dtype)
-
-    def cache_bytes(self, B: int, n_ctx: int) -> int:
-        return KVCache.size_bytes(B, self.H, n_ctx, self.Dk, self.Dv, self.params["c_attn.weight"].dtype)
-
-    def forward_cached(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
-        """Inference only: attend the new tokens x to themselves and everything cached.   [paper §3.2]
-
-        x: (B, Tn, C) at positions cache.length ... cache.length + Tn - 1. Their keys and values
-        are written into the cache; each new query row costs one (Dk x t) product against the
-        cached keys, so a one-token step is linear in the cached length, never quadratic.
-        """
-        if not self.causal:
-            raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
-        Tn = x.shape[1]
-        t0, t1 = cache.length, cache.length + Tn
-        if t1 > cache.k.shape[2]:
-            raise ValueError(f"KV cache holds {cache.k.shape[2]} positions, asked for {t1}")
-        q, k, v = self._heads(self.c_attn.forward(x))
-        cache.k[:, :, t0:t1] = k
-        cache.v[:, :, t0:t1] = v
-        cache.length = t1
-        att = (q * self.scale) @ cache.k[:, :, :t1].transpose(0, 1, 3, 2)  # (B, H, Tn, t1)
-        att = self._softmax_rows(att, t0)
-        y = att @ cache.v[:, :, :t1]                                       # (B, H, Tn, Dv)
-        self.cache = None
-        return self.c_proj.forward(self._merge(y))                         # (B, Tn, C)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import CausalSelfAttention, KVCache
+from .attention import CausalSelfAttention
+from .decode import Decoder
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -41,10 +42,6 @@ class Block(Module):
         dx = dout + self.ln_2.backward(self.mlp.backward(dout))
         # x = x + attn(ln_1(x))
         return dx + self.ln_1.backward(self.attn.backward(dx))
-
-    def forward_cached(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
-        x = x + self.attn.forward_cached(self.ln_1.forward(x), cache)
-        return x + self.mlp.forward(self.ln_2.forward(x))
 
 
 class GPT(Module):
@@ -144,29 +141,9 @@ class GPT(Module):
         return targets
 
     # --- inference path (KV cache) ----------------------------------------------------------
-    def new_caches(self, B: int = 1) -> list[KVCache]:
-        """One preallocated KV cache per block, each for n_ctx positions."""
-        return [blk.attn.new_cache(B, self.config.n_ctx) for blk in self.blocks]
-
-    def cache_bytes(self, B: int = 1) -> int:
-        """Memory that new_caches(B) allocates."""
-        return sum(blk.attn.cache_bytes(B, self.config.n_ctx) for blk in self.blocks)
-
-    def forward_cached(self, idx: np.ndarray, caches: list[KVCache], check: bool = True) -> np.ndarray:
-        """Logits of new tokens idx (B, Tn) that continue the cached ones: (B, Tn, V).
-
-        A prefill passes the whole prompt; each later step passes one token (Tn = 1).
-        ``check=False`` skips validating ids the caller already knows are in range (a sampler's).
-        """
-        pos0 = caches[0].length
-        if check:
-            idx = self.check_tokens(idx, pos0)
-        elif pos0 + idx.shape[1] > self.config.n_ctx:
-            raise ValueError(f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context")
-        x = self.embed.forward(idx, pos0)
-        for block, cache in zip(self.blocks, caches):
-            x = block.forward_cached(x, cache)
-        return self._head(self.ln_f.forward(x))
+    def decoder(self, batch: int = 1) -> Decoder:
+        """A snapshot of this model prepared for sampling ``batch`` sequences with a KV cache."""
+        return Decoder(self, batch)
 
 
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
