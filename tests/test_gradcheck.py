@@ -73,7 +73,8 @@ def test_a_broken_backward_fails_the_check(monkeypatch, layer, cls, broken):
             dv = att.transpose(0, 1, 3, 2) @ dy
             dS = att * (dy @ v.transpose(0, 1, 3, 2))                   # row-sum term dropped
             dq, dk = dS @ k * self.scale, dS.transpose(0, 1, 3, 2) @ qs
-            dqkv = np.concatenate([self._merge(dq), self._merge(dk), self._merge(dv)], -1)
+            merge = lambda g: g.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+            dqkv = np.concatenate([merge(dq), merge(dk), merge(dv)], -1)
             return self.c_attn.backward(dqkv)
     _broken(monkeypatch, cls, "backward", broken)
     rows = _rows(layer)

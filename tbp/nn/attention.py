@@ -57,19 +57,22 @@ class CausalSelfAttention(Module):
         att /= np.add.reduce(att, axis=-1, keepdims=True)
         return att
 
-    def _merge(self, y: np.ndarray) -> np.ndarray:
-        """(B, H, T, Dv) -> (B, T, H*Dv): heads side by side, as c_proj expects."""
-        B, H, T, Dv = y.shape
-        return y.transpose(0, 2, 1, 3).reshape(B, T, H * Dv)
+    def _heads_view(self, merged: np.ndarray, D: int) -> np.ndarray:
+        """(B, T, H*D) -> (B, H, T, D) view: heads side by side is the layout c_proj reads."""
+        B, T, _ = merged.shape
+        return merged.reshape(B, T, self.H, D).transpose(0, 2, 1, 3)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         q, k, v = self._heads(self.c_attn.forward(x))
+        B, H, T, _ = q.shape
         qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
         att = qs @ k.transpose(0, 1, 3, 2)                                 # (B, H, T, T)
         att = self._softmax_rows(att)                                      # (B, H, T, T)
-        y = att @ v                                                        # (B, H, T, Dv)
+        merged = np.empty((B, T, H * self.Dv), dtype=att.dtype)            # heads side by side
+        y = self._heads_view(merged, self.Dv)                              # (B, H, T, Dv) view
+        np.matmul(att, v, out=y)
         self.cache = qs, k, v, att, y
-        return self.c_proj.forward(self._merge(y))                         # (B, T, C)
+        return self.c_proj.forward(merged)                                 # (B, T, C)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """[paper §3.2, §4]  With P = softmax(S), S = q k^T * scale, y = P v, per head:
@@ -83,17 +86,15 @@ class CausalSelfAttention(Module):
         qs, k, v, att, y = self.cache
         B, H, T, _ = qs.shape
         Dk, Dv = self.Dk, self.Dv
-        dy = self.c_proj.backward(dout)                                    # (B, T, H*Dv)
-        dy = dy.reshape(B, T, H, Dv).transpose(0, 2, 1, 3)                 # (B, H, T, Dv)
-        dv = att.transpose(0, 1, 3, 2) @ dy                                # (B, H, T, Dv)
-        datt = dy @ v.transpose(0, 1, 3, 2)                                # (B, H, T, T)
-        datt -= np.einsum("bhtd,bhtd->bht", dy, y)[..., None]             # (B, H, T, 1) broadcast
-        datt *= att                                                        # dS w.r.t. qs k^T
-        dq = datt @ k                                                      # (B, H, T, Dk)
-        dq *= self.scale
-        dk = datt.transpose(0, 1, 3, 2) @ qs                               # (B, H, T, Dk)
+        dy = self._heads_view(self.c_proj.backward(dout), Dv)              # (B, H, T, Dv) view
+        # the three input gradients are written straight into their columns of dqkv
         dqkv = np.empty((B, T, H * (2 * Dk + Dv)), dtype=dout.dtype)      # (B, T, H*(2Dk+Dv))
-        dqkv[..., :H * Dk] = dq.transpose(0, 2, 1, 3).reshape(B, T, H * Dk)
-        dqkv[..., H * Dk:2 * H * Dk] = dk.transpose(0, 2, 1, 3).reshape(B, T, H * Dk)
-        dqkv[..., 2 * H * Dk:] = self._merge(dv)
+        dq, dk, dv = self._heads(dqkv)
+        np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)                   # (B, H, T, Dv)
+        datt = dy @ v.transpose(0, 1, 3, 2)                                # (B, H, T, T)
+        datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)             # (B, H, T, 1) broadcast
+        datt *= att                                                        # dS w.r.t. qs k^T
+        np.matmul(datt, k, out=dq)                                         # (B, H, T, Dk)
+        dq *= self.scale
+        np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                  # (B, H, T, Dk)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)

@@ -35,12 +35,13 @@ class LayerNorm(Module):
         x2 = x.reshape(-1, x.shape[-1])                                    # (N, C)
         avg = self._mean_vector(x2)
         xc = x2 - np.dot(x2, avg)                                          # (N, C) centred
-        std = np.dot(xc * xc, avg)                                         # (N, 1) variance
+        y = np.multiply(xc, xc)                                            # scratch, then the output
+        std = np.dot(y, avg)                                               # (N, 1) variance
         std += x.dtype.type(self.eps)
         np.sqrt(std, out=std)
         xc /= std                                                          # xhat, in place
         self.cache = xc, std
-        y = xc * self.params["weight"]
+        np.multiply(xc, self.params["weight"], out=y)
         if "bias" in self.params:
             y += self.params["bias"]
         return y.reshape(x.shape)
@@ -52,14 +53,17 @@ class LayerNorm(Module):
         """
         xhat, std = self.cache                                             # (N, C), (N, 1)
         d2 = dout.reshape(xhat.shape)
+        w = self.params["weight"]
+        m = d2 * xhat                                                      # (N, C)
         if "weight" in self.grads:
-            self.grads["weight"] += (d2 * xhat).sum(0)
+            self.grads["weight"] += np.add.reduce(m, axis=0)
         if "bias" in self.grads:
-            self.grads["bias"] += d2.sum(0)
-        avg = self._mean_vector(d2)
-        dxhat = d2 * self.params["weight"]                                 # (N, C)
-        proj = np.dot(dxhat * xhat, avg)                                   # (N, 1) mean(dxhat xhat)
-        dx = dxhat - np.dot(dxhat, avg)
-        dx -= xhat * proj
+            self.grads["bias"] += np.add.reduce(d2, axis=0)
+        # with dxhat = dout * weight, both means are products with the column weight / C
+        w_avg = (w * w.dtype.type(1.0 / w.shape[0])).reshape(-1, 1)        # (C, 1)
+        proj = np.dot(m, w_avg)                                            # (N, 1) mean(dxhat xhat)
+        dx = d2 * w                                                        # (N, C) dxhat
+        dx -= np.dot(d2, w_avg)                                            # minus mean(dxhat)
+        dx -= np.multiply(xhat, proj, out=m)
         dx /= std
         return dx.reshape(dout.shape)

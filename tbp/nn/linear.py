@@ -43,7 +43,7 @@ class Linear(Module):
         if "weight" in self.grads:
             self.grads["weight"] += np.dot(x.reshape(-1, self.d_in).T, d2)
         if "bias" in self.grads:
-            self.grads["bias"] += d2.sum(0)
+            self.grads["bias"] += np.add.reduce(d2, axis=0)
         return np.dot(d2, self.params["weight"].T).reshape(x.shape)       # (..., in)
 
 
