@@ -34,14 +34,21 @@ class Block(Module):
         self.collect()
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        x = x + self.attn.forward(self.ln_1.forward(x))
-        return x + self.mlp.forward(self.ln_2.forward(x))
+        # each sublayer returns a new array: the residual is added into it, in place
+        h = self.attn.forward(self.ln_1.forward(x))
+        h += x
+        y = self.mlp.forward(self.ln_2.forward(h))
+        y += h
+        return y
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        # y = x + mlp(ln_2(x)): the residual passes dout around the branch and through it
-        dx = dout + self.ln_2.backward(self.mlp.backward(dout))
-        # x = x + attn(ln_1(x))
-        return dx + self.ln_1.backward(self.attn.backward(dx))
+        # y = h + mlp(ln_2(h)): the residual passes dout around the branch and through it
+        dh = self.ln_2.backward(self.mlp.backward(dout))
+        dh += dout
+        # h = x + attn(ln_1(x))
+        dx = self.ln_1.backward(self.attn.backward(dh))
+        dx += dh
+        return dx
 
 
 class GPT(Module):
