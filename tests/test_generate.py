@@ -42,6 +42,15 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, 
     np.testing.assert_allclose(decoder.forward(tokens[:, :3]), model.forward(tokens[:, :3]), rtol=0, atol=tol)
 
 
+def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
+    model = randomized(np.float64)
+    tokens = np.random.default_rng(5).integers(0, 17, (3, 11))
+    whole = model.decoder(3).forward(tokens).copy()
+    monkeypatch.setattr(Decoder, "max_scores", 3 * 2 * 12 * 4)     # 4 query rows per chunk
+    np.testing.assert_allclose(model.decoder(3).forward(tokens), whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(whole, model.forward(tokens), rtol=0, atol=1e-10)
+
+
 def test_decoder_merges_lora_and_snapshots_the_weights():
     model = randomized(np.float64, tie_head=False)
     add_lora(model, rank=2, alpha=4.0, targets=LORA_TARGETS)
@@ -52,7 +61,8 @@ def test_decoder_merges_lora_and_snapshots_the_weights():
     decoder = model.decoder()
     np.testing.assert_allclose(decoder.forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
     before = model.forward(tokens)
-    model.params["h.0.mlp.c_fc.lora_up"] += 1.0                           # a later change ...
+    model.params["h.0.mlp.c_fc.lora_up"] += 1.0                           # later changes ...
+    model.params["wte"] += 1.0
     decoder.reset()
     np.testing.assert_allclose(decoder.forward(tokens), before, rtol=0, atol=1e-10)   # ... is not seen
 

@@ -81,8 +81,8 @@ class _Buffers:
                  V: int, n_ctx: int, dtype):
         N = B * Tn
         self.x = np.empty((N, C), dtype)                 # the residual stream
-        self.mu = np.empty((N, 1), dtype)                # layer-norm mean, then std
-        self.var = np.empty((N, 1), dtype)
+        self.mu = np.empty((N, 1), dtype)                # layer-norm mean
+        self.var = np.empty((N, 1), dtype)               # variance + eps, then its square root
         self.xc = np.empty((N, C), dtype)                # centred input
         self.sq = np.ones((N, C + 1), dtype)             # [xc^2, 1]: the 1 brings in eps
         self.xa = np.ones((N, C + 1), dtype)             # [xhat, 1]: the 1 brings in the bias
@@ -117,7 +117,12 @@ class Decoder:
     Cache per layer: keys (B, H, Dk, n_ctx), stored transposed so that each head's scores are
     one matrix-vector product over contiguous rows, and values (B, H, n_ctx, Dv + 1).
     The weights are a snapshot: build a new Decoder after changing the model.
+
+    A long prefill runs in chunks of query rows, so its (B, H, rows, n_ctx) attention scores
+    stay under ``max_scores`` numbers (16 MiB in float32) whatever the batch and prompt.
     """
+
+    max_scores = 1 << 22
 
     def __init__(self, model, batch: int = 1):
         cfg = model.config
@@ -129,8 +134,8 @@ class Decoder:
         self.n_ctx, self.V, self.d_ff = cfg.n_ctx, cfg.vocab_size, model.blocks[0].mlp.c_fc.d_out
         self.gelu = model.blocks[0].mlp.activation == "gelu"
         dt = self.dtype
-        self.wte = model.params["wte"]
-        self.wpe = model.params["wpe"]
+        self.wte = model.params["wte"].copy()            # copies: a snapshot, like the rest
+        self.wpe = model.params["wpe"].copy()
         self.layers = [_Layer(block, dt) for block in model.blocks]
         lnf = model.ln_f.params
         if model.lm_head is None:
@@ -191,6 +196,12 @@ class Decoder:
         t1 = t0 + Tn
         if t1 > self.n_ctx:
             raise ValueError(f"KV cache holds {self.n_ctx} positions, asked for {t1}")
+        rows = max(1, self.max_scores // (self.B * self.H * self.n_ctx))
+        if Tn > rows:                   # chunked prefill: each chunk attends to the ones before
+            logits = np.empty((self.B, Tn, self.V), self.dtype)
+            for s in range(0, Tn, rows):
+                logits[:, s:s + rows] = self.forward(idx[:, s:s + rows], check=False)
+            return logits
         buf = self._step if Tn == 1 else self._buffers(Tn)
         x = buf.x
         self.wte.take(idx.reshape(-1), axis=0, out=x)                          # (N, C)
