@@ -51,20 +51,14 @@ def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
     np.testing.assert_allclose(whole, model.forward(tokens), rtol=0, atol=1e-10)
 
 
-def test_decoder_merges_lora_and_snapshots_the_weights():
+def test_decoder_merges_lora_adapters():
     model = randomized(np.float64, tie_head=False)
     add_lora(model, rank=2, alpha=4.0, targets=LORA_TARGETS)
     for name, p in model.params.items():
         if name.endswith("lora_up"):
             p += np.random.default_rng(3).standard_normal(p.shape)     # adapters that change the output
     tokens = np.random.default_rng(4).integers(0, 17, (1, 9))
-    decoder = model.decoder()
-    np.testing.assert_allclose(decoder.forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
-    before = model.forward(tokens)
-    model.params["h.0.mlp.c_fc.lora_up"] += 1.0                           # later changes ...
-    model.params["wte"] += 1.0
-    decoder.reset()
-    np.testing.assert_allclose(decoder.forward(tokens), before, rtol=0, atol=1e-10)   # ... is not seen
+    np.testing.assert_allclose(model.decoder().forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
 
 
 def test_decoder_refuses_wrong_batch_and_non_causal_models():

@@ -4,16 +4,18 @@ Decoding one token at a time does little arithmetic per step (a few matrix-vecto
 so its cost is the number of NumPy calls, each a microsecond or more of fixed overhead. The
 ``Decoder`` therefore works on a snapshot of the model prepared for inference:
 
-- each layer norm's gain and bias are folded into the linear layer that reads it:
-  (xhat * g + b) @ W + c = xhat @ (g[:, None] * W) + (b @ W + c);
-- each bias rides along as one more row of its weight matrix, multiplied by a constant-1
-  column kept at the end of that layer's input buffer, so a linear layer is one ``np.dot``;
+- each layer norm's gain and bias are folded into the linear layer that reads it,
+  (xhat * g + b) @ W + c = xhat @ (g[:, None] * W) + (b @ W + c), and that layer's bias rides
+  along as one more row of its matrix, multiplied by a constant-1 column kept at the end of
+  the normalised input: layer norm's affine step and the bias cost no call at all;
 - the attention scale 1/sqrt(Dk) is folded into the query columns of c_attn, and GELU's
-  factor 1/2 into the rows of the MLP's c_proj;
+  factor 1/2 into the columns of c_fc;
 - LoRA adapters are merged into their base weights;
 - every intermediate lives in a buffer allocated once and written with ``out=``.
 
-The result equals ``GPT.forward`` up to rounding (float64: ~1e-14; float32: ~1e-6 relative);
+Only the three matrices that read a layer norm (c_attn, c_fc, the head) are copied; the
+output projections and the embeddings are the model's own arrays. The result equals
+``GPT.forward`` up to rounding (float64: ~1e-14; float32: ~1e-6 relative);
 ``tests/test_generate.py`` checks this at every step.
 """
 from __future__ import annotations
@@ -32,45 +34,39 @@ def _weight(layer) -> np.ndarray:
     return layer.merged() if isinstance(layer, LoRA) else layer.params["weight"]
 
 
-def _fold(W: np.ndarray, b, gain, shift, dtype, col_scale=None, row_scale=1.0) -> np.ndarray:
-    """(in + 1, out) matrix M with [xhat, 1] @ M == (xhat * gain + shift) @ W + b.
+def _fold(W: np.ndarray, b, gain, shift, col_scale=None) -> np.ndarray:
+    """(in + 1, out) matrix M with [xhat, 1] @ M == ((xhat * gain + shift) @ W + b) * col_scale.
 
-    Computed in float64 once, then stored in the model's dtype. ``col_scale`` (out,) scales
-    output columns (the attention scale on queries); ``row_scale`` scales the weight rows only
-    (GELU's 1/2 applied to the input of the next layer, never to its bias).
+    ``col_scale`` (out,) scales output columns: the attention scale on the queries, GELU's 1/2.
     """
-    W = W.astype(np.float64)
     d_in, d_out = W.shape
-    M = np.zeros((d_in + 1, d_out))
-    M[:d_in] = W * row_scale
-    if gain is not None:
-        M[:d_in] *= gain.astype(np.float64)[:, None]
-    if shift is not None:
-        M[d_in] += shift.astype(np.float64) @ W
+    M = np.empty((d_in + 1, d_out), W.dtype)
+    np.multiply(W, gain[:, None], out=M[:d_in])
+    M[d_in] = 0 if shift is None else np.dot(shift, W)
     if b is not None:
         M[d_in] += b
     if col_scale is not None:
-        M *= col_scale
-    return M.astype(dtype)
+        M *= col_scale.astype(W.dtype)
+    return M
 
 
 class _Layer:
-    """One block's folded weights: attn (C+1, H(2Dk+Dv)), proj (HDv+1, C), fc (C+1, 4C), mlp (4C+1, C)."""
+    """One block's weights for decoding: attn (C+1, H(2Dk+Dv)) and fc (C+1, 4C) folded,
+    proj (HDv, C) and mlp (4C, C) with their biases as the model holds them."""
 
-    def __init__(self, block, dtype):
+    def __init__(self, block):
         attn, mlp = block.attn, block.mlp
         H, Dk = attn.H, attn.Dk
-        width = attn.c_attn.d_out
-        qscale = np.ones(width)
+        qscale = np.ones(attn.c_attn.d_out)
         qscale[:H * Dk] = 1.0 / np.sqrt(Dk)
         ln1, ln2 = block.ln_1.params, block.ln_2.params
         self.attn = _fold(_weight(attn.c_attn), attn.c_attn.params.get("bias"),
-                          ln1["weight"], ln1.get("bias"), dtype, col_scale=qscale)
-        self.proj = _fold(_weight(attn.c_proj), attn.c_proj.params.get("bias"), None, None, dtype)
-        self.fc = _fold(_weight(mlp.c_fc), mlp.c_fc.params.get("bias"), ln2["weight"], ln2.get("bias"), dtype)
-        half = 0.5 if mlp.activation == "gelu" else 1.0      # gelu(u) = u (1 + tanh z) / 2
-        self.mlp = _fold(_weight(mlp.c_proj), mlp.c_proj.params.get("bias"), None, None, dtype,
-                         row_scale=half)
+                          ln1["weight"], ln1.get("bias"), col_scale=qscale)
+        half = np.full(mlp.c_fc.d_out, 0.5) if mlp.activation == "gelu" else None
+        self.fc = _fold(_weight(mlp.c_fc), mlp.c_fc.params.get("bias"), ln2["weight"], ln2.get("bias"),
+                        col_scale=half)
+        self.proj, self.proj_b = _weight(attn.c_proj), attn.c_proj.params.get("bias")
+        self.mlp, self.mlp_b = _weight(mlp.c_proj), mlp.c_proj.params.get("bias")
         self.eps = (block.ln_1.eps, block.ln_2.eps)
 
 
@@ -96,13 +92,12 @@ class _Buffers:
         self.rowmax = np.empty((B, H, Tn, 1), dtype)     # max of each score row
         self.ysum = np.empty((B, H, Tn, Dv + 1), dtype)  # [sum_j p_j v_j, sum_j p_j]
         self.ysum_v, self.ysum_p = self.ysum[..., :-1], self.ysum[..., -1:]
-        self.ya = np.ones((N, H * Dv + 1), dtype)        # [heads side by side, 1]
-        self.y = self.ya[:, :H * Dv].reshape(B, Tn, H, Dv).transpose(0, 2, 1, 3)    # (B, H, Tn, Dv)
+        self.ya = np.empty((N, H * Dv), dtype)           # heads side by side
+        self.y = self.ya.reshape(B, Tn, H, Dv).transpose(0, 2, 1, 3)               # (B, H, Tn, Dv)
         self.out = np.empty((N, C), dtype)               # a sublayer's output, before the residual
         self.u = np.empty((N, d_ff), dtype)
         self.t = np.empty((N, d_ff), dtype)
-        self.ha = np.ones((N, d_ff + 1), dtype)          # [activation, 1]
-        self.ha_c = self.ha[:, :d_ff]
+        self.ha = np.empty((N, d_ff), dtype)             # the activation
         self.logits = np.empty((N, V), dtype)
 
 
@@ -116,7 +111,8 @@ class Decoder:
 
     Cache per layer: keys (B, H, Dk, n_ctx), stored transposed so that each head's scores are
     one matrix-vector product over contiguous rows, and values (B, H, n_ctx, Dv + 1).
-    The weights are a snapshot: build a new Decoder after changing the model.
+    The folded matrices are made when the Decoder is built: build a new one after changing
+    the model's weights.
 
     A long prefill runs in chunks of query rows, so its (B, H, rows, n_ctx) attention scores
     stay under ``max_scores`` numbers (16 MiB in float32) whatever the batch and prompt.
@@ -134,15 +130,15 @@ class Decoder:
         self.n_ctx, self.V, self.d_ff = cfg.n_ctx, cfg.vocab_size, model.blocks[0].mlp.c_fc.d_out
         self.gelu = model.blocks[0].mlp.activation == "gelu"
         dt = self.dtype
-        self.wte = model.params["wte"].copy()            # copies: a snapshot, like the rest
-        self.wpe = model.params["wpe"].copy()
-        self.layers = [_Layer(block, dt) for block in model.blocks]
+        self.wte = model.params["wte"]
+        self.wpe = model.params["wpe"]
+        self.layers = [_Layer(block) for block in model.blocks]
         lnf = model.ln_f.params
         if model.lm_head is None:
-            self.head = _fold(self.wte.T, None, lnf["weight"], lnf.get("bias"), dt)
+            self.head = _fold(self.wte.T, None, lnf["weight"], lnf.get("bias"))
         else:
             self.head = _fold(_weight(model.lm_head), model.lm_head.params.get("bias"),
-                              lnf["weight"], lnf.get("bias"), dt)
+                              lnf["weight"], lnf.get("bias"))
         self.eps_f = model.ln_f.eps
         L = len(self.layers)
         self.keys = np.zeros((L, batch, self.H, self.Dk, self.n_ctx), dt)
@@ -152,7 +148,8 @@ class Decoder:
         self.length = 0
         self._avg = {}
         self._step = self._buffers(1)
-        self._gelu = {k: dt.type(v) for k, v in (("ka", _GELU_K * _GELU_A), ("k", _GELU_K))}
+        # with w = u / 2 (c_fc's columns carry the 1/2): gelu(u) = w (1 + tanh(2k w (1 + 4a w^2)))
+        self._gelu = {k: dt.type(v) for k, v in (("8ka", 8 * _GELU_K * _GELU_A), ("2k", 2 * _GELU_K))}
 
     @staticmethod
     def cache_size(model, batch: int = 1) -> int:
@@ -245,21 +242,25 @@ class Decoder:
         np.matmul(att, values[:, :, :t1], out=buf.ysum)
         np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
         np.dot(buf.ya, layer.proj, out=buf.out)
+        if layer.proj_b is not None:
+            buf.out += layer.proj_b
         buf.x += buf.out
 
     def _mlp(self, buf: _Buffers, layer: _Layer) -> None:
-        """x += c_proj(g(c_fc(xhat))), with g's 1/2 already in c_proj."""
-        u, t = buf.u, buf.t
-        np.dot(buf.xa, layer.fc, out=u)
-        if self.gelu:                                               # u (1 + tanh(k (u + a u^3)))
-            np.multiply(u, u, out=t)
-            t *= self._gelu["ka"]
-            t += self._gelu["k"]
-            t *= u
+        """x += c_proj(g(c_fc(xhat)))."""
+        w, t = buf.u, buf.t
+        np.dot(buf.xa, layer.fc, out=w)                             # GELU: w = u / 2; ReLU: u
+        if self.gelu:                                               # w (1 + tanh(2k w (1 + 4a w^2)))
+            np.multiply(w, w, out=t)
+            t *= self._gelu["8ka"]
+            t += self._gelu["2k"]
+            t *= w
             np.tanh(t, out=t)
             t += 1
-            np.multiply(t, u, out=buf.ha_c)
+            np.multiply(t, w, out=buf.ha)
         else:
-            np.maximum(u, 0, out=buf.ha_c)
+            np.maximum(w, 0, out=buf.ha)
         np.dot(buf.ha, layer.mlp, out=buf.out)
+        if layer.mlp_b is not None:
+            buf.out += layer.mlp_b
         buf.x += buf.out
