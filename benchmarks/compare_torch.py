@@ -31,7 +31,7 @@ def run_json(cmd):
 
 def tbp_cmd(model, batch, kind, iters):
     L, H, C, T = model
-    cmd = [sys.executable, "-m", "tbp.cli.main", "bench", "--json", "--n-layer", str(L), "--n-head", str(H),
+    cmd = [sys.executable, "-m", "tbp", "bench", "--json", "--n-layer", str(L), "--n-head", str(H),
            "--d-model", str(C), "--n-ctx", str(T), "--batch-size", str(batch), "--iters", str(iters)]
     return cmd + (["--gen-tokens", "0"] if kind == "train" else ["--gen-tokens", "1000", "--iters", "1"])
 

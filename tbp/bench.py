@@ -6,6 +6,7 @@ and report medians. Compare against the PyTorch reference in one run on one mach
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from .generate import Sampling, generate_ids
 from .nn import GPT, ModelConfig
 from .optim import AdamW, clip_grads
+from .parallel import DataParallel, available_cores, blas_threads
 
 
 def matmul_peak_gflops(dtype=np.float32, n: int = 1024, repeats: int = 5) -> float:
@@ -42,25 +44,36 @@ def train_flops_per_token(cfg: ModelConfig) -> float:
 
 
 def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int = 3,
-                seed: int = 0, dtype=np.float32) -> dict:
-    """Median time of a full training step on random tokens."""
+                seed: int = 0, dtype=np.float32, threads: int = 0) -> dict:
+    """Median time of a full training step on random tokens, as `tbp train` runs it
+    (``threads`` as its --threads: 0 is one thread per core, sharing the batch)."""
     model = GPT(cfg, seed=seed, dtype=dtype)
     opt = AdamW(model.params, model.grads, flat=model.flat)
     rng = np.random.default_rng(seed)
+    workers = min(threads or available_cores(), batch_size)
+    parallel = DataParallel(model, workers) if workers > 1 else None
     times = []
-    for i in range(warmup + iters):
-        x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
-        y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
-        t = time.perf_counter()
-        model.loss_and_backward(x, y)
-        clip_grads(model.grads, 1.0, model.flat[1])
-        opt.step(1e-4)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
+    with blas_threads(1) if parallel else contextlib.nullcontext():
+        for i in range(warmup + iters):
+            x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
+            y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
+            t = time.perf_counter()
+            if parallel:
+                model.zero_grad()
+                parallel.loss_and_backward(x, y)
+            else:
+                model.loss_and_backward(x, y)
+            clip_grads(model.grads, 1.0, model.flat[1])
+            opt.step(1e-4)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+    if parallel:
+        parallel.close()
     med = float(np.median(times))
     tokens = batch_size * cfg.n_ctx
     return {"train_ms_per_iter": med * 1e3, "train_tokens_per_s": tokens / med,
-            "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters}
+            "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters,
+            "train_threads": workers}
 
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,

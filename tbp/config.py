@@ -26,6 +26,7 @@ class TrainConfig(DictConfig):
     log_interval: int = 10        # steps between metrics lines
     seed: int = 1337              # init, data order and eval batches all derive from it
     dtype: str = "float32"        # float32 to train; float64 for checks
+    threads: int = 0              # threads sharing each batch's rows; 0 -> one per core
     KIND = "training config"
 
     def __post_init__(self) -> None:
@@ -43,6 +44,8 @@ class TrainConfig(DictConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError("weight_decay and grad_clip must be >= 0")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
+            raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
 

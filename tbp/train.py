@@ -23,6 +23,7 @@ from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
 from .nn import GPT
 from .optim import AdamW, clip_grads, lr_at
+from .parallel import DataParallel, available_cores, blas_threads
 
 
 class Callbacks:
@@ -66,6 +67,8 @@ class Trainer:
                 raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
                                f"of {T} + 1; use more text or a smaller --n-ctx")
         self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2, flat=model.flat)
+        workers = min(cfg.threads or available_cores(), cfg.batch_size)
+        self.parallel = DataParallel(model, workers) if workers > 1 else None
         if optimizer_state is not None:
             self.opt.load_state_arrays(*optimizer_state)
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
@@ -85,6 +88,15 @@ class Trainer:
     # --- public -----------------------------------------------------------------------------
     def run_loop(self) -> State:
         """Train until max_iters or a stop request; returns the final state."""
+        if self.parallel is None:
+            return self._run_loop()
+        try:
+            with blas_threads(1):        # each worker thread is a core's worth of work already
+                return self._run_loop()
+        finally:
+            self.parallel.close()
+
+    def _run_loop(self) -> State:
         cfg, st = self.cfg, self.state
         self.cb.start(self)
         t_start = time.perf_counter() - st.elapsed_s
@@ -125,8 +137,9 @@ class Trainer:
         out = {}
         with np.errstate(over="ignore", invalid="ignore"):
             for split, batches in self.eval_sets.items():
-                out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(
-                    np.mean([self.model.loss(x, y) for x, y in batches]))
+                losses = self.parallel.losses(batches) if self.parallel else \
+                    [self.model.loss(x, y) for x, y in batches]
+                out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses))
         meta = self.data.meta
         bytes_per_token = meta["val_bytes"] / max(1, meta["val_tokens"])
         out["val_bpb"] = out["val_loss"] / math.log(2) / bytes_per_token
@@ -160,6 +173,9 @@ class Trainer:
         total = 0.0
         for _ in range(cfg.grad_accum):
             x, y = get_batch(self.data.train, cfg.batch_size, model.config.n_ctx, self.data_rng)
+            if self.parallel is not None:
+                total += self.parallel.loss_and_backward(x, y, 1.0 / cfg.grad_accum) / cfg.grad_accum
+                continue
             total += model.loss(x, y) / cfg.grad_accum
             dlogits = model.loss_fn.backward()
             if cfg.grad_accum > 1:

@@ -58,12 +58,13 @@ def _snapshot(tr):
             {k: v.copy() for k, v in tr.opt.state_arrays().items()}, tr.data_rng.bit_generator.state)
 
 
-def test_ten_steps_resume_ten_steps_equals_twenty_steps_exactly(tmp_path, dataset):
-    straight = new_trainer(tmp_path, dataset, "straight")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ten_steps_resume_ten_steps_equals_twenty_steps_exactly(tmp_path, dataset, threads):
+    straight = new_trainer(tmp_path, dataset, "straight", threads=threads)
     straight.run_loop()
     p20, o20, r20 = _snapshot(straight)
 
-    first = new_trainer(tmp_path, dataset, "split", callbacks=StopAt(7))   # stops between evals
+    first = new_trainer(tmp_path, dataset, "split", callbacks=StopAt(7), threads=threads)   # stops between evals
     first.run_loop()
     assert first.interrupted and first.state.step == 7
     second = runs.resume(tmp_path / "split", {}, {}, None)

@@ -26,8 +26,10 @@ from .train import _model_options
 @click.option("--gen-tokens", type=click.IntRange(min=0), default=None,
               help="Tokens to generate at batch 1 (default: the whole context; 0 skips generation).")
 @click.option("--no-kv-cache", is_flag=True, help="Time generation without the cache (the quadratic baseline).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Training threads sharing each batch, as in tbp train (0: one per core).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, as_json, **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_json, **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
@@ -42,7 +44,7 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, as_json, **mod
     cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else _null():
-        res.update(bench_train(cfg, batch_size, iters))
+        res.update(bench_train(cfg, batch_size, iters, threads=threads))
     if gen_tokens != 0:
         with console.status("timing generation...") if not as_json else _null():
             res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
@@ -58,7 +60,8 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, as_json, **mod
                     f"batch {batch_size}", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
-    t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s")
+    t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
+                       f" · {res['train_threads']} thread(s)")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "
                           f"the matmul peak {res['peak_gflops']:.0f} GFLOP/s)")
     if res.get("generate_tokens_per_s"):

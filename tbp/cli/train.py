@@ -199,6 +199,9 @@ def _train_options(f):
         click.option("--seed", type=click.IntRange(min=0), default=d.seed, show_default=True,
                      help="Seeds initialisation, batch order and eval batches."),
         click.option("--dtype", type=click.Choice(["float32", "float64"]), default=d.dtype, show_default=True),
+        click.option("--threads", type=click.IntRange(min=0), default=d.threads, show_default=True,
+                     help="Threads that each run forward and backward on a share of the batch "
+                          "(0: one per core). A run repeats bit for bit at a given count."),
     ]
     for o in reversed(opts):
         f = o(f)

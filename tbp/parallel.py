@@ -1,0 +1,176 @@
+"""Data parallelism over the machine's cores for a training step.
+
+A NumPy training step is half matrix products, which BLAS spreads over the cores, and half
+element-wise work (GELU, softmax, layer norm) and small per-head products, which run on one
+core. Splitting the *batch* instead puts every part of the step on every core: each thread
+runs forward and backward on its share of the rows with single-threaded BLAS, and the
+gradients are summed. On two cores this measured 20-25 % faster per step than one thread
+with two-threaded BLAS, for the 4 x 128 and the 6 x 384 models alike.
+
+Replicas share the model's parameter arrays (the same memory: nothing to synchronise, since
+a step only reads them) and keep their own activations and gradients. Each replica's loss
+gradient is scaled by its share of the rows, so the sum is exactly the gradient of the mean
+loss over the whole batch; the order of every sum is fixed, so a run is repeatable bit for
+bit at a given thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import copy
+import ctypes
+import glob
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .nn import GPT
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                     # not Linux
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def _openblas():
+    """(get, set) thread-count functions of NumPy's bundled OpenBLAS, or None if not found."""
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libdir, "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                               ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                return get, set_
+    return None
+
+
+@contextlib.contextmanager
+def blas_threads(n: int):
+    """Run the block with NumPy's BLAS limited to ``n`` threads (a no-op if it cannot be told)."""
+    fns = _openblas()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(ctypes.c_int(n))
+    try:
+        yield
+    finally:
+        set_(ctypes.c_int(before))
+
+
+def _replica(model: GPT) -> GPT:
+    """A copy of ``model`` that shares its parameter arrays and owns zeroed gradients
+    laid out like the model's (one packed buffer when the model has one)."""
+    for _, m in model.modules():
+        m.cache = None                          # activations are per replica: nothing to copy
+    memo: dict = {}
+    for _, m in model.modules():
+        for k in m._own:
+            memo[id(m.params[k])] = m.params[k]  # deepcopy hands back the same array: shared
+    if model.flat is not None:
+        flat_p, flat_g, n_matrix = model.flat
+        memo[id(flat_p)] = flat_p
+        grads = np.zeros_like(flat_g)
+        base = flat_g.__array_interface__["data"][0]
+        for _, m in model.modules():
+            for k, g in m.grads.items():
+                if k in m._own:                 # the same offset in the replica's own buffer
+                    off = (g.__array_interface__["data"][0] - base) // g.itemsize
+                    memo[id(g)] = grads[off:off + g.size].reshape(g.shape)
+        memo[id(flat_g)] = grads
+    replica = copy.deepcopy(model, memo)
+    replica.collect()
+    replica.zero_grad()
+    return replica
+
+
+class DataParallel:
+    """Loss and gradients of one batch, its rows split over ``workers`` threads.
+
+    ``loss_and_backward(x, y, scale)`` *adds* ``scale`` times the gradient of the mean loss
+    over all rows of x (B, T) into ``model.grads`` (like ``GPT.backward``, so gradient
+    accumulation works unchanged) and returns the mean loss. ``losses(batches)`` evaluates
+    a list of (x, y) batches, spread over the threads.
+    Use it inside ``blas_threads(1)``: each thread is one core's worth of work already.
+    """
+
+    def __init__(self, model: GPT, workers: int):
+        if workers < 2:
+            raise ValueError(f"data parallelism needs 2 or more workers, got {workers}")
+        self.model, self.workers = model, workers
+        self.replicas = [model] + [_replica(model) for _ in range(workers - 1)]
+        self.pool = None
+
+    def close(self) -> None:
+        """Stop the worker threads (started again by the next call)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def _submit(self, fn, *args):
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.workers - 1, thread_name_prefix="tbp-worker")
+        # NumPy's floating-point error settings are per thread: workers use the caller's
+        err = np.geterr()
+
+        def run():
+            with np.errstate(**err):
+                return fn(*args)
+        return self.pool.submit(run)
+
+    @staticmethod
+    def _part(replica: GPT, x, y, weight: float) -> float:
+        loss = replica.loss(x, y)
+        dlogits = replica.loss_fn.backward()
+        dlogits *= dlogits.dtype.type(weight)
+        replica.backward(dlogits)
+        return loss
+
+    def loss_and_backward(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
+        B = x.shape[0]
+        n = min(self.workers, B)
+        bounds = [B * i // n for i in range(n + 1)]          # rows of each worker, in order
+        for r in self.replicas[1:n]:
+            r.zero_grad()
+        futures = [self._submit(self._part, r, x[a:b], y[a:b], scale * (b - a) / B)
+                   for r, a, b in zip(self.replicas[1:n], bounds[1:], bounds[2:])]
+        losses = [self._part(self.model, x[:bounds[1]], y[:bounds[1]], scale * bounds[1] / B)]
+        losses += [f.result() for f in futures]
+        for r in self.replicas[1:n]:
+            _add_grads(self.model, r)
+        return sum(l * (b - a) for l, a, b in zip(losses, bounds, bounds[1:])) / B
+
+    def losses(self, batches: list) -> list[float]:
+        """Mean loss of each (x, y) batch, forward only; the batches are shared out in turn."""
+        out: list = [None] * len(batches)
+
+        def run(k: int) -> None:
+            for i in range(k, len(batches), self.workers):
+                out[i] = self.replicas[k].loss(*batches[i])
+        futures = [self._submit(run, k) for k in range(1, self.workers)]
+        run(0)
+        for f in futures:
+            f.result()
+        return out
+
+
+def _add_grads(model: GPT, replica: GPT) -> None:
+    """model.grads += replica.grads: one operation when both are packed buffers."""
+    if model.flat is not None and replica.flat is not None:
+        flat_grads = model.flat[1]
+        flat_grads += replica.flat[1]
+        return
+    for k, g in model.grads.items():
+        g += replica.grads[k]
