@@ -68,6 +68,7 @@ class _Layer:
         self.proj, self.proj_b = _weight(attn.c_proj), attn.c_proj.params.get("bias")
         self.mlp, self.mlp_b = _weight(mlp.c_proj), mlp.c_proj.params.get("bias")
         self.eps = (block.ln_1.eps, block.ln_2.eps)
+        self.norms = None                         # the two layer norms' mean vectors, set by the Decoder
 
 
 class _Buffers:
@@ -139,7 +140,6 @@ class Decoder:
         else:
             self.head = _fold(_weight(model.lm_head), model.lm_head.params.get("bias"),
                               lnf["weight"], lnf.get("bias"))
-        self.eps_f = model.ln_f.eps
         L = len(self.layers)
         self.keys = np.zeros((L, batch, self.H, self.Dk, self.n_ctx), dt)
         # each value row carries a trailing 1: probabilities @ [v, 1] gives the weighted sum and
@@ -147,6 +147,11 @@ class Decoder:
         self.values = np.ones((L, batch, self.H, self.n_ctx, self.Dv + 1), dt)
         self.length = 0
         self._avg = {}
+        for layer in self.layers:
+            layer.norms = tuple(self._mean_vectors(eps) for eps in layer.eps)
+        self._norm_f = self._mean_vectors(model.ln_f.eps)
+        # query rows per prefill chunk, so that its scores stay under max_scores numbers
+        self._chunk = max(1, self.max_scores // (batch * self.H * self.n_ctx))
         self._step = self._buffers(1)
         # with w = u / 2 (c_fc's columns carry the 1/2): gelu(u) = w (1 + tanh(2k w (1 + 4a w^2)))
         self._gelu = {k: dt.type(v) for k, v in (("8ka", 8 * _GELU_K * _GELU_A), ("2k", 2 * _GELU_K))}
@@ -193,7 +198,7 @@ class Decoder:
         t1 = t0 + Tn
         if t1 > self.n_ctx:
             raise ValueError(f"KV cache holds {self.n_ctx} positions, asked for {t1}")
-        rows = max(1, self.max_scores // (self.B * self.H * self.n_ctx))
+        rows = self._chunk
         if Tn > rows:                   # chunked prefill: each chunk attends to the ones before
             logits = np.empty((self.B, Tn, self.V), self.dtype)
             for s in range(0, Tn, rows):
@@ -207,18 +212,18 @@ class Decoder:
         else:
             x.reshape(self.B, Tn, self.C)[...] += self.wpe[t0:t1]
         for layer, keys, values in zip(self.layers, self.keys, self.values):
-            self._norm(buf, layer.eps[0])
+            self._norm(buf, *layer.norms[0])
             self._attend(buf, layer, keys, values, t0, t1)
-            self._norm(buf, layer.eps[1])
+            self._norm(buf, *layer.norms[1])
             self._mlp(buf, layer)
-        self._norm(buf, self.eps_f)
+        self._norm(buf, *self._norm_f)
         np.dot(buf.xa, self.head, out=buf.logits)
         self.length = t1
         return buf.logits.reshape(self.B, Tn, self.V)
 
-    def _norm(self, buf: _Buffers, eps: float) -> None:
-        """buf.xa[:, :C] = (x - mean) / sqrt(var + eps): six calls, whatever the batch."""
-        avg, avg_eps = self._mean_vectors(eps)
+    def _norm(self, buf: _Buffers, avg: np.ndarray, avg_eps: np.ndarray) -> None:
+        """buf.xa[:, :C] = (x - mean) / sqrt(var + eps): six calls, whatever the batch.
+        avg: (C, 1) column of 1/C; avg_eps: (C+1, 1), the same with eps appended."""
         np.dot(buf.x, avg, out=buf.mu)
         np.subtract(buf.x, buf.mu, out=buf.xc)
         np.multiply(buf.xc, buf.xc, out=buf.sq_c)
