@@ -16,9 +16,9 @@ bit at a given thread count.
 from __future__ import annotations
 
 import contextlib
-import functools
 import copy
 import ctypes
+import functools
 import glob
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -80,7 +80,7 @@ def _replica(model: GPT) -> GPT:
         for k in m._own:
             memo[id(m.params[k])] = m.params[k]  # deepcopy hands back the same array: shared
     if model.flat is not None:
-        flat_p, flat_g, n_matrix = model.flat
+        flat_p, flat_g, _ = model.flat
         memo[id(flat_p)] = flat_p
         grads = np.zeros_like(flat_g)
         base = flat_g.__array_interface__["data"][0]
