@@ -52,6 +52,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     rng = np.random.default_rng(seed)
     workers = min(threads or available_cores(), batch_size)
     parallel = DataParallel(model, workers) if workers > 1 else None
+    opt.parallel = parallel
     times = []
     with blas_threads(1) if parallel else contextlib.nullcontext():
         for i in range(warmup + iters):

@@ -69,6 +69,8 @@ class AdamW:
             self.m = {k: np.zeros_like(params[k]) for k in self.names}
             self.v = {k: np.zeros_like(params[k]) for k in self.names}
         self.t = 0
+        self.parallel = None              # a DataParallel: share the packed update over its threads
+        self._scratch_arrays: dict = {}
 
     def _view(self, buf: np.ndarray, p: np.ndarray) -> np.ndarray:
         """The slice of ``buf`` at the offset where ``p`` sits in the packed parameter buffer."""
@@ -103,35 +105,52 @@ class AdamW:
 
         Whole-buffer expressions would allocate several model-sized temporaries per step and
         stream every buffer through memory ten times; chunks of 256K entries (1 MiB each in
-        float32) stay in cache and reuse two scratch arrays.
+        float32) stay in cache and reuse two scratch arrays. Every entry is updated on its own,
+        so with ``parallel`` set (a ``DataParallel``) each worker thread takes one contiguous
+        share of the buffer, and the result is the same to the bit.
         """
         p, g, n_matrix = self.flat
         m, v = self.flat_m, self.flat_v
         f = p.dtype.type
-        if getattr(self, "_scratch", None) is None:
-            self._scratch = (np.empty(self.CHUNK, p.dtype), np.empty(self.CHUNK, p.dtype))
         decay = f(1 - lr * self.weight_decay)
         b1, c1, b2, c2 = f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2)
         inv_bc2, eps, step = f(1 / math.sqrt(bc2)), f(self.eps), f(lr / bc1)
-        for s in range(0, p.size, self.CHUNK):
-            e = min(s + self.CHUNK, p.size)
-            ps, gs, ms, vs = p[s:e], g[s:e], m[s:e], v[s:e]
-            a, b = self._scratch[0][:e - s], self._scratch[1][:e - s]
-            if self.weight_decay and s < n_matrix:
-                ps[:min(e, n_matrix) - s] *= decay
-            ms *= b1
-            np.multiply(c1, gs, out=a)
-            ms += a
-            vs *= b2
-            np.multiply(gs, gs, out=a)
-            a *= c2
-            vs += a
-            np.sqrt(vs, out=a)
-            a *= inv_bc2
-            a += eps
-            np.divide(ms, a, out=b)
-            b *= step
-            ps -= b
+
+        def update(lo: int, hi: int, k: int) -> None:
+            a_buf, b_buf = self._scratch(k, p.dtype)
+            for s in range(lo, hi, self.CHUNK):
+                e = min(s + self.CHUNK, hi)
+                ps, gs, ms, vs = p[s:e], g[s:e], m[s:e], v[s:e]
+                a, b = a_buf[:e - s], b_buf[:e - s]
+                if self.weight_decay and s < n_matrix:
+                    ps[:min(e, n_matrix) - s] *= decay
+                ms *= b1
+                np.multiply(c1, gs, out=a)
+                ms += a
+                vs *= b2
+                np.multiply(gs, gs, out=a)
+                a *= c2
+                vs += a
+                np.sqrt(vs, out=a)
+                a *= inv_bc2
+                a += eps
+                np.divide(ms, a, out=b)
+                b *= step
+                ps -= b
+
+        if self.parallel is None:
+            update(0, p.size, 0)
+            return
+        n = self.parallel.workers
+        bounds = [p.size * i // n for i in range(n + 1)]
+        self.parallel.each(lambda k: update(bounds[k], bounds[k + 1], k))
+
+    def _scratch(self, k: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Worker k's two chunk-sized scratch arrays."""
+        pair = self._scratch_arrays.get(k)
+        if pair is None:
+            pair = self._scratch_arrays[k] = (np.empty(self.CHUNK, dtype), np.empty(self.CHUNK, dtype))
+        return pair
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         out = {f"m.{k}": self.m[k] for k in self.names}

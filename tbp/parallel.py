@@ -152,6 +152,13 @@ class DataParallel:
             _add_grads(self.model, r)
         return sum(l * (b - a) for l, a, b in zip(losses, bounds, bounds[1:])) / B
 
+    def each(self, fn) -> None:
+        """Run fn(k) for every worker k at once, fn(0) on the calling thread; wait for all."""
+        futures = [self._submit(fn, k) for k in range(1, self.workers)]
+        fn(0)
+        for f in futures:
+            f.result()
+
     def losses(self, batches: list) -> list[float]:
         """Mean loss of each (x, y) batch, forward only; the batches are shared out in turn."""
         out: list = [None] * len(batches)
@@ -159,10 +166,7 @@ class DataParallel:
         def run(k: int) -> None:
             for i in range(k, len(batches), self.workers):
                 out[i] = self.replicas[k].loss(*batches[i])
-        futures = [self._submit(run, k) for k in range(1, self.workers)]
-        run(0)
-        for f in futures:
-            f.result()
+        self.each(run)
         return out
 
 

@@ -69,6 +69,7 @@ class Trainer:
         self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2, flat=model.flat)
         workers = min(cfg.threads or available_cores(), cfg.batch_size)
         self.parallel = DataParallel(model, workers) if workers > 1 else None
+        self.opt.parallel = self.parallel
         if optimizer_state is not None:
             self.opt.load_state_arrays(*optimizer_state)
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())

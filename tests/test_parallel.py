@@ -5,6 +5,7 @@ import pytest
 from tbp import GPT, ModelConfig, runs
 from tbp.config import TrainConfig
 from tbp.nn import LORA_TARGETS, add_lora
+from tbp.optim import AdamW
 from tbp.parallel import DataParallel, _openblas, blas_threads
 
 CFG = dict(vocab_size=13, n_ctx=8, n_layer=2, n_head=2, d_model=8)
@@ -97,3 +98,21 @@ def test_threads_change_only_rounding(tmp_path, dataset):
         finals.append({k: v.copy() for k, v in trainer.model.params.items()})
     for k in finals[0]:
         np.testing.assert_allclose(finals[1][k], finals[0][k], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def test_adamw_shared_over_threads_updates_bit_for_bit():
+    models = [GPT(ModelConfig(**CFG), seed=0) for _ in range(2)]
+    x, y = batch(4)
+    opts = []
+    for model in models:
+        opt = AdamW(model.params, model.grads, flat=model.flat)
+        opt.CHUNK = 100                       # several chunks per worker's share
+        opts.append(opt)
+    opts[1].parallel = DataParallel(models[1], 3)
+    for step in range(3):
+        for model, opt in zip(models, opts):
+            model.loss_and_backward(x, y)
+            opt.step(1e-2)
+    for k in models[0].params:
+        np.testing.assert_array_equal(models[1].params[k], models[0].params[k], err_msg=k)
+    np.testing.assert_array_equal(opts[1].flat_v, opts[0].flat_v)
