@@ -102,7 +102,8 @@ class DataParallel:
     ``loss_and_backward(x, y, scale)`` *adds* ``scale`` times the gradient of the mean loss
     over all rows of x (B, T) into ``model.grads`` (like ``GPT.backward``, so gradient
     accumulation works unchanged) and returns the mean loss. ``losses(batches)`` evaluates
-    a list of (x, y) batches, spread over the threads.
+    a list of (x, y) batches, spread over the threads; ``each(fn)`` runs fn(k) on every
+    worker k (AdamW uses it to share its update).
     Use it inside ``blas_threads(1)``: each thread is one core's worth of work already.
     """
 
