@@ -14,7 +14,7 @@ import numpy as np
 from .generate import Sampling, generate_ids
 from .nn import GPT, ModelConfig
 from .optim import AdamW, clip_grads
-from .parallel import DataParallel, available_cores, blas_threads
+from .parallel import data_parallel
 
 
 def matmul_peak_gflops(dtype=np.float32, n: int = 1024, repeats: int = 5) -> float:
@@ -50,11 +50,10 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     model = GPT(cfg, seed=seed, dtype=dtype)
     opt = AdamW(model.params, model.grads, flat=model.flat)
     rng = np.random.default_rng(seed)
-    workers = min(threads or available_cores(), batch_size)
-    parallel = DataParallel(model, workers) if workers > 1 else None
+    parallel = data_parallel(model, threads, batch_size)
     opt.parallel = parallel
     times = []
-    with blas_threads(1) if parallel else contextlib.nullcontext():
+    with parallel or contextlib.nullcontext():
         for i in range(warmup + iters):
             x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
@@ -68,13 +67,11 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
             opt.step(1e-4)
             if i >= warmup:
                 times.append(time.perf_counter() - t)
-    if parallel:
-        parallel.close()
     med = float(np.median(times))
     tokens = batch_size * cfg.n_ctx
     return {"train_ms_per_iter": med * 1e3, "train_tokens_per_s": tokens / med,
             "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters,
-            "train_threads": workers}
+            "train_threads": parallel.workers if parallel else 1}
 
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,

@@ -104,7 +104,8 @@ class DataParallel:
     accumulation works unchanged) and returns the mean loss. ``losses(batches)`` evaluates
     a list of (x, y) batches, spread over the threads; ``each(fn)`` runs fn(k) on every
     worker k (AdamW uses it to share its update).
-    Use it inside ``blas_threads(1)``: each thread is one core's worth of work already.
+    Use it as a context manager: inside, BLAS runs one thread (each worker is a core's worth
+    of work already); on leaving, BLAS is restored and the worker threads stop.
     """
 
     def __init__(self, model: GPT, workers: int):
@@ -119,6 +120,17 @@ class DataParallel:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+
+    def __enter__(self) -> "DataParallel":
+        self._blas = blas_threads(1)
+        self._blas.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._blas.__exit__(*exc)
+        finally:
+            self.close()
 
     def _submit(self, fn, *args):
         if self.pool is None:
@@ -169,6 +181,13 @@ class DataParallel:
                 out[i] = self.replicas[k].loss(*batches[i])
         self.each(run)
         return out
+
+
+def data_parallel(model: GPT, threads: int, batch_size: int) -> DataParallel | None:
+    """The DataParallel a run with ``threads`` (0: one per core) and this batch size uses,
+    or None when that is a single thread."""
+    workers = min(threads or available_cores(), batch_size)
+    return DataParallel(model, workers) if workers > 1 else None
 
 
 def _add_grads(model: GPT, replica: GPT) -> None:

@@ -23,7 +23,7 @@ from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
 from .nn import GPT
 from .optim import AdamW, clip_grads, lr_at
-from .parallel import DataParallel, available_cores, blas_threads
+from .parallel import data_parallel
 
 
 class Callbacks:
@@ -67,8 +67,7 @@ class Trainer:
                 raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
                                f"of {T} + 1; use more text or a smaller --n-ctx")
         self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2, flat=model.flat)
-        workers = min(cfg.threads or available_cores(), cfg.batch_size)
-        self.parallel = DataParallel(model, workers) if workers > 1 else None
+        self.parallel = data_parallel(model, cfg.threads, cfg.batch_size)
         self.opt.parallel = self.parallel
         if optimizer_state is not None:
             self.opt.load_state_arrays(*optimizer_state)
@@ -91,11 +90,8 @@ class Trainer:
         """Train until max_iters or a stop request; returns the final state."""
         if self.parallel is None:
             return self._run_loop()
-        try:
-            with blas_threads(1):        # each worker thread is a core's worth of work already
-                return self._run_loop()
-        finally:
-            self.parallel.close()
+        with self.parallel:
+            return self._run_loop()
 
     def _run_loop(self) -> State:
         cfg, st = self.cfg, self.state

@@ -4,25 +4,16 @@ import json
 import pytest
 from helpers import clean_fail, run
 
-TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(300))
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    p.write_text(TEXT)
-    return p
-
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_prepare_writes_a_dataset(tmp_path, corpus, kind):
+def test_prepare_writes_a_dataset(tmp_path, corpus_file, kind):
     out = tmp_path / "ds"
-    r = run(["prepare", "--data", str(corpus), "--tokenizer", kind, "--vocab-size",
+    r = run(["prepare", "--data", str(corpus_file), "--tokenizer", kind, "--vocab-size",
              "300" if kind == "bpe" else "40", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["tokenizer"] == kind and meta["source"] == str(corpus)
+    assert meta["tokenizer"] == kind and meta["source"] == str(corpus_file)
     assert "bytes per token" in r.output
 
 
@@ -33,8 +24,8 @@ def test_prepare_default_corpus_works_offline(tmp_path, monkeypatch):
     assert (tmp_path / "data" / "pydoc" / "train.bin").stat().st_size > 500_000
 
 
-def test_prepare_from_stdin(tmp_path):
-    r = run(["prepare", "--data", "-", "--out", str(tmp_path / "s")], input=TEXT)
+def test_prepare_from_stdin(tmp_path, corpus_file):
+    r = run(["prepare", "--data", "-", "--out", str(tmp_path / "s")], input=corpus_file.read_text())
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "s" / "meta.json").read_text())["source"] == "stdin"
 
@@ -65,17 +56,17 @@ def test_invalid_utf8_names_the_place_and_offers_encoding(tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_vocab_below_alphabet(tmp_path, corpus):
-    clean_fail(run(["prepare", "--data", str(corpus), "--tokenizer", "bpe", "--vocab-size", "100",
+def test_vocab_below_alphabet(tmp_path, corpus_file):
+    clean_fail(run(["prepare", "--data", str(corpus_file), "--tokenizer", "bpe", "--vocab-size", "100",
                               "--out", str(tmp_path / "o")]), 1, "below the byte-level alphabet")
-    clean_fail(run(["prepare", "--data", str(corpus), "--vocab-size", "5",
+    clean_fail(run(["prepare", "--data", str(corpus_file), "--vocab-size", "5",
                               "--out", str(tmp_path / "o")]), 1, "below the corpus alphabet")
     assert not (tmp_path / "o").exists()
 
 
-def test_existing_output_is_left_untouched_without_force(tmp_path, corpus):
+def test_existing_output_is_left_untouched_without_force(tmp_path, corpus_file):
     out = tmp_path / "ds"
-    assert run(["prepare", "--data", str(corpus), "--out", str(out)]).exit_code == 0
+    assert run(["prepare", "--data", str(corpus_file), "--out", str(out)]).exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (tmp_path / "other.txt").write_text("something else entirely\n" * 50)
     clean_fail(run(["prepare", "--data", str(tmp_path / "other.txt"), "--out", str(out)]),
@@ -86,6 +77,6 @@ def test_existing_output_is_left_untouched_without_force(tmp_path, corpus):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no leftovers
 
 
-def test_usage_errors_exit_2(tmp_path, corpus):
+def test_usage_errors_exit_2(tmp_path, corpus_file):
     assert run(["prepare", "--tokenizer", "wordpiece"]).exit_code == 2
     assert run(["prepare", "--val-fraction", "1.5"]).exit_code == 2

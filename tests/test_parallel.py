@@ -83,6 +83,10 @@ def test_blas_threads_is_restored():
     with blas_threads(1):
         assert get() == 1
     assert get() == before
+    with DataParallel(GPT(ModelConfig(**CFG)), 2) as dp:       # what a training run uses
+        assert get() == 1
+        dp.losses([batch(2)])
+    assert get() == before and dp.pool is None
 
 
 def test_threads_change_only_rounding(tmp_path, dataset):

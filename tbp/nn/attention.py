@@ -1,21 +1,27 @@
 """Multi-head (causal) self-attention.   [paper §3-4]"""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .linear import Linear
 from .module import Module
 
 
-@functools.lru_cache(maxsize=8)
+_MASKS: dict = {}
+
+
 def causal_mask(Tq: int, q_pos0: int, dtype) -> np.ndarray:
     """(Tq, q_pos0 + Tq) additive mask for queries at positions q_pos0 ...: 0 where key j <= the
     query's position, -inf after it. Cached (read-only): training reuses one shape every step."""
-    future = np.arange(q_pos0 + Tq)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
-    mask = np.where(future, -np.inf, 0).astype(dtype)
-    mask.flags.writeable = False
+    key = (Tq, q_pos0, np.dtype(dtype))
+    mask = _MASKS.get(key)
+    if mask is None:
+        future = np.arange(q_pos0 + Tq)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
+        mask = np.where(future, -np.inf, 0).astype(dtype)
+        mask.flags.writeable = False
+        if len(_MASKS) >= 8:            # prefill chunks bring new shapes: keep the cache small
+            _MASKS.clear()
+        _MASKS[key] = mask
     return mask
 
 

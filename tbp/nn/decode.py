@@ -24,9 +24,7 @@ import numpy as np
 
 from .attention import causal_mask
 from .linear import LoRA
-
-_GELU_K = np.sqrt(2.0 / np.pi)
-_GELU_A = 0.044715
+from .mlp import _GELU_A, _GELU_K
 
 
 def _weight(layer) -> np.ndarray:
