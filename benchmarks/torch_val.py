@@ -10,7 +10,6 @@ import argparse
 
 import numpy as np
 
-from tbp import GPT
 from tbp.checkpoint import load_model
 
 
@@ -21,7 +20,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--eval-batches", type=int, default=50)
     a = p.parse_args()
-    model, tok, _ = load_model(a.checkpoint, cls=GPT)
+    model, tok, _ = load_model(a.checkpoint)
     text = open(a.data, encoding="utf-8").read()
     ids = np.asarray(tok.encode(text), dtype=np.int64)
     val = ids[int(0.9 * len(ids)):]

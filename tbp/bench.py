@@ -6,7 +6,6 @@ and report medians. Compare against the PyTorch reference in one run on one mach
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import numpy as np
@@ -37,7 +36,7 @@ def train_flops_per_token(cfg: ModelConfig) -> float:
     Counts multiply-adds as 2; attention scores are computed over the full T x T square.
     """
     C, L, T, V = cfg.d_model, cfg.n_layer, cfg.n_ctx, cfg.vocab_size
-    H, Dk, Dv = cfg.n_head, cfg.d_key, cfg.d_head
+    H, Dk, Dv = cfg.n_head, cfg.d_qk, cfg.d_v
     per_layer = C * H * (2 * Dk + Dv) + H * Dv * C + 8 * C * C
     forward = 2 * (L * per_layer + C * V) + L * 2 * T * H * (Dk + Dv)
     return 3.0 * forward
@@ -48,22 +47,18 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     """Median time of a full training step on random tokens, as `tbp train` runs it
     (``threads`` as its --threads: 0 is one thread per core, sharing the batch)."""
     model = GPT(cfg, seed=seed, dtype=dtype)
-    opt = AdamW(model.params, model.grads, flat=model.flat)
+    opt = AdamW(model.layout)
     rng = np.random.default_rng(seed)
-    parallel = data_parallel(model, threads, batch_size)
-    opt.parallel = parallel
+    workers = opt.workers = data_parallel(model, threads, batch_size)
     times = []
-    with parallel or contextlib.nullcontext():
+    with workers:
         for i in range(warmup + iters):
             x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             t = time.perf_counter()
-            if parallel:
-                model.zero_grad()
-                parallel.loss_and_backward(x, y)
-            else:
-                model.loss_and_backward(x, y)
-            clip_grads(model.grads, 1.0, model.flat[1])
+            model.zero_grad()
+            workers.accumulate(x, y)
+            clip_grads(model.layout.grads, 1.0)
             opt.step(1e-4)
             if i >= warmup:
                 times.append(time.perf_counter() - t)
@@ -71,7 +66,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     tokens = batch_size * cfg.n_ctx
     return {"train_ms_per_iter": med * 1e3, "train_tokens_per_s": tokens / med,
             "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters,
-            "train_threads": parallel.workers if parallel else 1}
+            "train_threads": workers.workers}
 
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,

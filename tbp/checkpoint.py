@@ -5,7 +5,7 @@ A run directory holds::
     config.json            {"format", "model", "train", "lora", "base"}
     tokenizer.json         the tokenizer the model reads
     model.safetensors      weights, GPT-2 names          (adapter.safetensors for a LoRA run)
-    best.safetensors       weights at the best validation loss   (best-adapter.safetensors)
+    best-model.safetensors weights at the best validation loss   (best-adapter.safetensors)
     optimizer.safetensors  AdamW moments m.<name>, v.<name>
     state.json             step, RNG state, best val loss, tokenizer SHA-256, ...
     metrics.jsonl          one JSON object per logged step
@@ -48,13 +48,6 @@ def write_arrays(path: str | Path, arrays: dict[str, np.ndarray], step: int, kin
     atomic_write_bytes(path, data)
 
 
-def trainable_arrays(model: GPT, adapter: bool) -> dict[str, np.ndarray]:
-    """All weights, or (for a LoRA run) just the adapters."""
-    if adapter:
-        return {k: v for k, v in model.params.items() if "lora_" in k}
-    return dict(model.params)
-
-
 def write_run_header(run: Path, config: dict, tokenizer: Tokenizer) -> None:
     run.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run / "config.json", {"format": FORMAT, **config})
@@ -64,7 +57,7 @@ def write_run_header(run: Path, config: dict, tokenizer: Tokenizer) -> None:
 def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: bool) -> None:
     """Weights, moments, then state.json last: the state names the step the others hold."""
     step = state["step"]
-    weights = trainable_arrays(model, adapter)
+    weights = model.layout.views(model.layout.params)     # what trains: all, or the adapters
     write_arrays(run / weights_name(adapter), weights, step, "weights")
     if best:
         write_arrays(run / weights_name(adapter, best=True), weights, step, "weights")
@@ -83,6 +76,27 @@ def read_json(path: Path) -> dict:
     if not isinstance(obj, dict):
         raise TbpError(f"{path}: expected a JSON object")
     return obj
+
+
+def read_state(run: Path) -> dict:
+    """A run's state.json, or {} for a run that has not saved yet (or a merged/imported one)."""
+    path = Path(run) / "state.json"
+    return read_json(path) if path.is_file() else {}
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """The lines of a run's metrics.jsonl, skipping a torn last line from a hard kill."""
+    path = Path(run) / "metrics.jsonl"
+    out = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(m, dict):
+                out.append(m)
+    return out
 
 
 def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -115,6 +129,15 @@ def read_config(run: Path) -> dict:
     return cfg
 
 
+def read_model_config(run: Path, cfg: dict | None = None) -> ModelConfig:
+    """The ModelConfig of a run (from its config.json, or the record ``cfg`` already read)."""
+    cfg = read_config(run) if cfg is None else cfg
+    try:
+        return ModelConfig.from_dict(cfg.get("model"))
+    except (TypeError, ValueError) as e:
+        raise TbpError(f"{Path(run) / 'config.json'}: bad model config ({e})") from None
+
+
 def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: list[str] | None = None) -> None:
     """Copy ``arrays`` into the model's parameters after checking names, shapes, dtypes, values."""
     want = names if names is not None else list(model.params)
@@ -134,17 +157,14 @@ def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: li
         np.copyto(p, a, casting="unsafe" if a.dtype != p.dtype else "no")
 
 
-def load_model(run: str | Path, dtype=None, best: bool = False, cls=GPT):
+def load_model(run: str | Path, dtype=None, best: bool = False):
     """(model, tokenizer, config dict) of a run: a full model or a base plus its LoRA adapter.
 
     dtype: None keeps the checkpoint's; float32/float64 converts explicitly.
     """
     run = Path(run)
     cfg = read_config(run)
-    try:
-        mcfg = ModelConfig.from_dict(cfg.get("model", {}))
-    except (TypeError, ValueError) as e:
-        raise TbpError(f"{run / 'config.json'}: bad model config ({e})") from None
+    mcfg = read_model_config(run, cfg)
     tok = Tokenizer.load(run / "tokenizer.json")
     if tok.vocab_size != mcfg.vocab_size:
         raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "
@@ -153,7 +173,7 @@ def load_model(run: str | Path, dtype=None, best: bool = False, cls=GPT):
     path = run / weights_name(bool(lora), best)
     arrays, _ = read_arrays(path)
     file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
-    model = cls(mcfg, seed=0, dtype=dtype or file_dtype)
+    model = GPT(mcfg, seed=0, dtype=dtype or file_dtype)
     if lora:
         base = cfg.get("base") or {}
         base_path = Path(base.get("path", ""))
@@ -165,7 +185,7 @@ def load_model(run: str | Path, dtype=None, best: bool = False, cls=GPT):
                            f"(SHA-256 mismatch); the adapter only makes sense on the exact base")
         load_into(model, read_arrays(base_weights)[0], base_weights)
         add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
-        load_into(model, arrays, path, names=[k for k in model.params if "lora_" in k])
+        load_into(model, arrays, path, names=list(model.layout.entries))     # the adapters
     else:
         load_into(model, arrays, path)
     return model, tok, cfg

@@ -1,53 +1,41 @@
-"""Configuration: ModelConfig (the engine's, re-exported) and TrainConfig, both JSON round-trip."""
+"""Configuration: ModelConfig (the engine's, re-exported) and TrainConfig, both declared once,
+validated from their declarations, and JSON round-trip."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .nn.config import DictConfig, ModelConfig
+from .nn.config import ConfigError, DictConfig, ModelConfig, option
 
-__all__ = ["ModelConfig", "TrainConfig"]
+__all__ = ["ConfigError", "ModelConfig", "TrainConfig"]
 
 
 @dataclass
 class TrainConfig(DictConfig):
-    batch_size: int = 12          # sequences per micro-batch
-    grad_accum: int = 1           # micro-batches per optimizer step
-    max_iters: int = 1500         # optimizer steps (sized so a bare `tbp train` takes ~3 min on 2 cores)
-    lr: float = 1e-3              # peak learning rate, reached after warmup
-    min_lr: float = 1e-4          # floor of the cosine decay
-    warmup: int = 100             # linear warmup steps
-    lr_decay_iters: int | None = None   # cosine horizon; None -> max_iters
-    weight_decay: float = 0.1     # AdamW decay, matrices only
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0        # global-norm clip; 0 disables
-    eval_interval: int = 250      # steps between evals (and checkpoints)
-    eval_batches: int = 20        # fixed batches per eval split
-    log_interval: int = 10        # steps between metrics lines
-    seed: int = 1337              # init, data order and eval batches all derive from it
-    dtype: str = "float32"        # float32 to train; float64 for checks
-    threads: int = 0              # threads sharing each batch's rows; 0 -> one per core
+    batch_size: int = option(12, "Sequences per micro-batch.", min=1)
+    grad_accum: int = option(1, "Micro-batches per optimizer step.", min=1)
+    max_iters: int = option(1500, "Optimizer steps (with --resume: the new total).", min=1)
+    lr: float = option(1e-3, "Peak learning rate, reached after warmup.", min=0.0, min_open=True)
+    min_lr: float = option(1e-4, "Learning rate at the end of the cosine decay.", min=0.0)
+    warmup: int = option(100, "Linear warmup steps.", min=0)
+    lr_decay_iters: int | None = option(None, "Steps over which the cosine decays (default: --max-iters).",
+                                        min=1)
+    weight_decay: float = option(0.1, "AdamW weight decay, applied to matrices only.", min=0.0)
+    beta1: float = option(0.9, "AdamW's first-moment decay, in [0, 1).", min=0.0, max=1.0, max_open=True)
+    beta2: float = option(0.99, "AdamW's second-moment decay, in [0, 1).", min=0.0, max=1.0, max_open=True)
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this (0: off).", min=0.0)
+    eval_interval: int = option(250, "Steps between evaluations and checkpoints.", min=1)
+    eval_batches: int = option(20, "Fixed batches per split in each evaluation.", min=1)
+    log_interval: int = option(10, "Steps between lines of metrics.jsonl.", min=1)
+    seed: int = option(1337, "Seeds initialisation, batch order and eval batches.", min=0)
+    dtype: str = option("float32", "float32 to train; float64 for checks.", choices=("float32", "float64"))
+    threads: int = option(0, "Threads that each run forward and backward on a share of the batch "
+                             "(0: one per core). A run repeats bit for bit at a given count.", min=0)
     KIND = "training config"
 
     def __post_init__(self) -> None:
-        positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_batches", "log_interval")
-        for name in positive:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
-        if self.warmup < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
-            raise ValueError("warmup must be >= 0 and lr_decay_iters >= 1")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("weight_decay and grad_clip must be >= 0")
-        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
-            raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        super().__post_init__()
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
 
     @property
     def decay_iters(self) -> int:

@@ -108,19 +108,49 @@ def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = N
 
 
 # --- preparing ------------------------------------------------------------------------------
+DEFAULT_BPE_VOCAB = 1024
+
+
+class PrepareReport:
+    """What a front end may observe while text becomes a dataset; every method is optional."""
+
+    def start(self, name: str, characters: int) -> None: ...
+    def advance(self, characters: int) -> None: ...      # this many more characters encoded
+    def done(self, meta: dict) -> None: ...
+
+
 def default_out(name: str) -> Path:
     return Path("data") / name
 
 
+def dataset_name(name: str, kind: str = "char", vocab_size: int | None = None,
+                 tokenizer: Tokenizer | None = None) -> str:
+    """The folder name a corpus called ``name`` is prepared under: the name itself for a char
+    tokenizer, ``name-bpeN`` for BPE, ``name-tokXXXXXXXX`` when encoded with a given tokenizer."""
+    if tokenizer is not None:
+        return f"{name}-tok{tokenizer.sha256()[:8]}"
+    return name if kind == "char" else f"{name}-bpe{vocab_size or DEFAULT_BPE_VOCAB}"
+
+
+def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = "char",
+                   vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
+                   encoding: str = "utf-8", report: PrepareReport | None = None) -> dict:
+    """Read a corpus (file, folder, '-' or None for the built-in one) and prepare it into
+    ``out`` (default data/<dataset_name>); returns the meta dict, with its "path"."""
+    text, name, source = read_corpus(path, encoding)
+    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
+    return prepare(text, name, source, out, kind, vocab_size, val_fraction, force, report=report)
+
+
 def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "char",
             vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
-            tokenizer: Tokenizer | None = None,
-            progress: Callable[[int], None] | None = None) -> dict:
+            tokenizer: Tokenizer | None = None, report: PrepareReport | None = None) -> dict:
     """Train (or reuse) a tokenizer, encode both splits, write the dataset folder atomically.
 
-    Returns the dataset's meta dict. ``tokenizer`` reuses an existing tokenizer (a checkpoint's
-    when resuming or fine-tuning) instead of training one.
+    Returns the dataset's meta dict (with its "path"). ``tokenizer`` reuses an existing
+    tokenizer (a checkpoint's when resuming or fine-tuning) instead of training one.
     """
+    report = report or PrepareReport()
     out = Path(out)
     if out.exists() and not force:
         raise TbpError(f"{out} already exists (use --force to replace it)")
@@ -139,12 +169,13 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
                 raise TbpError(f"--vocab-size {vocab_size} is below the corpus alphabet: "
                                f"it has {tokenizer.vocab_size} distinct characters")
         else:
-            tokenizer = train_bpe(_chunks(train_text or text), vocab_size or 1024)
+            tokenizer = train_bpe(_chunks(train_text or text), vocab_size or DEFAULT_BPE_VOCAB)
     else:
         tokenizer.check(text, source)
     dtype = token_dtype(tokenizer.vocab_size)
-    train_ids = encode(tokenizer, train_text, progress).astype(dtype)
-    val_ids = encode(tokenizer, val_text, progress).astype(dtype)
+    report.start(name, len(text))
+    train_ids = encode(tokenizer, train_text, report.advance).astype(dtype)
+    val_ids = encode(tokenizer, val_text, report.advance).astype(dtype)
     raw_bytes = len(text.encode("utf-8"))
     meta = {
         "format": META_VERSION,
@@ -172,6 +203,8 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
         val_ids.tofile(tmp / "val.bin")
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(tmp / "meta.json", meta)
+    meta["path"] = str(out)
+    report.done(meta)
     return meta
 
 
@@ -216,20 +249,16 @@ class Dataset:
             raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta.get('vocab_size')}")
         return cls(path, meta, tok, *splits)
 
-    @property
-    def bytes_per_token(self) -> float:
-        return float(self.meta["bytes_per_token"])
 
-
-def get_batch(data: np.ndarray, batch_size: int, block_size: int,
+def get_batch(data: np.ndarray, batch_size: int, n_ctx: int,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """B random windows: x (B, T) and y (B, T) with y[:, t] == x[:, t + 1], int64.
 
     Starts are drawn from ``rng`` only, so the same generator state gives the same batch.
     """
-    if data.size < block_size + 1:
-        raise TbpError(f"split has {data.size} tokens, fewer than one block of {block_size} + 1")
-    starts = rng.integers(0, data.size - block_size, batch_size)                 # (B,)
-    rows = starts[:, None] + np.arange(block_size + 1)[None, :]                 # (B, T + 1)
+    if data.size < n_ctx + 1:
+        raise TbpError(f"split has {data.size} tokens, fewer than one block of {n_ctx} + 1")
+    starts = rng.integers(0, data.size - n_ctx, batch_size)                     # (B,)
+    rows = starts[:, None] + np.arange(n_ctx + 1)[None, :]                      # (B, T + 1)
     window = np.asarray(data[rows], dtype=np.int64)
     return window[:, :-1], window[:, 1:]

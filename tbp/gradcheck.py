@@ -194,11 +194,11 @@ def _embedding_case(rng) -> Case:
     w = rng.standard_normal((B, T, 6))
 
     def f():
-        return float(np.sum(emb.forward(idx, pos0=2) * w))
+        return float(np.sum(emb.forward(idx) * w))
 
     def prepare():
         emb.zero_grad()
-        emb.forward(idx, pos0=2)
+        emb.forward(idx)
         emb.backward(w.copy())
         return _targets(emb)
 
@@ -236,7 +236,7 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
 
     def prepare():
         model.loss_and_backward(idx, targets)
-        return _targets(model, H=cfg.n_head, Dk=cfg.d_key)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
 
     return Case(layer, f, prepare)
 

@@ -8,6 +8,7 @@ network: import reads a local folder.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -42,18 +43,16 @@ def tbp_name(name: str) -> str | None:
 
 
 def exportable(cfg: ModelConfig) -> None:
-    """Raise TbpError naming what GPT-2 cannot represent."""
+    """Raise TbpError naming what GPT-2 cannot represent: every option whose declaration
+    names the value GPT-2 uses (``option(..., gpt2=...)``) and differs from it, and a
+    query/key width other than the value width."""
     problems = []
-    if cfg.d_qk is not None and cfg.d_qk != cfg.d_head:
-        problems.append(f"query/key width {cfg.d_qk} != value width {cfg.d_head} per head")
-    if cfg.activation != "gelu":
-        problems.append(f"activation {cfg.activation} (GPT-2 uses tanh-approximated GELU)")
-    if not cfg.tie_head:
-        problems.append("an untied head with a bias (GPT-2 ties its head to wte)")
-    if not cfg.bias:
-        problems.append("no biases (GPT-2 has biases everywhere)")
-    if not cfg.causal:
-        problems.append("non-causal attention")
+    if cfg.d_qk != cfg.d_v:
+        problems.append(f"query/key width {cfg.d_qk} != value width {cfg.d_v} per head")
+    for f in fields(cfg):
+        need = f.metadata.get("gpt2")
+        if need is not None and getattr(cfg, f.name) != need:
+            problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})")
     if problems:
         raise TbpError("GPT-2 cannot represent this model: " + "; ".join(problems))
 

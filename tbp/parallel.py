@@ -16,7 +16,6 @@ bit at a given thread count.
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import functools
 import glob
@@ -70,36 +69,35 @@ def blas_threads(n: int):
         set_(ctypes.c_int(before))
 
 
-def _replica(model: GPT) -> GPT:
-    """A copy of ``model`` that shares its parameter arrays and owns zeroed gradients
-    laid out like the model's (one packed buffer when the model has one)."""
-    for _, m in model.modules():
-        m.cache = None                          # activations are per replica: nothing to copy
-    memo: dict = {}
-    for _, m in model.modules():
-        for k in m._own:
-            memo[id(m.params[k])] = m.params[k]  # deepcopy hands back the same array: shared
-    if model.flat is not None:
-        flat_p, flat_g, _ = model.flat
-        memo[id(flat_p)] = flat_p
-        grads = np.zeros_like(flat_g)
-        base = flat_g.__array_interface__["data"][0]
-        for _, m in model.modules():
-            for k, g in m.grads.items():
-                if k in m._own:                 # the same offset in the replica's own buffer
-                    off = (g.__array_interface__["data"][0] - base) // g.itemsize
-                    memo[id(g)] = grads[off:off + g.size].reshape(g.shape)
-        memo[id(flat_g)] = grads
-    replica = copy.deepcopy(model, memo)
-    replica.collect()
-    replica.zero_grad()
-    return replica
+class Serial:
+    """One thread: the interface of :class:`DataParallel` with nothing to share out, so the
+    training loop and the benchmark never ask which of the two they hold."""
+
+    workers = 1
+
+    def __init__(self, model: GPT):
+        self.model = model
+
+    def __enter__(self) -> "Serial":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def accumulate(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
+        return self.model.accumulate(x, y, scale)
+
+    def each(self, fn) -> None:
+        fn(0)
+
+    def losses(self, batches: list) -> list[float]:
+        return [self.model.loss(x, y) for x, y in batches]
 
 
 class DataParallel:
     """Loss and gradients of one batch, its rows split over ``workers`` threads.
 
-    ``loss_and_backward(x, y, scale)`` *adds* ``scale`` times the gradient of the mean loss
+    ``accumulate(x, y, scale)`` *adds* ``scale`` times the gradient of the mean loss
     over all rows of x (B, T) into ``model.grads`` (like ``GPT.backward``, so gradient
     accumulation works unchanged) and returns the mean loss. ``losses(batches)`` evaluates
     a list of (x, y) batches, spread over the threads; ``each(fn)`` runs fn(k) on every
@@ -112,7 +110,7 @@ class DataParallel:
         if workers < 2:
             raise ValueError(f"data parallelism needs 2 or more workers, got {workers}")
         self.model, self.workers = model, workers
-        self.replicas = [model] + [_replica(model) for _ in range(workers - 1)]
+        self.replicas = [model] + [model.replica() for _ in range(workers - 1)]
         self.pool = None
 
     def close(self) -> None:
@@ -143,27 +141,22 @@ class DataParallel:
                 return fn(*args)
         return self.pool.submit(run)
 
-    @staticmethod
-    def _part(replica: GPT, x, y, weight: float) -> float:
-        loss = replica.loss(x, y)
-        dlogits = replica.loss_fn.backward()
-        dlogits *= dlogits.dtype.type(weight)
-        replica.backward(dlogits)
-        return loss
-
-    def loss_and_backward(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
+    def accumulate(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
         B = x.shape[0]
         n = min(self.workers, B)
         bounds = [B * i // n for i in range(n + 1)]          # rows of each worker, in order
         for r in self.replicas[1:n]:
             r.zero_grad()
-        futures = [self._submit(self._part, r, x[a:b], y[a:b], scale * (b - a) / B)
+        futures = [self._submit(r.accumulate, x[a:b], y[a:b], scale * (b - a) / B)
                    for r, a, b in zip(self.replicas[1:n], bounds[1:], bounds[2:])]
-        losses = [self._part(self.model, x[:bounds[1]], y[:bounds[1]], scale * bounds[1] / B)]
+        losses = [self.model.accumulate(x[:bounds[1]], y[:bounds[1]], scale * bounds[1] / B)]
         losses += [f.result() for f in futures]
+        total = self.model.layout.grads
         for r in self.replicas[1:n]:
-            _add_grads(self.model, r)
+            total += r.layout.grads                 # in worker order: the same sum every run
         return sum(l * (b - a) for l, a, b in zip(losses, bounds, bounds[1:])) / B
+
+    loss_and_backward = accumulate      # the name earlier releases documented
 
     def each(self, fn) -> None:
         """Run fn(k) for every worker k at once, fn(0) on the calling thread; wait for all."""
@@ -183,18 +176,8 @@ class DataParallel:
         return out
 
 
-def data_parallel(model: GPT, threads: int, batch_size: int) -> DataParallel | None:
-    """The DataParallel a run with ``threads`` (0: one per core) and this batch size uses,
-    or None when that is a single thread."""
+def data_parallel(model: GPT, threads: int, batch_size: int) -> Serial | DataParallel:
+    """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
+    with: a DataParallel over that many workers (at most one per row), or Serial for one."""
     workers = min(threads or available_cores(), batch_size)
-    return DataParallel(model, workers) if workers > 1 else None
-
-
-def _add_grads(model: GPT, replica: GPT) -> None:
-    """model.grads += replica.grads: one operation when both are packed buffers."""
-    if model.flat is not None and replica.flat is not None:
-        flat_grads = model.flat[1]
-        flat_grads += replica.flat[1]
-        return
-    for k, g in model.grads.items():
-        g += replica.grads[k]
+    return DataParallel(model, workers) if workers > 1 else Serial(model)

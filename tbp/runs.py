@@ -1,29 +1,26 @@
 """Setting up a training run: new, resumed, or initialised from another run (full or LoRA).
 
-Everything here is decisions and validation; the loop itself is in train.py and the
-terminal in cli/. ``prepare`` callables let the front end show progress while a raw text
-file is turned into a dataset on the fly.
+Everything here is decisions and validation: :func:`start` takes a :class:`RunRequest`
+(what a front end parsed) and returns a ready :class:`~tbp.train.Trainer`; the loop itself is
+in train.py and the terminal in cli/. A ``PrepareReport`` lets the front end show progress
+while a raw text file is turned into a dataset on the fly.
 """
 from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from . import checkpoint, data
 from .config import ModelConfig, TrainConfig
-from .data import Dataset
-from .errors import TbpError
-from .model import GPT
-from .nn import LORA_TARGETS, add_lora
+from .data import Dataset, PrepareReport
+from .errors import ConfigError, TbpError
+from .nn import GPT, LORA_TARGETS, add_lora
 from .tokenizer import Tokenizer
-from .train import State, Trainer, trim_metrics
-
-Prepare = Callable[..., dict]   # (path, kind, vocab_size, out, force, tokenizer) -> meta
+from .train import Callbacks, State, Trainer, trim_metrics
 
 
 @dataclass
@@ -36,24 +33,76 @@ class LoraSpec:
         return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
 
 
+@dataclass
+class RunRequest:
+    """What to train: the options a front end parsed, before any decision is taken.
+
+    ``model`` and ``train`` hold only the options the user gave (ModelConfig / TrainConfig
+    field names): a new run fills in the defaults, a resumed run keeps its own values for the
+    rest, and a model option that contradicts an existing model is refused.
+    """
+    out: Path | None = None             # run directory; default checkpoints/<dataset or base name>
+    data: str | None = None             # a prepared folder, a text file or folder, None: built-in
+    tokenizer: str = "char"             # for text prepared on the fly (new runs)
+    vocab_size: int | None = None       # BPE vocabulary for text prepared on the fly
+    resume: bool = False
+    init_from: Path | None = None       # fine-tune this run's weights (all, or LoRA adapters)
+    force: bool = False
+    lora: LoraSpec | None = None
+    model: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+
+def start(req: RunRequest, callbacks: Callbacks | None = None,
+          report: PrepareReport | None = None) -> Trainer:
+    """The Trainer for a request: resume the run in ``out``, fine-tune ``init_from``, or start
+    a new model on ``data``."""
+    if req.resume and req.init_from is not None:
+        raise ConfigError("--resume continues a run; --init-from starts a new one: pick one")
+    if req.resume and req.out is None:
+        raise ConfigError("--resume needs --out, the run to continue")
+    if req.lora is not None and req.init_from is None:
+        raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
+    tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
+    if req.init_from is not None:
+        base = checkpoint.read_model_config(req.init_from)
+        _refuse_model_changes(base, req.model, f"the base run {req.init_from}")
+        if req.lora is not None:
+            _check_lora(req.lora, base)
+    elif not req.resume:
+        ModelConfig(**{"vocab_size": 1, **req.model})          # the vocabulary comes with the data
+    if req.resume:
+        ds = None
+        if req.data is not None:
+            checkpoint.read_config(req.out)
+            ds = resolve_dataset(req.data, Tokenizer.load(Path(req.out) / "tokenizer.json"), report=report)
+        return resume(req.out, req.train, req.model, ds, callbacks)
+    if req.init_from is not None:
+        ds = resolve_dataset(req.data, Tokenizer.load(Path(req.init_from) / "tokenizer.json"), report=report)
+        out = req.out or Path("checkpoints") / f"{Path(req.init_from).name}-{'lora' if req.lora else 'ft'}"
+        return init_from(out, req.init_from, tcfg, ds, req.force, req.lora, req.model, callbacks)
+    ds = resolve_dataset(req.data, None, req.tokenizer, req.vocab_size, report=report)
+    mcfg = ModelConfig(vocab_size=ds.tokenizer.vocab_size, **req.model)
+    out = req.out or Path("checkpoints") / ds.path.name
+    return new_run(out, mcfg, tcfg, ds, req.force, callbacks)
+
+
 # --- data -----------------------------------------------------------------------------------
-def resolve_dataset(arg: str | None, prepare: Prepare, tokenizer: Tokenizer | None = None,
-                    kind: str = "char", vocab_size: int | None = None) -> Dataset:
+def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: str = "char",
+                    vocab_size: int | None = None, report: PrepareReport | None = None) -> Dataset:
     """A prepared folder as is; a text file (or folder of text) prepared on the fly; None -> the
     built-in corpus. With ``tokenizer`` (resume / fine-tune) the text is encoded with it."""
     if arg is not None and Path(arg).is_dir() and (Path(arg) / "meta.json").is_file():
         ds = Dataset.load(arg)
     else:
-        text_name = data.BUILTIN if arg is None else (Path(arg).stem if Path(arg).is_file() else Path(arg).name)
         if arg is not None and not Path(arg).exists():
             raise TbpError(f"{arg}: no such file or directory")
-        if tokenizer is not None:
-            out = data.default_out(f"{text_name}-tok{tokenizer.sha256()[:8]}")
-        else:
-            out = data.default_out(text_name if kind == "char" else f"{text_name}-bpe{vocab_size or 1024}")
-        ds = _reuse(out, arg, tokenizer)
+        text, name, source = data.read_corpus(arg)
+        out = data.default_out(data.dataset_name(name, kind, vocab_size, tokenizer))
+        ds = _reuse(out, text, tokenizer)
         if ds is None:
-            prepare(arg, kind, vocab_size, out, out.exists(), tokenizer)
+            data.prepare(text, name, source, out, kind, vocab_size, force=out.exists(),
+                         tokenizer=tokenizer, report=report)
             ds = Dataset.load(out)
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
         raise TbpError(f"{ds.path}: its tokenizer differs from the checkpoint's "
@@ -62,7 +111,7 @@ def resolve_dataset(arg: str | None, prepare: Prepare, tokenizer: Tokenizer | No
     return ds
 
 
-def _reuse(out: Path, arg: str | None, tokenizer: Tokenizer | None) -> Dataset | None:
+def _reuse(out: Path, text: str, tokenizer: Tokenizer | None) -> Dataset | None:
     """The dataset already prepared at ``out`` from the same text, if there is one."""
     if not (out / "meta.json").is_file():
         return None
@@ -70,7 +119,6 @@ def _reuse(out: Path, arg: str | None, tokenizer: Tokenizer | None) -> Dataset |
         ds = Dataset.load(out)
     except TbpError:
         return None
-    text, _, _ = data.read_corpus(arg)
     if ds.meta.get("source_sha256") != hashlib.sha256(text.encode("utf-8")).hexdigest():
         return None
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
@@ -119,13 +167,13 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
         raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
     if Path(out).resolve() == Path(base_run).resolve():
         raise TbpError("--out must differ from --init-from: the base run is never modified")
-    model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype), cls=GPT)
+    model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype))
     _refuse_model_changes(model.config, model_overrides, f"the base run {base_run}")
+    if lora:
+        _check_lora(lora, model.config)
     claim_run_dir(out, force)
     base = None
     if lora:
-        if not lora.targets:
-            raise TbpError("--lora-targets needs at least one layer")
         add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
         weights = Path(base_run) / checkpoint.weights_name(False)
         base = {"path": str(Path(base_run).resolve()), "sha256": checkpoint.file_sha256(weights)}
@@ -146,7 +194,7 @@ def resume(out: Path, train_overrides: dict, model_overrides: dict, ds: Dataset 
         state = State(**state_d)
     except (TypeError, ValueError, KeyError) as e:
         raise TbpError(f"{out}: cannot resume ({e})") from None
-    model, tok, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), cls=GPT)
+    model, tok, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))
     _refuse_model_changes(model.config, model_overrides, f"the run being resumed ({out})")
     if ds is None:
         ds = Dataset.load(cfg["data"])
@@ -176,6 +224,18 @@ def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
                            f"a model's shape is fixed once trained")
 
 
+def _check_lora(lora: LoraSpec, cfg: ModelConfig) -> None:
+    """Usage errors in a LoRA request, named before anything is built or written."""
+    if not lora.targets:
+        raise ConfigError("--lora-targets needs at least one layer")
+    # the narrowest side of any adapted matrix: C (c_attn, the projections, c_fc), or V (lm_head)
+    widest = min(cfg.d_model, cfg.vocab_size) if "lm_head" in lora.targets else cfg.d_model
+    if not 1 <= lora.rank <= widest:
+        raise ConfigError(f"LoRA rank must be in [1, {widest}] for this model, got {lora.rank}")
+    if "lm_head" in lora.targets and cfg.tie_head:
+        raise ConfigError("LoRA target 'lm_head' needs an untied head; this model's head is wte (tied)")
+
+
 def lora_targets(spec: str) -> tuple[str, ...]:
     """'attn,mlp' style shorthands -> LORA_TARGETS names."""
     groups = {"attn": ("attn.c_attn", "attn.c_proj"), "mlp": ("mlp.c_fc", "mlp.c_proj"),
@@ -185,7 +245,7 @@ def lora_targets(spec: str) -> tuple[str, ...]:
         names = groups.get(part, (part,))
         for n in names:
             if n not in LORA_TARGETS:
-                raise TbpError(f"unknown LoRA target {n!r}; choose from {', '.join(LORA_TARGETS)}, "
+                raise ConfigError(f"unknown LoRA target {n!r}; choose from {', '.join(LORA_TARGETS)}, "
                                f"or attn, mlp, all")
             if n not in out:
                 out.append(n)

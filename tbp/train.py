@@ -66,9 +66,9 @@ class Trainer:
             if n < T + 1:
                 raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
                                f"of {T} + 1; use more text or a smaller --n-ctx")
-        self.opt = AdamW(model.params, model.grads, cfg.weight_decay, cfg.beta1, cfg.beta2, flat=model.flat)
-        self.parallel = data_parallel(model, cfg.threads, cfg.batch_size)
-        self.opt.parallel = self.parallel
+        self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
+        self.workers = data_parallel(model, cfg.threads, cfg.batch_size)
+        self.opt.workers = self.workers
         if optimizer_state is not None:
             self.opt.load_state_arrays(*optimizer_state)
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
@@ -88,9 +88,7 @@ class Trainer:
     # --- public -----------------------------------------------------------------------------
     def run_loop(self) -> State:
         """Train until max_iters or a stop request; returns the final state."""
-        if self.parallel is None:
-            return self._run_loop()
-        with self.parallel:
+        with self.workers:
             return self._run_loop()
 
     def _run_loop(self) -> State:
@@ -134,8 +132,7 @@ class Trainer:
         out = {}
         with np.errstate(over="ignore", invalid="ignore"):
             for split, batches in self.eval_sets.items():
-                losses = self.parallel.losses(batches) if self.parallel else \
-                    [self.model.loss(x, y) for x, y in batches]
+                losses = self.workers.losses(batches)
                 out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses))
         meta = self.data.meta
         bytes_per_token = meta["val_bytes"] / max(1, meta["val_tokens"])
@@ -170,15 +167,8 @@ class Trainer:
         total = 0.0
         for _ in range(cfg.grad_accum):
             x, y = get_batch(self.data.train, cfg.batch_size, model.config.n_ctx, self.data_rng)
-            if self.parallel is not None:
-                total += self.parallel.loss_and_backward(x, y, 1.0 / cfg.grad_accum) / cfg.grad_accum
-                continue
-            total += model.loss(x, y) / cfg.grad_accum
-            dlogits = model.loss_fn.backward()
-            if cfg.grad_accum > 1:
-                dlogits *= dlogits.dtype.type(1.0 / cfg.grad_accum)
-            model.backward(dlogits)
-        gnorm = clip_grads(model.grads, cfg.grad_clip, self.opt.flat[1] if self.opt.flat else None)
+            total += self.workers.accumulate(x, y, 1.0 / cfg.grad_accum) / cfg.grad_accum
+        gnorm = clip_grads(model.layout.grads, cfg.grad_clip)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
             good = f"; the last good checkpoint (step {self.last_saved_step}) is kept" \
@@ -190,15 +180,9 @@ class Trainer:
 
 
 def trim_metrics(run: Path, step: int) -> None:
-    """Drop metrics lines past ``step`` (logged after the last checkpoint of a crashed run)."""
+    """Drop metrics lines past ``step`` (logged after the last checkpoint of a crashed run),
+    and a torn last line from a hard kill."""
     path = Path(run) / "metrics.jsonl"
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except ValueError:
-            continue      # a torn last line from a hard kill
-    atomic_write_text(path, "".join(l + "\n" for l in keep))
+    if path.is_file():
+        keep = [m for m in checkpoint.read_metrics(run) if m.get("step", 0) <= step]
+        atomic_write_text(path, "".join(json.dumps(m) + "\n" for m in keep))

@@ -71,10 +71,10 @@ def test_nan_exits_1_naming_the_step(tmp_path, corpus_file, monkeypatch):
 
 
 @pytest.mark.parametrize("args,code,msg", [
-    (["--d-model", 10, "--n-head", 4], 1, "divisible"),
+    (["--d-model", 10, "--n-head", 4], 2, "divisible"),
     (["--batch-size", 0], 2, "--batch-size"),
     (["--lr", -1], 2, "--lr"),
-    (["--min-lr", 1], 1, "min_lr <= lr"),
+    (["--min-lr", 1], 2, "must not exceed lr"),
     (["--resume"], 1, "r: no such checkpoint directory"),
     (["--lora-rank", 4], 2, "give it --init-from"),
     (["--n-ctx", 4096], 1, "fewer than one block"),

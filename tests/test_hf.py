@@ -101,10 +101,10 @@ def test_import_a_hand_built_gpt2_folder(tmp_path, tok):
     np.testing.assert_array_equal(imp.forward(idx), ref.forward(idx))
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(activation="relu"), "activation relu"),
+@pytest.mark.parametrize("kw,msg", [(dict(activation="relu"), "activation = relu"),
                                     (dict(d_qk=4), "query/key width 4 != value width 8"),
-                                    (dict(tie_head=False), "untied head"),
-                                    (dict(bias=False), "no biases")])
+                                    (dict(tie_head=False), "tie_head = False"),
+                                    (dict(bias=False), "bias = False")])
 def test_export_refuses_what_gpt2_cannot_represent(tmp_path, tok, kw, msg):
     make_run(tmp_path / "run", tok, **kw)
     r = run(["export", tmp_path / "run", "--out", tmp_path / "hf"])

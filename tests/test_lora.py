@@ -85,10 +85,8 @@ class StopAt(Callbacks):
 
 
 def test_adapter_run_resumes_exactly(base, tmp_path):
-    from tbp.cli.prepare import run_prepare
-    prep = lambda p, k, v, o, f, t: run_prepare(p, k, v, 0.1, o, f, "utf-8", tokenizer=t)
     from tbp.tokenizer import Tokenizer
-    ds = runs.resolve_dataset("new.txt", prep, Tokenizer.load(base / "tokenizer.json"))
+    ds = runs.resolve_dataset("new.txt", Tokenizer.load(base / "tokenizer.json"))
     cfg = TrainConfig(batch_size=4, max_iters=12, lr=1e-2, warmup=2, eval_interval=4, eval_batches=1, seed=3)
     spec = runs.LoraSpec(4, 4.0, runs.lora_targets("all"))
     straight = runs.init_from(tmp_path / "s", base, cfg, ds, False, spec, {})
@@ -110,7 +108,8 @@ def test_adapter_run_resumes_exactly(base, tmp_path):
 def test_bad_lora_options(base, args, msg):
     r = run(["train", "--init-from", "base", "--data", "new.txt", "--lora-rank", 4, "--out", "bad",
              "--max-iters", 2, "-q", *args])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output
+    assert "prepared" not in r.output               # refused before any data was prepared
     assert msg in r.output and "Traceback" not in r.output
 
 

@@ -53,7 +53,7 @@ def _attention_by_loops(attn, x):
     """Per sample, per head, per query: the textbook formulas, no vectorisation."""
     W, b = attn.params["c_attn.weight"], attn.params["c_attn.bias"]
     Wo, bo = attn.params["c_proj.weight"], attn.params["c_proj.bias"]
-    H, Dk, Dv = attn.H, attn.Dk, attn.Dv
+    H, Dk, Dv = attn.n_head, attn.d_qk, attn.d_v
     B, T, C = x.shape
     out = np.zeros((B, T, H * Dv))
     for s in range(B):

@@ -35,7 +35,7 @@ def test_split_batch_gives_the_one_thread_loss_and_gradients(B, workers, lora):
     loss, grads = one_thread_grads(model, x, y)
     dp = DataParallel(model, workers)
     model.zero_grad()
-    assert dp.loss_and_backward(x, y) == pytest.approx(loss, rel=1e-14)
+    assert dp.accumulate(x, y) == pytest.approx(loss, rel=1e-14)
     for k, g in grads.items():
         np.testing.assert_allclose(model.grads[k], g, rtol=1e-12, atol=1e-15, err_msg=k)
     dp.close()
@@ -48,8 +48,8 @@ def test_gradients_accumulate_with_a_scale_like_backward():
     _, g2 = one_thread_grads(model, x2, y2)
     dp = DataParallel(model, 2)
     model.zero_grad()
-    dp.loss_and_backward(x1, y1, 0.5)
-    dp.loss_and_backward(x2, y2, 0.5)                 # two micro-batches of one step
+    dp.accumulate(x1, y1, 0.5)
+    dp.accumulate(x2, y2, 0.5)                 # two micro-batches of one step
     for k in g1:
         np.testing.assert_allclose(model.grads[k], (g1[k] + g2[k]) / 2, rtol=1e-12, atol=1e-15, err_msg=k)
 
@@ -60,7 +60,9 @@ def test_replicas_share_the_parameters_and_own_their_gradients():
     for k, p in model.params.items():
         assert replica.params[k] is p                 # an optimizer step is seen by every thread
         assert not np.shares_memory(replica.grads[k], model.grads[k])
-    assert replica.flat[1] is not model.flat[1] and replica.flat[1].shape == model.flat[1].shape
+    assert replica.layout.grads is not model.layout.grads
+    assert replica.layout.grads.shape == model.layout.grads.shape
+    assert replica.layout.params is model.layout.params
 
 
 def test_losses_of_many_batches_match_one_by_one():
@@ -97,7 +99,7 @@ def test_threads_change_only_rounding(tmp_path, dataset):
         tcfg = TrainConfig(batch_size=4, max_iters=8, eval_interval=4, eval_batches=2, seed=3,
                            dtype="float64", threads=threads)
         trainer = runs.new_run(tmp_path / f"t{threads}", mcfg, tcfg, dataset, False, None)
-        assert (trainer.parallel is None) == (threads == 1)
+        assert trainer.workers.workers == threads
         trainer.run_loop()
         finals.append({k: v.copy() for k, v in trainer.model.params.items()})
     for k in finals[0]:
@@ -109,14 +111,14 @@ def test_adamw_shared_over_threads_updates_bit_for_bit():
     x, y = batch(4)
     opts = []
     for model in models:
-        opt = AdamW(model.params, model.grads, flat=model.flat)
+        opt = AdamW(model.layout)
         opt.CHUNK = 100                       # several chunks per worker's share
         opts.append(opt)
-    opts[1].parallel = DataParallel(models[1], 3)
+    opts[1].workers = DataParallel(models[1], 3)
     for step in range(3):
         for model, opt in zip(models, opts):
             model.loss_and_backward(x, y)
             opt.step(1e-2)
     for k in models[0].params:
         np.testing.assert_array_equal(models[1].params[k], models[0].params[k], err_msg=k)
-    np.testing.assert_array_equal(opts[1].flat_v, opts[0].flat_v)
+    np.testing.assert_array_equal(opts[1].v, opts[0].v)

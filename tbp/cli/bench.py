@@ -1,6 +1,7 @@
 """`tbp bench`: training and generation throughput on this machine."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -13,13 +14,13 @@ from .. import __version__
 from ..bench import bench_generate, bench_train, matmul_peak_gflops
 from ..config import ModelConfig
 from .common import console, fmt_count
-from .train import _model_options
+from .options import config_options
 
 
 @click.command()
 @click.option("--vocab-size", type=click.IntRange(min=2), default=65, show_default=True,
               help="Vocabulary (65: tinyshakespeare's characters).")
-@_model_options
+@config_options(ModelConfig)
 @click.option("--batch-size", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed training steps (after 3 warm-up steps); the median is reported.")
@@ -43,10 +44,10 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     """
     cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
-    with console.status("timing training steps...") if not as_json else _null():
+    with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
         res.update(bench_train(cfg, batch_size, iters, threads=threads))
     if gen_tokens != 0:
-        with console.status("timing generation...") if not as_json else _null():
+        with console.status("timing generation...") if not as_json else contextlib.nullcontext():
             res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
     else:
         res["generate_tokens_per_s"] = None
@@ -68,11 +69,3 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
         t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
                               f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
     console.print(t)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False

@@ -2,26 +2,39 @@
 from __future__ import annotations
 
 import sys
+import traceback
 
 import click
 from rich.console import Console
 
-from ..errors import TbpError
+from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
+BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"
+
 
 class Group(click.Group):
-    """Maps tbp's expected failures to one line and exit 1, Ctrl-C to exit 130."""
+    """Turns tbp's expected failures into one line: bad data, files or environment exit 1, a bad
+    option value exits 2 (usage), Ctrl-C 130. Anything else is a bug: its traceback is shown,
+    with a line saying so, and the exit code is 1."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (TbpError, ValueError, OSError) as e:
+        except ConfigError as e:
+            raise click.UsageError(_one_line(e)) from None
+        except (TbpError, OSError) as e:
             raise click.ClickException(_one_line(e)) from None
         except KeyboardInterrupt:
             console.print("interrupted")
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise                                   # click's own: usage errors, --help, aborts
+        except Exception:
+            traceback.print_exc()
+            console.print(f"[bold red]error:[/] {BUG}")
+            sys.exit(1)
 
 
 def _one_line(e: Exception) -> str:

@@ -10,7 +10,6 @@ import numpy as np
 from .. import checkpoint
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
-from ..model import GPT
 from .common import console, fmt_bytes
 
 
@@ -82,7 +81,7 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         raise click.UsageError(str(e)) from None
     run = run or checkpoint.latest_run()
     text = _prompt_text(prompt, prompt_file)
-    model, tok, _ = checkpoint.load_model(run, best=best, cls=GPT)
+    model, tok, _ = checkpoint.load_model(run, best=best)
     ids, note = start_tokens(tok, text)
     n_ctx = model.config.n_ctx
     if len(ids) > n_ctx:

@@ -49,7 +49,7 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
     for run in runs:
         try:
             cfg = checkpoint.read_config(run)
-            state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
+            state = checkpoint.read_state(run)
         except TbpError:
             continue
         m = cfg.get("model") or {}
@@ -73,14 +73,8 @@ def run_info(run: Path) -> dict:
     lora = cfg.get("lora")
     arrays, meta = checkpoint.read_arrays(run / checkpoint.weights_name(bool(lora)))
     shapes = {k: list(v.shape) for k, v in arrays.items()}
-    state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
-    metrics = []
-    if (run / "metrics.jsonl").is_file():
-        for line in (run / "metrics.jsonl").read_text().splitlines():
-            try:
-                metrics.append(json.loads(line))
-            except ValueError:
-                pass
+    state = checkpoint.read_state(run)
+    metrics = checkpoint.read_metrics(run)
     files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
     return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
             "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
@@ -125,17 +119,15 @@ def info(path, as_json):
         click.echo(json.dumps(d, indent=2))
         return
     m = d["model"]
+    shape = ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")
     t = Table(title=f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})", show_header=False,
               title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
-    opts = [f"activation {m['activation']}", f"ln_eps {m['ln_eps']:g}",
-            "tied head" if m["tie_head"] else "untied head", "biases" if m["bias"] else "no biases"]
-    if m.get("d_qk"):
-        opts.append(f"d_qk {m['d_qk']}")
-    t.add_row("options", " · ".join(opts))
+    t.add_row("options", " · ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                    for k, v in m.items() if k not in shape))
     t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']})")
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "

@@ -7,7 +7,6 @@ import click
 
 from .. import checkpoint, hf
 from ..errors import TbpError
-from ..model import GPT
 from .common import console
 
 
@@ -29,7 +28,7 @@ def export(run, fmt, out, force, best):
     Example:
       tbp export checkpoints/pydoc --format hf --out export/pydoc-gpt2
     """
-    model, tok, cfg = checkpoint.load_model(run, best=best, cls=GPT)
+    model, tok, cfg = checkpoint.load_model(run, best=best)
     if cfg.get("lora"):
         raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
     if out.exists() and not force:

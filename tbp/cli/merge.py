@@ -7,7 +7,6 @@ import click
 
 from .. import checkpoint
 from ..errors import TbpError
-from ..model import GPT
 from ..nn import merge_lora
 from .common import console
 
@@ -27,13 +26,13 @@ def merge(run, out, force):
     Example:
       tbp merge checkpoints/notes --out checkpoints/notes-merged
     """
-    model, tok, cfg = checkpoint.load_model(run, cls=GPT)
+    model, tok, cfg = checkpoint.load_model(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
     if out.exists() and not force:
         raise TbpError(f"{out} already exists (use --force to replace it)")
     merge_lora(model)
-    state = checkpoint.read_json(run / "state.json") if (run / "state.json").is_file() else {}
+    state = checkpoint.read_state(run)
     record = {"model": model.config.to_dict(), "train": cfg.get("train"), "data": cfg.get("data"),
               "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
                                                           "base": cfg.get("base")},

@@ -13,18 +13,22 @@ from ..tokenizer import KINDS
 from .common import console, fmt_bytes, fmt_count
 
 
-def run_prepare(path, kind, vocab_size, val_fraction, out, force, encoding, tokenizer=None) -> dict:
-    """Shared by `tbp prepare` and `tbp train --data FILE`: read, prepare with a bar, summarise."""
-    text, name, source = data.read_corpus(path, encoding)
-    out = Path(out) if out else data.default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
-    total = len(text)
-    with tqdm(total=total, unit="char", unit_scale=True, desc=f"encoding {name}", leave=False,
-              disable=None, file=sys.stderr) as bar:
-        meta = data.prepare(text, name, source, out, kind, vocab_size, val_fraction, force,
-                            tokenizer=tokenizer, progress=bar.update)
-    meta["path"] = str(out)
-    summary(meta)
-    return meta
+class PrepareBar(data.PrepareReport):
+    """A tqdm bar while text is encoded, then the summary table."""
+
+    def __init__(self):
+        self.bar = None
+
+    def start(self, name, characters):
+        self.bar = tqdm(total=characters, unit="char", unit_scale=True, desc=f"encoding {name}", leave=False,
+                        disable=None, file=sys.stderr)
+
+    def advance(self, characters):
+        self.bar.update(characters)
+
+    def done(self, meta):
+        self.bar.close()
+        summary(meta)
 
 
 def summary(meta: dict) -> None:
@@ -66,4 +70,4 @@ def prepare(path, kind, vocab_size, val_fraction, out, force, encoding):
       tbp prepare --data input.txt --tokenizer bpe --vocab-size 2048
       cat *.md | tbp prepare --data - --out data/notes
     """
-    run_prepare(path, kind, vocab_size, val_fraction, out, force, encoding)
+    data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar())

@@ -1,59 +1,24 @@
 """`tbp train`: options, the progress bar, Ctrl-C, and the summary."""
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 from rich.table import Table
 from tqdm import tqdm
 
 from .. import runs
-from ..checkpoint import read_config
+from ..checkpoint import read_metrics
 from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
-from ..tokenizer import KINDS, Tokenizer
+from ..tokenizer import KINDS
 from ..train import Callbacks
 from .common import console, fmt_count
-from .prepare import run_prepare
-
-MODEL_KEYS = ("n_layer", "n_head", "d_model", "n_ctx", "d_qk", "bias", "activation", "tie_head", "ln_eps")
-TRAIN_KEYS = tuple(TrainConfig.__dataclass_fields__)
-DEFAULT_MODEL = dict(n_layer=4, n_head=4, d_model=128, n_ctx=128)
-
-
-def _load_config_file(ctx, param, value):
-    """--config FILE: a JSON object of option values (nested "model"/"train" objects allowed,
-    so a run's own config.json works); options on the command line still win."""
-    if value is None:
-        return None
-    try:
-        obj = json.loads(Path(value).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise click.BadParameter(f"{value}: {e}", ctx, param) from None
-    flat = {}
-    for k, v in obj.items():
-        if k in ("model", "train") and isinstance(v, dict):
-            flat.update(v)
-        elif k not in ("format", "data", "lora", "base", "init_from"):
-            flat[k] = v
-    names = {p.name for p in ctx.command.params}
-    derived = ("vocab_size", "causal")      # set by the data and the engine, not by options
-    unknown = [k for k in flat if k.replace("-", "_") not in names and k not in derived]
-    if unknown:
-        raise click.BadParameter(f"{value}: unknown keys {', '.join(unknown)}", ctx, param)
-    ctx.default_map = {**(ctx.default_map or {}),
-                       **{k.replace("-", "_"): v for k, v in flat.items() if k not in derived}}
-    return value
-
-
-def _given(ctx, name: str) -> bool:
-    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT,
-                                              ParameterSource.DEFAULT_MAP)
+from .options import config_options, given, load_config_file
+from .prepare import PrepareBar
 
 
 class Progress(Callbacks):
@@ -130,86 +95,12 @@ def _summary(trainer, state, interrupted: bool):
 
 
 def _last_eval(run: Path):
-    last = None
-    path = run / "metrics.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                m = json.loads(line)
-            except ValueError:
-                continue
-            if "val_loss" in m:
-                last = m
-    return last
-
-
-def _model_options(f):
-    opts = [
-        click.option("--n-layer", type=click.IntRange(1, 96), default=DEFAULT_MODEL["n_layer"], show_default=True,
-                     help="Transformer blocks."),
-        click.option("--n-head", type=click.IntRange(1, 128), default=DEFAULT_MODEL["n_head"], show_default=True,
-                     help="Attention heads per block."),
-        click.option("--d-model", type=click.IntRange(1, 16384), default=DEFAULT_MODEL["d_model"],
-                     show_default=True, help="Width of the residual stream (divisible by --n-head)."),
-        click.option("--n-ctx", type=click.IntRange(2, 65536), default=DEFAULT_MODEL["n_ctx"], show_default=True,
-                     help="Context length: tokens per training sequence."),
-        click.option("--d-qk", type=click.IntRange(1, 4096), default=None,
-                     help="Query/key width per head (default d_model / n_head)."),
-        click.option("--bias/--no-bias", default=True, show_default=True, help="Biases in linear and norm layers."),
-        click.option("--activation", type=click.Choice(["gelu", "relu"]), default="gelu", show_default=True,
-                     help="MLP nonlinearity (gelu is GPT-2's tanh approximation)."),
-        click.option("--tie-head/--untie-head", default=True, show_default=True,
-                     help="Output head tied to the token embedding, or a separate layer with bias."),
-        click.option("--ln-eps", type=click.FloatRange(min=0), default=1e-5, show_default=True,
-                     help="Layer norm epsilon."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def _train_options(f):
-    d = TrainConfig()
-    opts = [
-        click.option("--batch-size", type=click.IntRange(min=1), default=d.batch_size, show_default=True),
-        click.option("--grad-accum", type=click.IntRange(min=1), default=d.grad_accum, show_default=True,
-                     help="Micro-batches per optimizer step."),
-        click.option("--max-iters", type=click.IntRange(min=1), default=d.max_iters, show_default=True,
-                     help="Optimizer steps (with --resume: the new total)."),
-        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=d.lr, show_default=True,
-                     help="Peak learning rate."),
-        click.option("--min-lr", type=click.FloatRange(min=0), default=d.min_lr, show_default=True,
-                     help="Learning rate at the end of the cosine decay."),
-        click.option("--warmup", type=click.IntRange(min=0), default=d.warmup, show_default=True,
-                     help="Linear warmup steps."),
-        click.option("--lr-decay-iters", type=click.IntRange(min=1), default=None,
-                     help="Steps over which the cosine decays (default: --max-iters)."),
-        click.option("--weight-decay", type=click.FloatRange(min=0), default=d.weight_decay, show_default=True,
-                     help="AdamW weight decay, applied to matrices only."),
-        click.option("--beta1", type=click.FloatRange(0, 1, max_open=True), default=d.beta1, show_default=True),
-        click.option("--beta2", type=click.FloatRange(0, 1, max_open=True), default=d.beta2, show_default=True),
-        click.option("--grad-clip", type=click.FloatRange(min=0), default=d.grad_clip, show_default=True,
-                     help="Clip the global gradient norm to this (0: off)."),
-        click.option("--eval-interval", type=click.IntRange(min=1), default=d.eval_interval, show_default=True,
-                     help="Steps between evaluations and checkpoints."),
-        click.option("--eval-batches", type=click.IntRange(min=1), default=d.eval_batches, show_default=True,
-                     help="Fixed batches per split in each evaluation."),
-        click.option("--log-interval", type=click.IntRange(min=1), default=d.log_interval, show_default=True,
-                     help="Steps between lines of metrics.jsonl."),
-        click.option("--seed", type=click.IntRange(min=0), default=d.seed, show_default=True,
-                     help="Seeds initialisation, batch order and eval batches."),
-        click.option("--dtype", type=click.Choice(["float32", "float64"]), default=d.dtype, show_default=True),
-        click.option("--threads", type=click.IntRange(min=0), default=d.threads, show_default=True,
-                     help="Threads that each run forward and backward on a share of the batch "
-                          "(0: one per core). A run repeats bit for bit at a given count."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    evals = [m for m in read_metrics(run) if "val_loss" in m]
+    return evals[-1] if evals else None
 
 
 @click.command()
-@click.option("--config", type=click.Path(exists=True, dir_okay=False), callback=_load_config_file,
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), callback=load_config_file,
               is_eager=True, expose_value=False, help="JSON file of option values (a run's config.json works).")
 @click.option("--data", "data_arg", default=None, metavar="DIR|FILE",
               help="A prepared dataset folder, or text (file or folder) prepared on the fly. "
@@ -224,8 +115,8 @@ def _train_options(f):
 @click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Start from another run's weights (fine-tuning; see --lora-rank).")
 @click.option("--force", is_flag=True, help="Replace an existing run in --out.")
-@_model_options
-@_train_options
+@config_options(ModelConfig)
+@config_options(TrainConfig)
 @click.option("--lora-rank", type=click.IntRange(min=1), default=None,
               help="With --init-from: train rank-R LoRA adapters only; the base stays frozen.")
 @click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -249,40 +140,14 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
       tbp train --out checkpoints/shakespeare --resume --max-iters 4000
       tbp train --init-from checkpoints/shakespeare --data poems.txt --lora-rank 8 --out checkpoints/poems
     """
-    if resume and init_from:
-        raise click.UsageError("--resume continues a run; --init-from starts a new one: pick one")
-    if resume and out is None:
-        raise click.UsageError("--resume needs --out, the run to continue")
-    if lora_rank is not None and init_from is None:
-        raise click.UsageError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
-    model_given = {k: opts[k] for k in MODEL_KEYS if _given(ctx, k)}
-    train_given = {k: opts[k] for k in TRAIN_KEYS if _given(ctx, k)}
+    lora = None
+    if lora_rank is not None:
+        lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
+    request = runs.RunRequest(out=out, data=data_arg, tokenizer=kind, vocab_size=vocab_size, resume=resume,
+                              init_from=init_from, force=force, lora=lora,
+                              model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     progress = Progress(quiet)
-
-    def prepare(path, kind_, vocab, out_, force_, tokenizer):
-        return run_prepare(path, kind_, vocab, 0.1, out_, force_, "utf-8", tokenizer=tokenizer)
-
-    if resume:
-        ds = None
-        if data_arg is not None:
-            read_config(out)
-            ds = runs.resolve_dataset(data_arg, prepare, Tokenizer.load(out / "tokenizer.json"))
-        trainer = runs.resume(out, train_given, model_given, ds, progress)
-    else:
-        tcfg = TrainConfig(**{k: opts[k] for k in TRAIN_KEYS})
-        if init_from is not None:
-            ds = runs.resolve_dataset(data_arg, prepare, Tokenizer.load(init_from / "tokenizer.json"))
-            lora = None
-            if lora_rank is not None:
-                lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
-            out = out or Path("checkpoints") / f"{Path(init_from).name}-{'lora' if lora else 'ft'}"
-            trainer = runs.init_from(out, init_from, tcfg, ds, force, lora, model_given, progress)
-        else:
-            ds = runs.resolve_dataset(data_arg, prepare, None, kind, vocab_size)
-            mcfg = ModelConfig(vocab_size=ds.tokenizer.vocab_size, **{k: opts[k] for k in MODEL_KEYS})
-            out = out or Path("checkpoints") / ds.path.name
-            trainer = runs.new_run(out, mcfg, tcfg, ds, force, progress)
-
+    trainer = runs.start(request, progress, PrepareBar())
     previous = _install_sigint(trainer)
     try:
         state = trainer.run_loop()

@@ -7,12 +7,16 @@ Shape glossary, used in every docstring and shape comment below:
     V  vocabulary       L  layers                          R  LoRA rank
     N  B * T, the number of predicted positions
 
-Contract (DESIGN.md): each layer holds ``params`` and ``grads`` dicts with the same keys;
-``forward`` keeps what ``backward`` needs; ``backward(dout)`` *adds* into ``grads`` and
-returns the gradient of its input. Nothing here imports anything but numpy.
+Contract: each layer holds ``params`` and ``grads`` dicts with the same keys (a frozen
+parameter has no gradient); ``forward`` keeps what ``backward`` needs; ``backward(dout)``
+*adds* into ``grads`` and returns the gradient of its input. A layer that decoding uses also
+has its inference form beside them (``fold``: weights prepared once; ``decode``: one step
+on preallocated buffers). ``reference`` states every layer's equations plainly, and the tests
+hold the fast layers to it. Nothing here imports anything but numpy.
 """
-from .config import ModelConfig
-from .module import Module
+from .config import ConfigError, ModelConfig
+from .module import Module, Stack
+from .layout import Layout
 from .embedding import Embedding
 from .linear import Linear, LoRA
 from .layernorm import LayerNorm
@@ -23,7 +27,7 @@ from .gpt import Block, GPT, LORA_TARGETS, add_lora, merge_lora
 from .decode import Decoder
 
 __all__ = [
-    "ModelConfig", "Module", "Embedding", "Linear", "LoRA", "LayerNorm",
+    "ConfigError", "ModelConfig", "Module", "Stack", "Layout", "Embedding", "Linear", "LoRA", "LayerNorm",
     "CausalSelfAttention", "Decoder", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
     "LORA_TARGETS", "add_lora", "merge_lora",
 ]

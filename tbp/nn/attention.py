@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .linear import Linear
+from .linear import Linear, weight_of
 from .module import Module
 
 
@@ -34,20 +34,18 @@ class CausalSelfAttention(Module):
     arrays: no Python loop over heads or tokens.
     """
 
-    def __init__(self, d_model: int, n_head: int, d_k: int, d_v: int, rng: np.random.Generator,
+    def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02):
         super().__init__()
-        self.H, self.Dk, self.Dv, self.causal = n_head, d_k, d_v, causal
-        self.c_attn = self.add("c_attn", Linear(d_model, n_head * (2 * d_k + d_v), rng, dtype, bias))
-        self.c_proj = self.add("c_proj", Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std))
-        self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_k))   # a scalar of the model's dtype
-        self.collect()
-        self.cache = None
+        self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal
+        self.c_attn = Linear(d_model, n_head * (2 * d_qk + d_v), rng, dtype, bias)
+        self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
+        self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))   # a scalar of the model's dtype
 
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*(2Dk+Dv)) -> q (B, H, T, Dk), k (B, H, T, Dk), v (B, H, T, Dv) views."""
         B, T, _ = qkv.shape
-        H, Dk, Dv = self.H, self.Dk, self.Dv
+        H, Dk, Dv = self.n_head, self.d_qk, self.d_v
         q = qkv[..., :H * Dk].reshape(B, T, H, Dk).transpose(0, 2, 1, 3)
         k = qkv[..., H * Dk:2 * H * Dk].reshape(B, T, H, Dk).transpose(0, 2, 1, 3)
         v = qkv[..., 2 * H * Dk:].reshape(B, T, H, Dv).transpose(0, 2, 1, 3)
@@ -66,7 +64,7 @@ class CausalSelfAttention(Module):
     def _heads_view(self, merged: np.ndarray, D: int) -> np.ndarray:
         """(B, T, H*D) -> (B, H, T, D) view: heads side by side is the layout c_proj reads."""
         B, T, _ = merged.shape
-        return merged.reshape(B, T, self.H, D).transpose(0, 2, 1, 3)
+        return merged.reshape(B, T, self.n_head, D).transpose(0, 2, 1, 3)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         q, k, v = self._heads(self.c_attn.forward(x))
@@ -74,8 +72,8 @@ class CausalSelfAttention(Module):
         qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
         att = qs @ k.transpose(0, 1, 3, 2)                                 # (B, H, T, T)
         att = self._softmax_rows(att)                                      # (B, H, T, T)
-        merged = np.empty((B, T, H * self.Dv), dtype=att.dtype)            # heads side by side
-        y = self._heads_view(merged, self.Dv)                              # (B, H, T, Dv) view
+        merged = np.empty((B, T, H * self.d_v), dtype=att.dtype)           # heads side by side
+        y = self._heads_view(merged, self.d_v)                             # (B, H, T, Dv) view
         np.matmul(att, v, out=y)
         self.cache = qs, k, v, att, y
         return self.c_proj.forward(merged)                                 # (B, T, C)
@@ -91,7 +89,7 @@ class CausalSelfAttention(Module):
         """
         qs, k, v, att, y = self.cache
         B, H, T, _ = qs.shape
-        Dk, Dv = self.Dk, self.Dv
+        Dk, Dv = self.d_qk, self.d_v
         dy = self._heads_view(self.c_proj.backward(dout), Dv)              # (B, H, T, Dv) view
         # the three input gradients are written straight into their columns of dqkv
         dqkv = np.empty((B, T, H * (2 * Dk + Dv)), dtype=dout.dtype)      # (B, T, H*(2Dk+Dv))
@@ -104,3 +102,39 @@ class CausalSelfAttention(Module):
         dq *= self.scale
         np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                  # (B, H, T, Dk)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(c_attn with ``ln`` folded in and the scale 1/sqrt(Dk) in its query columns,
+        (C+1, H(2Dk+Dv)); c_proj's weight (H Dv, C); its bias or None)."""
+        qscale = np.ones(self.c_attn.d_out)
+        qscale[:self.n_head * self.d_qk] = 1.0 / np.sqrt(self.d_qk)
+        qkv = ln.fold(weight_of(self.c_attn), self.c_attn.params.get("bias"), col_scale=qscale)
+        return qkv, weight_of(self.c_proj), self.c_proj.params.get("bias")
+
+    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int) -> None:
+        """buf.x += c_proj(attention of new rows t0 .. t1-1 to positions 0 .. t1-1).   [paper §3.2]
+
+        keys (B, H, Dk, n_ctx): the cache, transposed so each head's scores are one product
+        over contiguous memory; values (B, H, n_ctx, Dv + 1), whose last column is ones, so
+        that p @ [v, 1] gives both the weighted sum and the softmax's normaliser. The new
+        rows' keys and values are written into the cache first.
+        """
+        qkv, proj, proj_b = weights
+        np.dot(buf.xa, qkv, out=buf.qkv)                            # [q * scale | k | v], (N, .)
+        keys[..., t0:t1] = buf.k
+        values[:, :, t0:t1, :-1] = buf.v
+        att = buf.att[..., :t1]                                     # (B, H, Tn, t1)
+        np.matmul(buf.q, keys[..., :t1], out=att)
+        if t1 - t0 > 1:
+            att += causal_mask(t1 - t0, t0, att.dtype)
+        np.maximum.reduce(att, axis=-1, keepdims=True, out=buf.rowmax)
+        att -= buf.rowmax
+        np.exp(att, out=att)
+        # normalise the (Tn, Dv) output rather than the (Tn, t1) probabilities: fewer numbers
+        np.matmul(att, values[:, :, :t1], out=buf.ysum)
+        np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
+        np.dot(buf.ya, proj, out=buf.out)
+        if proj_b is not None:
+            buf.out += proj_b
+        buf.x += buf.out

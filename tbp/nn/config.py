@@ -1,62 +1,129 @@
-"""ModelConfig: the shape and options of a GPT (validated, JSON-friendly)."""
+"""ModelConfig: the shape and options of a GPT, each declared once.
+
+Every field is declared with :func:`option`: its default, a line of help, its range or its
+choices. Validation here, the ``tbp train`` flags, ``--config`` files and ``tbp info`` are all
+derived from those declarations, so a new model option is one field (plus the layer code and
+its gradcheck row).
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import math
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
-ACTIVATIONS = ("gelu", "relu")
+
+class ConfigError(ValueError):
+    """An option value outside its declared range or choices (a usage error, not a bug)."""
+
+
+def option(default, help: str, *, min=None, max=None, min_open: bool = False, max_open: bool = False,
+           choices=None, cli: bool = True, flag: str | None = None, gpt2=None):
+    """A config field: default, help, and what makes a value valid.
+
+    min/max: bounds, inclusive unless ``min_open``/``max_open``; choices: allowed strings;
+    cli: False for values derived from the data or the engine (no flag); flag: a click flag
+    spelling for booleans ("--tie-head/--untie-head"); gpt2: the value GPT-2 itself uses, for
+    options an exported GPT-2 folder cannot represent otherwise.
+    """
+    meta = {"help": help, "min": min, "max": max, "min_open": min_open, "max_open": max_open, "choices": choices,
+            "cli": cli, "flag": flag, "gpt2": gpt2}
+    return field(default=default, metadata=meta)
 
 
 class DictConfig:
-    """JSON round trip for a config dataclass; unknown keys are an error, never ignored."""
+    """Validation from the field declarations, and a JSON round trip (unknown keys are an error)."""
     KIND = "config"
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name), hints[f.name], f.metadata)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict):
+        if not isinstance(d, dict):
+            raise ConfigError(f"a {cls.KIND} must be a JSON object, got {type(d).__name__}")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"unknown {cls.KIND} keys: {', '.join(sorted(unknown))}")
+            raise ConfigError(f"unknown {cls.KIND} keys: {', '.join(sorted(unknown))}")
         return cls(**d)
+
+    @classmethod
+    def options(cls) -> list:
+        """The fields a user sets (the ``tbp train`` flags), in declaration order."""
+        return [f for f in fields(cls) if f.metadata.get("cli", False)]
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def _check(name: str, value, kind, meta) -> None:
+    """Raise ConfigError unless ``value`` fits the field's type, range and choices."""
+    args = typing.get_args(kind)
+    if value is None:
+        if type(None) in args:
+            return
+        raise ConfigError(f"{name} must be set")
+    base = next((a for a in args if a is not type(None)), kind) if args else kind
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return
+    if base is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if base is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if base is str and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices")
+    if lo is not None and (value <= lo if meta.get("min_open") else value < lo):
+        raise ConfigError(f"{name} must be {'>' if meta.get('min_open') else '>='} {lo}, got {value!r}")
+    if hi is not None and (value >= hi if meta.get("max_open") else value > hi):
+        raise ConfigError(f"{name} must be {'<' if meta.get('max_open') else '<='} {hi}, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+ACTIVATIONS = ("gelu", "relu")
 
 
 @dataclass
 class ModelConfig(DictConfig):
-    vocab_size: int = 65          # V: tokens the model reads and predicts
-    n_ctx: int = 128              # longest sequence (number of learned positions)
-    n_layer: int = 4              # L: transformer blocks
-    n_head: int = 4               # H: attention heads per block
-    d_model: int = 128            # C: width of the residual stream
-    d_qk: int | None = None       # Dk: query/key width per head (paper's d_rho); None -> C // H
-    bias: bool = True             # biases on every linear layer and layer norm
-    activation: str = "gelu"      # MLP nonlinearity: "gelu" (tanh approximation, GPT-2) or "relu"
-    ln_eps: float = 1e-5          # layer norm epsilon (the paper's checks use 0)
-    tie_head: bool = True         # logits = ln_f(x) @ wte.T; False: an untied lm_head (+ bias)
-    causal: bool = True           # causal mask; False gives permutation-equivariant attention
+    vocab_size: int = option(65, "V: tokens the model reads and predicts (set by the tokenizer).",
+                             min=1, cli=False)
+    n_ctx: int = option(128, "Context length: tokens per training sequence (learned positions).",
+                        min=2, max=65536)
+    n_layer: int = option(4, "L: transformer blocks.", min=1, max=96)
+    n_head: int = option(4, "H: attention heads per block.", min=1, max=128)
+    d_model: int = option(128, "C: width of the residual stream (divisible by --n-head).", min=1, max=16384)
+    d_qk: int | None = option(None, "Dk: query/key width per head, the paper's d_rho "
+                                    "(default d_model / n_head, the value width Dv).", min=1, max=4096)
+    bias: bool = option(True, "Biases in every linear and layer-norm layer.", gpt2=True)
+    activation: str = option("gelu", "MLP nonlinearity: gelu (GPT-2's tanh approximation) or relu.",
+                             choices=ACTIVATIONS, gpt2="gelu")
+    ln_eps: float = option(1e-5, "Layer norm epsilon (the paper's checks use 0).", min=0.0)
+    tie_head: bool = option(True, "Output head tied to the token embedding, or (untied) a separate "
+                                  "layer with bias, the paper's FC_logits.",
+                            flag="--tie-head/--untie-head", gpt2=True)
+    causal: bool = option(True, "Causal mask; False gives permutation-equivariant attention.",
+                          cli=False, gpt2=True)
     KIND = "model config"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        super().__post_init__()
         if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if self.d_qk is not None and (not isinstance(self.d_qk, int) or self.d_qk < 1):
-            raise ValueError(f"d_qk must be a positive integer or None, got {self.d_qk!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if not self.ln_eps >= 0:
-            raise ValueError(f"ln_eps must be >= 0, got {self.ln_eps!r}")
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.d_qk is None:
+            self.d_qk = self.d_v
 
     @property
-    def d_head(self) -> int:
-        """Dv: value width per head, C // H, so heads concatenate back to C."""
+    def d_v(self) -> int:
+        """Dv: value width per head, C / H, so the heads concatenate back to C."""
         return self.d_model // self.n_head
-
-    @property
-    def d_key(self) -> int:
-        """Dk: query/key width per head."""
-        return self.d_qk if self.d_qk is not None else self.d_head

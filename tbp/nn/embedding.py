@@ -7,7 +7,7 @@ from .module import Module
 
 
 class Embedding(Module):
-    """x[b, t] = wte[idx[b, t]] + wpe[pos0 + t].
+    """x[b, t] = wte[idx[b, t]] + wpe[t].
 
     idx: (B, T) ints; x: (B, T, C); wte: (V, C); wpe: (n_ctx, C).
     """
@@ -17,12 +17,10 @@ class Embedding(Module):
         super().__init__()
         self.param("wte", (rng.standard_normal((vocab_size, d_model)) * std).astype(dtype))
         self.param("wpe", (rng.standard_normal((n_ctx, d_model)) * std).astype(dtype))
-        self.cache = None
 
-    def forward(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
-        T = idx.shape[-1]
-        self.cache = idx, pos0
-        return self.params["wte"][idx] + self.params["wpe"][pos0:pos0 + T]   # (B, T, C)
+    def forward(self, idx: np.ndarray) -> np.ndarray:
+        self.cache = idx
+        return self.params["wte"][idx] + self.params["wpe"][:idx.shape[-1]]   # (B, T, C)
 
     def backward(self, dout: np.ndarray) -> None:
         """[paper §2]  dwte[v] += sum of dout over every (b, t) with idx[b, t] == v;
@@ -33,7 +31,8 @@ class Embedding(Module):
         summed with ``np.add.reduceat`` -- a segment sum, much faster than ``np.add.at``.
         The input is integer token ids, so there is no input gradient to return.
         """
-        idx, pos0 = self.cache
+        idx = self.cache
+        B, T = idx.shape
         C = dout.shape[-1]
         if "wte" in self.grads:
             ids = idx.reshape(-1)                                          # (N,)
@@ -43,4 +42,14 @@ class Embedding(Module):
             sums = np.add.reduceat(dout.reshape(-1, C)[order], starts, axis=0)   # (unique, C)
             self.grads["wte"][sorted_ids[starts]] += sums                  # unique rows: no collision
         if "wpe" in self.grads:
-            self.grads["wpe"][pos0:pos0 + idx.shape[-1]] += dout.reshape(-1, idx.shape[-1], C).sum(0)
+            self.grads["wpe"][:T] += dout.reshape(B, T, C).sum(0)
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def decode(self, idx: np.ndarray, t0: int, out: np.ndarray) -> None:
+        """out (B*Tn, C) = the embeddings of tokens idx (B, Tn) at positions t0 .. t0+Tn-1."""
+        B, Tn = idx.shape
+        self.params["wte"].take(idx.reshape(-1), axis=0, out=out)
+        if Tn == 1:
+            out += self.params["wpe"][t0]
+        else:
+            out.reshape(B, Tn, -1)[...] += self.params["wpe"][t0:t0 + Tn]

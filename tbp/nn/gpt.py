@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import CausalSelfAttention
-from .decode import Decoder
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
+from .layout import Layout
 from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
-from .module import Module
+from .module import Module, Stack
 
 
 class Block(Module):
@@ -26,12 +26,11 @@ class Block(Module):
         # residual projections by 1/sqrt(2L); on nanoGPT's 4-layer recipe that measured worse
         # (val 1.904 vs 1.876 after 2000 steps), so it is left out.
         proj_std = 0.02
-        self.ln_1 = self.add("ln_1", LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias))
-        self.attn = self.add("attn", CausalSelfAttention(
-            cfg.d_model, cfg.n_head, cfg.d_key, cfg.d_head, rng, dtype, cfg.bias, cfg.causal, proj_std))
-        self.ln_2 = self.add("ln_2", LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias))
-        self.mlp = self.add("mlp", MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std))
-        self.collect()
+        self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
+                                        cfg.causal, proj_std)
+        self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+        self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         # each sublayer returns a new array: the residual is added into it, in place
@@ -61,7 +60,12 @@ class GPT(Module):
     >>> model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8), seed=0)
     >>> model.forward(np.array([[1, 2, 3]])).shape
     (1, 3, 11)
+
+    ``layout`` packs the trainable parameters into one buffer (see :class:`Layout`); call
+    :meth:`pack` again after changing which parameters train (``add_lora`` does).
     """
+
+    CHILD_NAMES = {"embed": "", "blocks": "h"}      # GPT-2's names: wte, wpe, h.0, ...
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
         super().__init__()
@@ -70,15 +74,26 @@ class GPT(Module):
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         rng = np.random.default_rng(seed)
-        self.embed = self.add("", Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype))
-        self.blocks = [self.add(f"h.{i}", Block(cfg, rng, self.dtype)) for i in range(cfg.n_layer)]
-        self.ln_f = self.add("ln_f", LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias))
+        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
+        self.blocks = Stack(Block(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
+        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
         self.lm_head = None
         if not cfg.tie_head:
-            self.lm_head = self.add("lm_head", Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True))
-        self.pack()       # one flat buffer for all weights, one for all gradients
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
         self.loss_fn = CrossEntropy()
-        self.cache = None
+        self.pack()
+
+    def pack(self) -> Layout:
+        """Lay the trainable parameters out in one flat buffer (and their gradients in another)."""
+        self.layout = Layout(self)
+        return self.layout
+
+    def replica(self) -> "GPT":
+        """A data-parallel worker's copy: shared parameters, its own gradient buffer."""
+        twin = super().replica()
+        twin.loss_fn = CrossEntropy()
+        twin.layout = self.layout.with_grads(twin)
+        return twin
 
     # --- checks -----------------------------------------------------------------------------
     def check_tokens(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
@@ -110,8 +125,9 @@ class GPT(Module):
         self.cache = xf
         if self.lm_head is not None:
             return self.lm_head.forward(xf)
-        V, C = self.params["wte"].shape
-        return np.dot(xf.reshape(-1, C), self.params["wte"].T).reshape(xf.shape[:-1] + (V,))
+        wte = self.embed.params["wte"]
+        V, C = wte.shape
+        return np.dot(xf.reshape(-1, C), wte.T).reshape(xf.shape[:-1] + (V,))
 
     def backward(self, dlogits: np.ndarray) -> None:
         """[paper §7, Table 3]  The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
@@ -122,9 +138,11 @@ class GPT(Module):
         if self.lm_head is not None:
             dxf = self.lm_head.backward(dlogits)
         else:
-            if "wte" in self.grads:
-                self.grads["wte"] += np.dot(dlogits.reshape(-1, dlogits.shape[-1]).T, xf.reshape(-1, C))
-            dxf = np.dot(dlogits.reshape(-1, dlogits.shape[-1]), self.params["wte"]).reshape(xf.shape)
+            emb = self.embed
+            dlogits2 = dlogits.reshape(-1, dlogits.shape[-1])                 # (N, V)
+            if "wte" in emb.grads:
+                emb.grads["wte"] += np.dot(dlogits2.T, xf.reshape(-1, C))
+            dxf = np.dot(dlogits2, emb.params["wte"]).reshape(xf.shape)
         dx = self.ln_f.backward(dxf)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
@@ -137,9 +155,21 @@ class GPT(Module):
     def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray) -> float:
         """Zero the gradients, then fill ``grads`` for the mean cross-entropy; returns the loss."""
         self.zero_grad()
+        return self.accumulate(idx, targets)
+
+    def accumulate(self, idx: np.ndarray, targets: np.ndarray, scale: float = 1.0) -> float:
+        """*Add* ``scale`` times the gradient of the mean cross-entropy into ``grads``; returns
+        the loss. The one gradient entry point: gradient accumulation over micro-batches and
+        the data-parallel workers' shares of a batch are both a scale."""
         loss = self.loss(idx, targets)
-        self.backward(self.loss_fn.backward())
+        dlogits = self.loss_fn.backward()
+        if scale != 1.0:
+            dlogits *= dlogits.dtype.type(scale)
+        self.backward(dlogits)
         return loss
+
+    def zero_grad(self) -> None:
+        self.layout.grads.fill(0)       # every gradient is a view into it
 
     def _check_targets(self, targets: np.ndarray, idx: np.ndarray) -> np.ndarray:
         targets = self.check_tokens(targets)
@@ -148,8 +178,9 @@ class GPT(Module):
         return targets
 
     # --- inference path (KV cache) ----------------------------------------------------------
-    def decoder(self, batch: int = 1) -> Decoder:
-        """A snapshot of this model prepared for sampling ``batch`` sequences with a KV cache."""
+    def decoder(self, batch: int = 1):
+        """``Decoder(self, batch)``: this model prepared for sampling with a KV cache."""
+        from .decode import Decoder        # the inference engine builds on this module, not the reverse
         return Decoder(self, batch)
 
 
@@ -171,7 +202,7 @@ def add_lora(model: GPT, rank: int, alpha: float, targets=LORA_TARGETS[:4],
         raise ValueError("LoRA needs at least one target layer")
     if "lm_head" in targets and model.lm_head is None:
         raise ValueError("LoRA target 'lm_head' needs an untied head; this model's head is wte (tied)")
-    model.freeze_all()
+    model.freeze()
     adapted = []
     for i, block in enumerate(model.blocks):
         for target in targets:
@@ -179,32 +210,24 @@ def add_lora(model: GPT, rank: int, alpha: float, targets=LORA_TARGETS[:4],
                 continue
             sub, name = target.split(".")
             parent = getattr(block, sub)
-            lora = LoRA(getattr(parent, name), rank, alpha, rng)
-            setattr(parent, name, lora)
-            parent.children[name] = lora
+            setattr(parent, name, LoRA(getattr(parent, name), rank, alpha, rng))
             adapted.append(f"h.{i}.{target}")
     if "lm_head" in targets:
-        model.lm_head = model.children["lm_head"] = LoRA(model.lm_head, rank, alpha, rng)
+        model.lm_head = LoRA(model.lm_head, rank, alpha, rng)
         adapted.append("lm_head")
-    model.collect()
+    model.pack()
     return adapted
 
 
 def merge_lora(model: GPT) -> GPT:
-    """Fold every adapter into its base weight, in place of the LoRA layer: a plain GPT again."""
+    """Fold every adapter into its base weight, in place of the LoRA layer: a plain GPT again,
+    with every parameter trainable."""
     for _, module in list(model.modules()):
-        for name, child in list(module.children.items()):
+        for attr, child in list(vars(module).items()):
             if isinstance(child, LoRA):
-                plain = Linear.__new__(Linear)
-                Module.__init__(plain)
-                plain.d_in, plain.d_out, plain.cache = child.d_in, child.d_out, None
-                plain.param("weight", child.merged())
-                if "bias" in child.params:
-                    plain.param("bias", child.params["bias"].copy())
-                module.children[name] = plain
-                setattr(module, name, plain)
-                if module is model and name == "lm_head":
-                    model.lm_head = plain
-    model.collect()
+                setattr(module, attr, child.merged_linear())
+    for _, m in model.modules():
+        for k, p in m._params.items():
+            m._grads[k] = np.zeros_like(p)
     model.pack()
     return model

@@ -11,6 +11,7 @@ class LayerNorm(Module):
 
     x, y: (..., C); weight, bias: (C,). ``bias=False`` drops the bias (GPT-2 with biases off).
     eps = 0 is allowed (the paper's verification setting); then a constant row has no scale.
+    The plain form of the same equations is ``reference.layernorm_forward``/``_backward``.
     """
 
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32, bias: bool = True):
@@ -19,51 +20,92 @@ class LayerNorm(Module):
         self.param("weight", np.ones(d, dtype=dtype))
         if bias:
             self.param("bias", np.zeros(d, dtype=dtype))
-        self.cache = None
         self._avg = None
 
-    def _mean_vector(self, x: np.ndarray) -> np.ndarray:
+    def _mean_vector(self, dtype) -> np.ndarray:
         """(C, 1) column of 1/C: a mean over channels as one matrix-vector product."""
         avg = self._avg
-        if avg is None or avg.dtype != x.dtype:
-            avg = self._avg = np.full((x.shape[-1], 1), 1.0 / x.shape[-1], dtype=x.dtype)
+        if avg is None or avg.dtype != dtype:
+            C = self.params["weight"].shape[0]
+            avg = self._avg = np.full((C, 1), 1.0 / C, dtype=dtype)
         return avg
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        # Few, in-place operations on a 2-D view: when decoding one token at a time the cost
-        # of a layer norm is its number of numpy calls, not its arithmetic.
+        # Few, in-place operations on a 2-D view: means as products with a column of 1/C
         x2 = x.reshape(-1, x.shape[-1])                                    # (N, C)
-        avg = self._mean_vector(x2)
-        xc = x2 - np.dot(x2, avg)                                          # (N, C) centred
-        y = np.multiply(xc, xc)                                            # scratch, then the output
-        std = np.dot(y, avg)                                               # (N, 1) variance
-        std += x.dtype.type(self.eps)
-        np.sqrt(std, out=std)
-        xc /= std                                                          # xhat, in place
-        self.cache = xc, std
-        np.multiply(xc, self.params["weight"], out=y)
+        avg = self._mean_vector(x2.dtype)
+        xc = x2 - np.dot(x2, avg)                                          # (N, C) x - mean
+        y = np.multiply(xc, xc)                                            # (N, C) scratch for xc^2
+        var = np.dot(y, avg)                                               # (N, 1)
+        var += x.dtype.type(self.eps)
+        std = np.sqrt(var, out=var)                                        # (N, 1) sqrt(var + eps)
+        xhat = xc
+        xhat /= std                                                        # (N, C), in xc's memory
+        self.cache = xhat, std
+        np.multiply(xhat, self.params["weight"], out=y)                    # y: the output from here
         if "bias" in self.params:
             y += self.params["bias"]
         return y.reshape(x.shape)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """[paper §5]  dxhat = dout * weight;
-        dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (means over channels);
+        dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std   (means over channels);
         dweight += sum over tokens of dout * xhat;  dbias += sum over tokens of dout.
         """
         xhat, std = self.cache                                             # (N, C), (N, 1)
-        d2 = dout.reshape(xhat.shape)
+        dy = dout.reshape(xhat.shape)                                      # (N, C)
         w = self.params["weight"]
-        m = d2 * xhat                                                      # (N, C)
+        dy_xhat = dy * xhat                                                # (N, C)
         if "weight" in self.grads:
-            self.grads["weight"] += np.add.reduce(m, axis=0)
+            self.grads["weight"] += np.add.reduce(dy_xhat, axis=0)
         if "bias" in self.grads:
-            self.grads["bias"] += np.add.reduce(d2, axis=0)
-        # with dxhat = dout * weight, both means are products with the column weight / C
+            self.grads["bias"] += np.add.reduce(dy, axis=0)
+        # with dxhat = dy * weight, both means are products with the column weight / C
         w_avg = (w * w.dtype.type(1.0 / w.shape[0])).reshape(-1, 1)        # (C, 1)
-        proj = np.dot(m, w_avg)                                            # (N, 1) mean(dxhat xhat)
-        dx = d2 * w                                                        # (N, C) dxhat
-        dx -= np.dot(d2, w_avg)                                            # minus mean(dxhat)
-        dx -= np.multiply(xhat, proj, out=m)
+        mean_dxhat_xhat = np.dot(dy_xhat, w_avg)                           # (N, 1)
+        dx = dy * w                                                        # (N, C) dxhat
+        dx -= np.dot(dy, w_avg)                                            # minus mean(dxhat)
+        dx -= np.multiply(xhat, mean_dxhat_xhat, out=dy_xhat)
         dx /= std
         return dx.reshape(dout.shape)
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def fold(self, W: np.ndarray, b: np.ndarray | None = None, col_scale=None) -> np.ndarray:
+        """(C + 1, out) matrix M of the linear layer (W, b) that reads this norm's output, with
+        [xhat, 1] @ M == (layernorm(x) @ W + b) * col_scale.
+
+        (xhat * g + s) @ W + b = xhat @ (g[:, None] * W) + (s @ W + b): the gain scales W's
+        rows, and the shift and the bias become one more row, read by a constant-1 column
+        after xhat. ``col_scale`` (out,) scales output columns (the attention scale on the
+        queries, for example).
+        """
+        d_in, d_out = W.shape
+        gain, shift = self.params["weight"], self.params.get("bias")
+        M = np.empty((d_in + 1, d_out), W.dtype)
+        np.multiply(W, gain[:, None], out=M[:d_in])
+        M[d_in] = 0 if shift is None else np.dot(shift, W)
+        if b is not None:
+            M[d_in] += b
+        if col_scale is not None:
+            M *= col_scale.astype(W.dtype)
+        return M
+
+    def decode_vectors(self, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(C, 1) column of 1/C, and (C+1, 1) column [1/C, ..., 1/C, eps] for mean(xc^2) + eps."""
+        avg = self._mean_vector(dtype)
+        return avg, np.append(avg, [[self.eps]], axis=0).astype(dtype)
+
+    @staticmethod
+    def decode(buf, vectors) -> None:
+        """buf.xa[:, :C] = (buf.x - mean) / sqrt(var + eps): six calls, whatever the rows.
+
+        buf.sq and buf.xa are (N, C + 1) with a last column of ones: in sq it brings in eps
+        (vectors[1]'s last entry), in xa the folded matrix's bias row.
+        """
+        avg, avg_eps = vectors
+        np.dot(buf.x, avg, out=buf.mean)
+        np.subtract(buf.x, buf.mean, out=buf.xc)
+        np.multiply(buf.xc, buf.xc, out=buf.sq_c)
+        np.dot(buf.sq, avg_eps, out=buf.std)                               # var + eps
+        np.sqrt(buf.std, out=buf.std)
+        np.divide(buf.xc, buf.std, out=buf.xa_c)

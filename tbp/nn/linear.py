@@ -19,7 +19,17 @@ class Linear(Module):
         self.param("weight", (rng.standard_normal((d_in, d_out)) * std).astype(dtype))
         if bias:
             self.param("bias", np.zeros(d_out, dtype=dtype))
-        self.cache = None
+
+    @classmethod
+    def from_arrays(cls, weight: np.ndarray, bias: np.ndarray | None = None) -> "Linear":
+        """A Linear holding these (in, out) weight and (out,) bias arrays (not copies)."""
+        layer = cls.__new__(cls)
+        Module.__init__(layer)
+        layer.d_in, layer.d_out = weight.shape
+        layer.param("weight", weight)
+        if bias is not None:
+            layer.param("bias", bias)
+        return layer
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self.cache = x
@@ -39,12 +49,12 @@ class Linear(Module):
         A frozen weight or bias (LoRA's base) skips its gradient entirely.
         """
         x = self.cache
-        d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
+        dy = dout.reshape(-1, self.d_out)                                  # (N, out)
         if "weight" in self.grads:
-            self.grads["weight"] += np.dot(x.reshape(-1, self.d_in).T, d2)
+            self.grads["weight"] += np.dot(x.reshape(-1, self.d_in).T, dy)
         if "bias" in self.grads:
-            self.grads["bias"] += np.add.reduce(d2, axis=0)
-        return np.dot(d2, self.params["weight"].T).reshape(x.shape)       # (..., in)
+            self.grads["bias"] += np.add.reduce(dy, axis=0)
+        return np.dot(dy, self.params["weight"].T).reshape(x.shape)       # (..., in)
 
 
 class LoRA(Linear):
@@ -64,12 +74,11 @@ class LoRA(Linear):
         dtype = base.params["weight"].dtype
         for name, value in base.params.items():
             self.param(name, value)
-            self.freeze(name)
+        self.freeze()                   # the base's weight and bias: only the adapters train
         # Kaiming-uniform-like down projection, as in the LoRA paper's reference code
         bound = 1.0 / np.sqrt(self.d_in)
         self.param("lora_down", rng.uniform(-bound, bound, (self.d_in, rank)).astype(dtype))
         self.param("lora_up", np.zeros((rank, self.d_out), dtype=dtype))
-        self.cache = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x2 = x.reshape(-1, self.d_in)                                      # (N, in)
@@ -86,14 +95,24 @@ class LoRA(Linear):
         """
         x, h = self.cache
         s = self.params["lora_up"].dtype.type(self.scale)
-        d2 = dout.reshape(-1, self.d_out)                                  # (N, out)
-        dh = s * np.dot(d2, self.params["lora_up"].T)                      # (N, R)
-        self.grads["lora_up"] += s * np.dot(h.T, d2)
+        dy = dout.reshape(-1, self.d_out)                                  # (N, out)
+        dh = s * np.dot(dy, self.params["lora_up"].T)                      # (N, R)
+        self.grads["lora_up"] += s * np.dot(h.T, dy)
         self.grads["lora_down"] += np.dot(x.reshape(-1, self.d_in).T, dh)
-        dx = np.dot(d2, self.params["weight"].T)
+        dx = np.dot(dy, self.params["weight"].T)
         dx += np.dot(dh, self.params["lora_down"].T)
         return dx.reshape(x.shape)                                         # (..., in)
 
     def merged(self) -> np.ndarray:
         """weight + s * lora_down @ lora_up: the plain weight this adapter folds into."""
         return self.params["weight"] + self.scale * np.dot(self.params["lora_down"], self.params["lora_up"])
+
+    def merged_linear(self) -> Linear:
+        """The plain Linear this adapter folds into (a new weight; the bias is copied)."""
+        bias = self.params.get("bias")
+        return Linear.from_arrays(self.merged(), None if bias is None else bias.copy())
+
+
+def weight_of(layer: Linear) -> np.ndarray:
+    """A Linear's (in, out) weight as inference uses it: with a LoRA adapter merged in."""
+    return layer.merged() if isinstance(layer, LoRA) else layer.params["weight"]

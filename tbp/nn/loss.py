@@ -4,12 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Stable log-softmax over the last axis (log-sum-exp with the max subtracted)."""
-    z = logits - logits.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
 def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
     """Mean of -log softmax(logits)[target] over all N = B*T positions. logits (B, T, V)."""
     return CrossEntropy().forward(logits, targets)

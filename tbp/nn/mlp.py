@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .linear import Linear
+from .linear import Linear, weight_of
 from .module import Module
 
-_GELU_K = np.sqrt(2.0 / np.pi)
-_GELU_A = 0.044715
+GELU_K = np.sqrt(2.0 / np.pi)
+GELU_A = 0.044715
 _CONSTANTS: dict = {}
 
 
@@ -15,9 +15,29 @@ def _constants(dtype) -> dict:
     """GELU's constants as scalars of ``dtype``, made once (not per call: decoding is per call)."""
     c = _CONSTANTS.get(dtype)
     if c is None:
-        f, k, a = np.dtype(dtype).type, _GELU_K, _GELU_A
+        f, k, a = np.dtype(dtype).type, GELU_K, GELU_A
         c = _CONSTANTS[dtype] = {"-2ka": f(-2 * k * a), "2k": f(2 * k), "6ka": f(6 * k * a)}
     return c
+
+
+def gelu_gate(u: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = sigmoid(2z), z = k (u + a u^3), so that gelu(u) = u * out.
+
+    GPT-2's tanh GELU is u/2 (1 + tanh z), and (1 + tanh z)/2 == sigmoid(2z): one exp instead
+    of a tanh (~1.5x cheaper per element), and the gate is all the backward needs besides u.
+    The one GELU formula of the code base: training and decoding both call it.
+    For u below about -10, exp(-2z) overflows to inf and the gate is 1 / (1 + inf) = 0: the
+    right limit. The overflow is expected; callers silence it (np.errstate) once around
+    their whole computation, which is cheaper than clamping every element.
+    """
+    c = _constants(u.dtype)
+    np.multiply(u, u, out=out)
+    out *= c["-2ka"]
+    out -= c["2k"]
+    out *= u                                                               # -2z = -2k (u + a u^3)
+    np.exp(out, out=out)
+    out += 1
+    return np.reciprocal(out, out=out)
 
 
 class MLP(Module):
@@ -30,29 +50,16 @@ class MLP(Module):
                  activation: str = "gelu", proj_std: float = 0.02):
         super().__init__()
         self.activation = activation
-        self.c_fc = self.add("c_fc", Linear(d_model, 4 * d_model, rng, dtype, bias))
-        self.c_proj = self.add("c_proj", Linear(4 * d_model, d_model, rng, dtype, bias, std=proj_std))
-        self.collect()
-        self.cache = None
+        self.c_fc = Linear(d_model, 4 * d_model, rng, dtype, bias)
+        self.c_proj = Linear(4 * d_model, d_model, rng, dtype, bias, std=proj_std)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         u = self.c_fc.forward(x)                                           # (B, T, 4C)
         if self.activation == "relu":
             self.cache = u
             return self.c_proj.forward(np.maximum(u, 0))
-        # (1 + tanh z) / 2 == sigmoid(2z): one exp instead of a tanh (~1.5x cheaper per
-        # element), and s is all the backward needs besides u. Built in place: s = -2z first.
-        c = _constants(u.dtype)
-        s = u * u                                                          # (B, T, 4C)
-        s *= c["-2ka"]
-        s -= c["2k"]
-        s *= u                                                             # -2z = -2k (u + a u^3)
-        # for u below about -10, exp(-2z) overflows to inf and s = 1 / (1 + inf) = 0: the right
-        # limit, so the overflow is expected (silencing it is cheaper than clamping every element)
         with np.errstate(over="ignore"):
-            np.exp(s, out=s)
-        s += 1
-        np.reciprocal(s, out=s)                                            # s = sigmoid(2z)
+            s = gelu_gate(u, np.empty_like(u))                             # (B, T, 4C)
         self.cache = u, s
         return self.c_proj.forward(u * s)                                  # gelu(u) = u s
 
@@ -68,15 +75,34 @@ class MLP(Module):
             return self.c_fc.backward(dg)
         u, s = self.cache
         c = _constants(u.dtype)
-        t = u * u                                                          # (B, T, 4C)
-        t *= c["6ka"]
-        t += c["2k"]
-        t *= u                                                             # 2k u (1 + 3a u^2)
-        # dg/du = s + t s (1 - s) = s (1 + t (1 - s)), built in u's memory: u is not needed again
-        np.subtract(1, s, out=u)
-        u *= t
-        u += 1
-        u *= s
-        dg *= u
+        dz = u * u                                                         # (B, T, 4C)
+        dz *= c["6ka"]
+        dz += c["2k"]
+        dz *= u                                                            # u dz/du 2 = 2k u (1 + 3a u^2)
+        # dg/du = s + u s (1 - s) 2k (1 + 3a u^2) = s (1 + dz (1 - s)), in u's memory
+        dg_du = np.subtract(1, s, out=u)                                   # u is not needed again
+        dg_du *= dz
+        dg_du += 1
+        dg_du *= s
+        dg *= dg_du
         self.cache = None
         return self.c_fc.backward(dg)
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(c_fc with ``ln`` folded in (C+1, 4C), c_proj's weight (4C, C), its bias or None)."""
+        fc = ln.fold(weight_of(self.c_fc), self.c_fc.params.get("bias"))
+        return fc, weight_of(self.c_proj), self.c_proj.params.get("bias")
+
+    def decode(self, buf, weights) -> None:
+        """buf.x += c_proj(g(c_fc(buf.xa))), with buf.xa = [xhat, 1] from the layer norm."""
+        fc, proj, proj_b = weights
+        np.dot(buf.xa, fc, out=buf.u)                                      # (N, 4C)
+        if self.activation == "relu":
+            np.maximum(buf.u, 0, out=buf.g)
+        else:
+            np.multiply(buf.u, gelu_gate(buf.u, buf.g), out=buf.g)
+        np.dot(buf.g, proj, out=buf.out)                                   # (N, C)
+        if proj_b is not None:
+            buf.out += proj_b
+        buf.x += buf.out

@@ -1,105 +1,120 @@
-"""Module: the parameter bookkeeping every layer shares."""
+"""Module: the parameter bookkeeping every layer shares; Stack: a numbered list of modules."""
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
 
 class Module:
-    """A layer with ``params`` and ``grads``: dicts of arrays with the same keys and shapes.
+    """A layer: its own leaf parameters, and child modules that register on assignment.
 
-    A composite module registers children with :meth:`add`; its ``params``/``grads`` then hold
-    *references* to every descendant's arrays under dotted names (``h.0.ln_1.weight``). The
-    arrays are never rebound, only updated in place (the optimizer, loading, ``zero_grad``),
-    so those references stay live.
+    ``self.param("weight", array)`` registers a leaf parameter with a zeroed gradient of the
+    same shape; ``self.c_fc = Linear(...)`` registers a child (assigning a new module to the
+    same attribute replaces it, which is how LoRA wraps a layer). ``params`` and ``grads`` are
+    computed from the tree on each access, as dicts under dotted names (``h.0.ln_1.weight``),
+    so they are never stale. A frozen parameter stays in ``params`` with no entry in ``grads``,
+    and the layer skips its gradient's matmul entirely.
 
-    A frozen parameter (LoRA's base) stays in ``params`` but has no entry in ``grads``, and
-    the layer skips its gradient's matmul entirely.
+    The arrays are only ever updated in place (the optimizer, loading, ``zero_grad``), except
+    by :meth:`Layout.pack`, which moves the trainable ones into one flat buffer.
+
+    ``CHILD_NAMES`` maps an attribute to the name its parameters appear under, where the two
+    differ (GPT's embedding contributes bare ``wte``/``wpe``; its blocks are ``h``).
     """
 
+    CHILD_NAMES: dict[str, str] = {}
+
     def __init__(self) -> None:
-        self.params: dict[str, np.ndarray] = {}
-        self.grads: dict[str, np.ndarray] = {}
-        self.children: dict[str, Module] = {}
-        self._own: list[str] = []
-        self.flat = None                # (params, grads, n_matrix) once pack() has run
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_grads", {})
+        object.__setattr__(self, "_children", {})
+        self.cache = None
+
+    def __setattr__(self, name: str, value) -> None:
+        key = self.CHILD_NAMES.get(name, name)
+        if isinstance(value, Module):
+            self._children[key] = value
+        elif key in self._children:
+            del self._children[key]      # e.g. lm_head = None
+        object.__setattr__(self, name, value)
 
     def param(self, name: str, value: np.ndarray) -> np.ndarray:
         """Register a leaf parameter and a zeroed gradient of the same shape and dtype."""
-        self._own.append(name)
-        self.params[name] = value
-        self.grads[name] = np.zeros_like(value)
+        self._params[name] = value
+        self._grads[name] = np.zeros_like(value)
         return value
 
-    def add(self, name: str, module: "Module") -> "Module":
-        """Register a child; its parameters appear here as ``name.key`` (bare when name is "")."""
-        self.children[name] = module
-        return module
-
-    def collect(self) -> None:
-        """Rebuild the flat dotted-name views after the tree of children changed."""
-        self.params = {k: self.params[k] for k in self._own}
-        self.grads = {k: self.grads[k] for k in self._own if k in self.grads}
-        for cname, child in self.children.items():
-            child.collect()
-            prefix = f"{cname}." if cname else ""
-            for k, v in child.params.items():
-                self.params[prefix + k] = v
-            for k, v in child.grads.items():
-                self.grads[prefix + k] = v
-
-    def freeze(self, name: str) -> None:
-        """Stop computing the gradient of leaf parameter ``name``."""
-        self.grads.pop(name, None)
-
-    def zero_grad(self) -> None:
-        if self.flat is not None:
-            self.flat[1].fill(0)        # frozen entries of the buffer are never read
-            return
-        for g in self.grads.values():
-            g.fill(0)
-
-    def num_params(self) -> int:
-        return sum(p.size for p in self.params.values())
+    # --- the tree ---------------------------------------------------------------------------
+    def children(self):
+        """(registered name, child) pairs, in registration order."""
+        return self._children.items()
 
     def modules(self, prefix: str = ""):
         """Yield (dotted name, module) for this module and every descendant, depth first."""
         yield prefix, self
-        for cname, child in self.children.items():
-            name = f"{prefix}.{cname}" if prefix and cname else (prefix or cname)
-            yield from child.modules(name)
+        for cname, child in self._children.items():
+            yield from child.modules(_join(prefix, cname))
 
-    def freeze_all(self) -> None:
-        """Freeze every leaf parameter of the tree (LoRA fine-tuning trains adapters only)."""
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """Every parameter of the tree under its dotted name (a leaf returns its own dict)."""
+        if not self._children:
+            return self._params
+        return {_join(prefix, k): v for prefix, m in self.modules() for k, v in m._params.items()}
+
+    @property
+    def grads(self) -> dict[str, np.ndarray]:
+        """The gradient of every trainable parameter, same names and shapes as ``params``."""
+        if not self._children:
+            return self._grads
+        return {_join(prefix, k): v for prefix, m in self.modules() for k, v in m._grads.items()}
+
+    def num_params(self) -> int:
+        return sum(p.size for p in self.params.values())
+
+    # --- training state ---------------------------------------------------------------------
+    def freeze(self) -> None:
+        """Stop computing the gradient of every parameter in the tree (LoRA trains adapters only)."""
         for _, m in self.modules():
-            for name in m._own:
-                m.freeze(name)
-        self.flat = None                # adapters added next live outside the packed buffer
-        self.collect()
+            m._grads.clear()
 
-    def pack(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """Move every leaf parameter and gradient into one flat buffer each, matrices first.
+    def zero_grad(self) -> None:
+        for _, m in self.modules():
+            for g in m._grads.values():
+                g.fill(0)
 
-        Afterwards each ``params``/``grads`` entry is a view into ``flat_params``/``flat_grads``,
-        so the optimizer, clipping and ``zero_grad`` run as a handful of large array operations
-        instead of a few per tensor. Returns (flat_params, flat_grads, n_matrix_entries): the
-        first n entries are the matrices (what weight decay applies to).
-        """
-        leaves = [(m, k) for _, m in self.modules() for k in m._own]
-        leaves.sort(key=lambda mk: mk[0].params[mk[1]].ndim < 2)          # stable: matrices first
-        dtype = leaves[0][0].params[leaves[0][1]].dtype
-        total = sum(m.params[k].size for m, k in leaves)
-        flat_p, flat_g = np.empty(total, dtype), np.zeros(total, dtype)
-        off = n_matrix = 0
-        for m, k in leaves:
-            p = m.params[k]
-            view = flat_p[off:off + p.size].reshape(p.shape)
-            view[...] = p
-            m.params[k] = view
-            if k in m.grads:
-                m.grads[k] = flat_g[off:off + p.size].reshape(p.shape)
-            off += p.size
-            if p.ndim >= 2:
-                n_matrix = off
-        self.collect()
-        self.flat = (flat_p, flat_g, n_matrix)
-        return self.flat
+    def replica(self) -> "Module":
+        """A copy of the tree that shares every parameter array and owns zeroed gradients and
+        empty activation caches: what a data-parallel worker runs its share of a batch on."""
+        twin = copy.copy(self)
+        object.__setattr__(twin, "_params", dict(self._params))
+        object.__setattr__(twin, "_grads", {k: np.zeros_like(g) for k, g in self._grads.items()})
+        object.__setattr__(twin, "_children", {})
+        twin.cache = None
+        for attr, value in list(vars(self).items()):
+            if isinstance(value, Module):
+                setattr(twin, attr, value.replica())
+        return twin
+
+
+class Stack(Module):
+    """Modules numbered 0, 1, ...: GPT's ``h.0``, ``h.1``; iterable and indexable like a list."""
+
+    def __init__(self, modules) -> None:
+        super().__init__()
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __iter__(self):
+        return iter(list(self._children.values()))
+
+    def __getitem__(self, i: int) -> Module:
+        return getattr(self, str(range(len(self))[i]))
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else (prefix or name)

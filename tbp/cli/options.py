@@ -1,0 +1,99 @@
+"""Click options derived from the config dataclasses: one declaration per option.
+
+``config_options(ModelConfig)`` turns every user-facing field into a typed, ranged flag with its
+default and help, so adding a field to a config adds its flag, its --config key and its
+`tbp info` line with no edit here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import typing
+from dataclasses import fields
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from ..config import ModelConfig
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that refuses NaN and infinity (which pass any range comparison)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number.", param, ctx)
+        return value
+
+
+def _param_type(f, base):
+    m = f.metadata
+    if m["choices"] is not None:
+        return click.Choice(m["choices"])
+    if base is int:
+        return click.IntRange(m["min"], m["max"], min_open=m["min_open"], max_open=m["max_open"])
+    if base is float:
+        return FiniteFloat(m["min"], m["max"], min_open=m["min_open"], max_open=m["max_open"])
+    return click.STRING
+
+
+def config_options(cls, defaults: dict | None = None):
+    """A decorator adding one click option per user-facing field of ``cls`` (in declaration
+    order), named --field-name, typed and ranged from the field's metadata. ``defaults``
+    overrides a field's default for this command."""
+    hints = typing.get_type_hints(cls)
+    opts = []
+    for f in cls.options():
+        kind = hints[f.name]
+        base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        default = (defaults or {}).get(f.name, f.default)
+        flag = "--" + f.name.replace("_", "-")
+        if base is bool:
+            decl = f.metadata["flag"] or f"{flag}/--no-{flag[2:]}"
+            opts.append(click.option(decl, f.name, default=default, show_default=True, help=f.metadata["help"]))
+            continue
+        opts.append(click.option(flag, f.name, type=_param_type(f, base), default=default,
+                                 show_default=default is not None, help=f.metadata["help"]))
+
+    def decorate(fn):
+        for o in reversed(opts):
+            fn = o(fn)
+        return fn
+    return decorate
+
+
+def given(ctx: click.Context, cls) -> dict:
+    """The values of ``cls``'s options that the user set (command line, environment or --config)."""
+    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+    return {f.name: ctx.params[f.name] for f in cls.options()
+            if f.name in ctx.params and ctx.get_parameter_source(f.name) in sources}
+
+
+def load_config_file(ctx, param, value):
+    """--config FILE: option values as a JSON object: flat ({"n_layer": 6, "lr": 3e-4}), with
+    optional "model" and "train" objects, or a run's own config.json (it has a "format" key),
+    of which only the "model" and "train" objects are read: the rest of a run record is not an
+    option. Options on the command line still win."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(Path(value).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise click.BadParameter(f"{value}: {e}", ctx, param) from None
+    if not isinstance(obj, dict):
+        raise click.BadParameter(f"{value}: expected a JSON object of option values", ctx, param)
+    sections = [obj.get("model") or {}, obj.get("train") or {}]
+    if not all(isinstance(s, dict) for s in sections):
+        raise click.BadParameter(f"{value}: \"model\" and \"train\" must be JSON objects", ctx, param)
+    derived = {f.name for f in fields(ModelConfig)} - {f.name for f in ModelConfig.options()}
+    values = {} if "format" in obj else {k: v for k, v in obj.items() if k not in ("model", "train")}
+    values.update({k: v for s in sections for k, v in s.items() if k not in derived})
+    names = {p.name for p in ctx.command.params}
+    unknown = sorted(k for k in values if k.replace("-", "_") not in names)
+    if unknown:
+        raise click.BadParameter(f"{value}: unknown keys {', '.join(unknown)}", ctx, param)
+    ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in values.items()}}
+    return value
+

@@ -1,0 +1,264 @@
+"""Every layer written the plain way: the paper's equations, one name per quantity.
+
+The fast layers (embedding.py, linear.py, ...) fold axes, work in place and reuse buffers,
+because a CPU step is bound by memory traffic and by the number of NumPy calls; that hides
+the math. This module states it: each layer is a pair of functions,
+``X_forward(inputs, params) -> (out, cache)`` and ``X_backward(dout, cache) -> gradients``,
+with loops over heads where the paper has them and no trick anywhere. Nothing here is used
+for training; the tests prove the fast layers equal these, forward and backward, in float64.
+
+Shapes: B batch, T time, C channels, H heads, Dk query/key width, Dv value width, V vocab.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# --- §2 embedding ----------------------------------------------------------------------------
+
+
+def embedding_forward(idx, wte, wpe):
+    """x[b, t] = wte[idx[b, t]] + wpe[t].   idx (B, T) -> x (B, T, C)"""
+    T = idx.shape[1]
+    x = wte[idx] + wpe[np.arange(T)]
+    return x, (idx, wte.shape, wpe.shape)
+
+
+def embedding_backward(dx, cache):
+    """dwte[v] = sum of dx over the positions holding token v; dwpe[t] = sum_b dx[b, t]."""
+    idx, wte_shape, wpe_shape = cache
+    dwte = np.zeros(wte_shape, dx.dtype)
+    np.add.at(dwte, idx, dx)                           # a repeated token accumulates
+    dwpe = np.zeros(wpe_shape, dx.dtype)
+    dwpe[:idx.shape[1]] = dx.sum(axis=0)
+    return dwte, dwpe
+
+
+# --- the fully connected layer, and LoRA (§6) -------------------------------------------------
+
+
+def linear_forward(x, w, b=None):
+    """y = x w + b.   x (..., in), w (in, out), b (out,) -> y (..., out)"""
+    y = x @ w
+    if b is not None:
+        y = y + b
+    return y, (x, w, b is not None)
+
+
+def linear_backward(dy, cache):
+    """dx = dy w^T;  dw = sum over tokens of x^T dy;  db = sum over tokens of dy."""
+    x, w, has_bias = cache
+    dx = dy @ w.T
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    dw = x2.T @ dy2
+    db = dy2.sum(axis=0) if has_bias else None
+    return dx, dw, db
+
+
+def lora_forward(x, w, b, down, up, scale):
+    """y = x w + b + scale * (x down) up.   down (in, R), up (R, out); w and b frozen."""
+    h = x @ down                                       # (..., R)
+    y, _ = linear_forward(x, w, b)
+    y = y + scale * (h @ up)
+    return y, (x, w, down, up, h, scale)
+
+
+def lora_backward(dy, cache):
+    """dup = scale h^T dy;  ddown = scale x^T (dy up^T);  dx = dy w^T + scale (dy up^T) down^T."""
+    x, w, down, up, h, scale = cache
+    x2, dy2, h2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]), h.reshape(-1, h.shape[-1])
+    dh = scale * (dy2 @ up.T)                          # (N, R)
+    dup = scale * (h2.T @ dy2)
+    ddown = x2.T @ dh
+    dx = (dy2 @ w.T + dh @ down.T).reshape(x.shape)
+    return dx, ddown, dup
+
+
+# --- §5 layer normalization -------------------------------------------------------------------
+
+
+def layernorm_forward(x, w, b, eps):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the channels of each token."""
+    mean = x.mean(axis=-1, keepdims=True)              # (B, T, 1)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)   # (B, T, 1)
+    rstd = 1.0 / np.sqrt(var + eps)                    # (B, T, 1)
+    xhat = (x - mean) * rstd                           # (B, T, C)
+    y = xhat * w + (b if b is not None else 0)
+    return y, (xhat, rstd, w, b is not None)
+
+
+def layernorm_backward(dy, cache):
+    """dxhat = dy w;  dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat));
+    dw = sum over tokens of dy xhat;  db = sum over tokens of dy."""
+    xhat, rstd, w, has_bias = cache
+    dxhat = dy * w
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    axes = tuple(range(dy.ndim - 1))
+    dw = (dy * xhat).sum(axis=axes)
+    db = dy.sum(axis=axes) if has_bias else None
+    return dx, dw, db
+
+
+# --- §3-4 multi-head self-attention -----------------------------------------------------------
+
+
+def softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=True):
+    """For each head h:  q_h, k_h, v_h = columns of x w_attn + b_attn;
+    S_h = q_h k_h^T / sqrt(Dk), future keys masked to -inf (causal); P_h = softmax(S_h);
+    y_h = P_h v_h.  Then y = concat_h(y_h) w_proj + b_proj.
+    x (B, T, C); w_attn (C, H (2 Dk + Dv)) ordered [all q | all k | all v], each head-major."""
+    B, T, _ = x.shape
+    H, Dk = n_head, d_qk
+    qkv, qkv_cache = linear_forward(x, w_attn, b_attn)
+    Dv = (qkv.shape[-1] - 2 * H * Dk) // H
+    future = np.triu(np.ones((T, T), bool), k=1)
+    heads, per_head = [], []
+    for h in range(H):
+        q = qkv[..., h * Dk:(h + 1) * Dk]                              # (B, T, Dk)
+        k = qkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk]            # (B, T, Dk)
+        v = qkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv]    # (B, T, Dv)
+        S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)                     # (B, T, T)
+        if causal:
+            S = np.where(future, -np.inf, S)
+        P = softmax(S)                                                 # (B, T, T)
+        heads.append(P @ v)                                            # (B, T, Dv)
+        per_head.append((q, k, v, P))
+    y_cat = np.concatenate(heads, axis=-1)                             # (B, T, H Dv)
+    y, proj_cache = linear_forward(y_cat, w_proj, b_proj)
+    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv)
+
+
+def attention_backward(dy, cache):
+    """Per head, with dy_h the head's slice of dy w_proj^T:
+    dv = P^T dy_h;  dP = dy_h v^T;  dS = P * (dP - rowsum(dP * P))  (the softmax Jacobian);
+    dq = dS k / sqrt(Dk);  dk = dS^T q / sqrt(Dk).
+    Returns dx, dw_attn, db_attn, dw_proj, db_proj."""
+    qkv_cache, proj_cache, per_head, H, Dk, Dv = cache
+    dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
+    x = qkv_cache[0]
+    dqkv = np.zeros(x.shape[:-1] + (H * (2 * Dk + Dv),), dy.dtype)
+    for h, (q, k, v, P) in enumerate(per_head):
+        dy_h = dy_cat[..., h * Dv:(h + 1) * Dv]                       # (B, T, Dv)
+        dv = P.transpose(0, 2, 1) @ dy_h
+        dP = dy_h @ v.transpose(0, 2, 1)                               # (B, T, T)
+        dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+        dq = dS @ k / np.sqrt(Dk)
+        dk = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
+        dqkv[..., h * Dk:(h + 1) * Dk] = dq
+        dqkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk] = dk
+        dqkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] = dv
+    dx, dw_attn, db_attn = linear_backward(dqkv, qkv_cache)
+    return dx, dw_attn, db_attn, dw_proj, db_proj
+
+
+# --- §7 the MLP: FC_expand > g > FC_contract --------------------------------------------------
+
+GELU_K, GELU_A = np.sqrt(2.0 / np.pi), 0.044715
+
+
+def gelu(u):
+    """GPT-2's tanh approximation: g(u) = u/2 (1 + tanh(k (u + a u^3))), k = sqrt(2/pi)."""
+    return 0.5 * u * (1 + np.tanh(GELU_K * (u + GELU_A * u ** 3)))
+
+
+def gelu_grad(u):
+    """dg/du = (1 + tanh z)/2 + u/2 (1 - tanh^2 z) k (1 + 3a u^2),  z = k (u + a u^3)."""
+    t = np.tanh(GELU_K * (u + GELU_A * u ** 3))
+    return 0.5 * (1 + t) + 0.5 * u * (1 - t ** 2) * GELU_K * (1 + 3 * GELU_A * u ** 2)
+
+
+def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, activation="gelu"):
+    """y = g(x w_fc + b_fc) w_proj + b_proj, g = GELU or ReLU."""
+    u, fc_cache = linear_forward(x, w_fc, b_fc)                       # (B, T, 4C)
+    a = gelu(u) if activation == "gelu" else np.maximum(u, 0)
+    y, proj_cache = linear_forward(a, w_proj, b_proj)
+    return y, (fc_cache, proj_cache, u, activation)
+
+
+def mlp_backward(dy, cache):
+    """da = dy w_proj^T;  du = da * g'(u);  then the linear layers' rules."""
+    fc_cache, proj_cache, u, activation = cache
+    da, dw_proj, db_proj = linear_backward(dy, proj_cache)
+    du = da * (gelu_grad(u) if activation == "gelu" else (u > 0))
+    dx, dw_fc, db_fc = linear_backward(du, fc_cache)
+    return dx, dw_fc, db_fc, dw_proj, db_proj
+
+
+# --- §1 cross-entropy on shifted targets -------------------------------------------------------
+
+
+def cross_entropy_forward(logits, targets):
+    """loss = -(1/N) sum_n log softmax(logits_n)[y_n] over the N = B T positions."""
+    p = softmax(logits)                                                # (B, T, V)
+    picked = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]
+    return float(-np.log(picked).mean()), (p, targets)
+
+
+def cross_entropy_backward(cache):
+    """dlogits = (p - onehot(y)) / N."""
+    p, targets = cache
+    onehot = np.zeros_like(p)
+    np.put_along_axis(onehot, targets[..., None], 1.0, axis=-1)
+    return (p - onehot) / targets.size
+
+
+# --- §7 the whole model: the layers composed ---------------------------------------------------
+
+
+def gpt_loss_and_grads(params: dict, cfg, idx, targets):
+    """Mean cross-entropy of a GPT given as a dict of arrays under GPT-2 names, and the gradient
+    of every parameter: pre-LN blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), then ln_f
+    and the head (wte^T, tied, or an untied lm_head with bias). The backward is the forward's
+    calls read bottom-up; a parameter read twice (the tied wte) sums its two gradients."""
+    P = params
+    grads = {}
+    x, emb_cache = embedding_forward(idx, P["wte"], P["wpe"])
+    caches = []
+    for i in range(cfg.n_layer):
+        h = f"h.{i}."
+        a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
+        a, attn = attention_forward(a, P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias"),
+                                    P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"),
+                                    cfg.n_head, cfg.d_qk, cfg.causal)
+        x = x + a
+        m, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
+        m, mlp = mlp_forward(m, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"),
+                             P[h + "mlp.c_proj.weight"], P.get(h + "mlp.c_proj.bias"), cfg.activation)
+        x = x + m
+        caches.append((ln1, attn, ln2, mlp))
+    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
+    if cfg.tie_head:
+        logits, head = linear_forward(xf, P["wte"].T)
+    else:
+        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
+    loss, ce = cross_entropy_forward(logits, targets)
+
+    dlogits = cross_entropy_backward(ce)
+    dxf, dw_head, db_head = linear_backward(dlogits, head)
+    if cfg.tie_head:
+        grads["wte"] = dw_head.T
+    else:
+        grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
+    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
+    for i in reversed(range(cfg.n_layer)):
+        h = f"h.{i}."
+        ln1, attn, ln2, mlp = caches[i]
+        dm, *g = mlp_backward(dx, mlp)
+        for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(dm, ln2)
+        dx = dx + dln                                                  # the residual's two paths
+        da, *g = attention_backward(dx, attn)
+        for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                             "attn.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
+        dx = dx + dln
+    dwte, grads["wpe"] = embedding_backward(dx, emb_cache)
+    grads["wte"] = grads.get("wte", 0) + dwte
+    return loss, {k: v for k, v in grads.items() if v is not None}
