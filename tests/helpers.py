@@ -4,8 +4,17 @@ from click.testing import CliRunner
 from tbp.cli import main
 
 # a model small enough that a training run takes a fraction of a second
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
-        "--eval-batches", "1", "--eval-interval", "5", "--log-interval", "5", "-q"]
+TINY_OPTIONS = dict(n_layer=1, n_head=2, d_model=16, n_ctx=16, batch_size=4, eval_batches=1, eval_interval=5,
+                    log_interval=5)
+
+
+def tiny(**changes) -> list[str]:
+    """`tbp train` arguments for the tiny model, with some options changed, and -q."""
+    opts = {**TINY_OPTIONS, **changes}
+    return [a for k, v in opts.items() for a in (f"--{k.replace('_', '-')}", str(v))] + ["-q"]
+
+
+TINY = tiny()
 
 
 def run(args, **kw):

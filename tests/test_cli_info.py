@@ -1,12 +1,11 @@
 """`tbp info` on runs and datasets, `tbp merge` refusals, and the top-level help."""
 import json
 
-from helpers import run
+from helpers import run, tiny
 
 from tbp.cli.info import sparkline
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
-        "--eval-batches", "1", "--eval-interval", "5", "-q"]
+TINY = tiny(n_layer=2)
 
 
 

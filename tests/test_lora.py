@@ -3,15 +3,14 @@ import json
 
 import numpy as np
 import pytest
-from helpers import run
+from helpers import run, tiny
 
 from tbp import GPT, checkpoint, runs
 from tbp.config import TrainConfig
 from tbp.nn import merge_lora
 from tbp.train import Callbacks
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--n-ctx", "16", "--batch-size", "4",
-        "--eval-batches", "2", "--eval-interval", "10", "-q"]
+TINY = tiny(n_layer=2, d_model=32, eval_batches=2, eval_interval=10)
 NEW_TEXT = "".join(f"the log sat on the dog; the mat ate the cat. {i % 5}\n" for i in range(400))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from tbp import GPT, ModelConfig, checkpoint, runs
 from tbp.config import TrainConfig
-from tbp.errors import TbpError
+from tbp.errors import ConfigError, TbpError
 from tbp.nn import Layout, Module
 from tbp.optim import AdamW, clip_grads, lr_at
 from tbp.train import Callbacks
@@ -213,3 +213,19 @@ def test_packed_adamw_equals_textbook_adamw_per_tensor(rng, lora):
         np.testing.assert_allclose(a.params[k], b.params[k], rtol=1e-12, atol=1e-12, err_msg=k)
     for k, (m, v) in state.items():
         np.testing.assert_allclose(opt.state_arrays()[f"m.{k}"], m, rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train = dict(batch_size=4, max_iters=6, eval_interval=3, eval_batches=1, seed=2)
+    first = runs.start(runs.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train))
+    first.run_loop()
+    assert checkpoint.read_state(tmp_path / "a")["step"] == 6
+    more = runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 9}))
+    assert more.state.step == 6 and more.cfg.max_iters == 9 and more.cfg.batch_size == 4
+    more.run_loop()
+    lora = runs.start(runs.RunRequest(out=tmp_path / "b", data=str(corpus_file), init_from=tmp_path / "a",
+                                      lora=runs.LoraSpec(2, 2.0, ("attn.c_attn",)), train=train))
+    assert set(lora.model.grads) == {f"h.{i}.attn.c_attn.{k}" for i in range(2) for k in ("lora_down", "lora_up")}
+    with pytest.raises(ConfigError, match="pick one"):
+        runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, init_from=tmp_path / "a"))

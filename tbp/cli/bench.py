@@ -8,12 +8,11 @@ import platform
 
 import click
 import numpy as np
-from rich.table import Table
 
 from .. import __version__
 from ..bench import bench_generate, bench_train, matmul_peak_gflops
 from ..config import ModelConfig
-from .common import console, fmt_count
+from .common import console, fmt_count, kv_table
 from .options import config_options
 
 
@@ -57,10 +56,8 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     if as_json:
         click.echo(json.dumps(res))
         return
-    t = Table(title=f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
-                    f"batch {batch_size}", show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column(justify="right")
+    t = kv_table(f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
+                    f"batch {batch_size}", "right")
     t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
                        f" · {res['train_threads']} thread(s)")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "

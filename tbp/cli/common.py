@@ -6,6 +6,7 @@ import traceback
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from ..errors import ConfigError, TbpError
 
@@ -43,6 +44,14 @@ def _one_line(e: Exception) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.filename}: {e.strerror or e}"
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def kv_table(title: str, value_justify: str = "left") -> Table:
+    """The two-column summary every command prints: a bold name, then its value."""
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify=value_justify)
+    return t
 
 
 def fmt_count(n: float) -> str:

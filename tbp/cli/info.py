@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .. import checkpoint
 from ..errors import TbpError
-from .common import console, fmt_bytes
+from .common import console, fmt_bytes, kv_table
 from .prepare import summary
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -120,10 +120,7 @@ def info(path, as_json):
         return
     m = d["model"]
     shape = ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")
-    t = Table(title=f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})", show_header=False,
-              title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
+    t = kv_table(f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})")
     t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
     t.add_row("options", " · ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"

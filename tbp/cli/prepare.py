@@ -5,12 +5,11 @@ import sys
 from pathlib import Path
 
 import click
-from rich.table import Table
 from tqdm import tqdm
 
 from .. import data
 from ..tokenizer import KINDS
-from .common import console, fmt_bytes, fmt_count
+from .common import console, fmt_bytes, fmt_count, kv_table
 
 
 class PrepareBar(data.PrepareReport):
@@ -32,9 +31,7 @@ class PrepareBar(data.PrepareReport):
 
 
 def summary(meta: dict) -> None:
-    t = Table(title=f"prepared {meta['path']}", show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
+    t = kv_table(f"prepared {meta['path']}")
     t.add_row("source", meta["source"])
     t.add_row("characters", f"{meta['characters']:,} ({fmt_bytes(meta['train_bytes'] + meta['val_bytes'])})")
     t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,}")

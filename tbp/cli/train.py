@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.table import Table
 from tqdm import tqdm
 
 from .. import runs
@@ -16,7 +15,7 @@ from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..tokenizer import KINDS
 from ..train import Callbacks
-from .common import console, fmt_count
+from .common import console, fmt_count, kv_table
 from .options import config_options, given, load_config_file
 from .prepare import PrepareBar
 
@@ -76,10 +75,7 @@ def _install_sigint(trainer):
 
 
 def _summary(trainer, state, interrupted: bool):
-    t = Table(title="interrupted: saved, resume with --resume" if interrupted else "training finished",
-              show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
+    t = kv_table("interrupted: saved, resume with --resume" if interrupted else "training finished")
     t.add_row("steps", f"{state.step:,} / {trainer.cfg.max_iters:,}")
     last = _last_eval(trainer.run)
     if last:
