@@ -1,20 +1,25 @@
-"""Checkpoints: safe (no pickle, ever), atomic on write, validated on read.
+"""Checkpoints: safe (no pickle, ever), committed atomically as a whole, validated on read.
 
 A run directory holds::
 
-    config.json            {"format", "model", "train", "lora", "base"}
-    tokenizer.json         the tokenizer the model reads
-    model.safetensors      weights, GPT-2 names          (adapter.safetensors for a LoRA run)
-    best-model.safetensors weights at the best validation loss   (best-adapter.safetensors)
-    optimizer.safetensors  AdamW moments m.<name>, v.<name>
-    state.json             step, RNG state, best val loss, tokenizer SHA-256, ...
-    metrics.jsonl          one JSON object per logged step
+    config.json                    {"format", "model", "train", "data", "lora", "base"}
+    tokenizer.json                 the tokenizer the model reads
+    model-000250.safetensors       weights at step 250, GPT-2 names (adapter-... for a LoRA run)
+    best-model-000250.safetensors  weights at the best validation loss so far
+    optimizer-000250.safetensors   AdamW moments m.<name>, v.<name>
+    state.json                     step, RNG state, best val loss, ..., and "files": the names above
+    metrics.jsonl                  one JSON object per logged step
 
-Each weight file records its step in the safetensors metadata, so a resume can prove that
-weights, moments and state belong together.
+A save is one commit: the step-stamped files are written first (each atomically), then
+``state.json``, which names them, is renamed into place; only then are the previous set's
+files removed. A crash or a full disk at any instant leaves ``state.json`` naming a complete
+earlier set, so ``--resume`` always finds a whole checkpoint. Each weight file also records
+its step in the safetensors metadata, so a resume can prove the set belongs together.
+Runs written before step-stamped names (``model.safetensors`` ...) are read as they are.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -23,14 +28,25 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save as st_save
 
+from . import memory, schema
 from .errors import TbpError
-from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, staged_dir
+from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
+                     staged_dir, sweep_temporaries)
 from .nn import GPT, ModelConfig, add_lora
 from .tokenizer import Tokenizer
 
 FORMAT = 1
-def weights_name(adapter: bool, best: bool = False) -> str:
-    return ("best-" if best else "") + ("adapter" if adapter else "model") + ".safetensors"
+# every name tbp writes into a run directory: what --force may replace
+RUN_FILES = ("config.json", "tokenizer.json", "state.json", "metrics.jsonl", ".lock", ".*.tmp",
+             "model-*.safetensors", "adapter-*.safetensors", "best-*.safetensors", "optimizer-*.safetensors",
+             "model.safetensors", "adapter.safetensors", "best-model.safetensors", "best-adapter.safetensors",
+             "optimizer.safetensors")
+
+
+def weights_name(adapter: bool, best: bool = False, step: int | None = None) -> str:
+    """model-000250.safetensors, best-adapter-000100.safetensors, ... (no step: the old names)."""
+    stem = ("best-" if best else "") + ("adapter" if adapter else "model")
+    return f"{stem}-{step:06d}.safetensors" if step is not None else f"{stem}.safetensors"
 
 
 def file_sha256(path: str | Path) -> str:
@@ -55,14 +71,30 @@ def write_run_header(run: Path, config: dict, tokenizer: Tokenizer) -> None:
 
 
 def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: bool) -> None:
-    """Weights, moments, then state.json last: the state names the step the others hold."""
+    """Commit one checkpoint: step-stamped weights (and best weights, a hard link to the same
+    bytes) and moments, then state.json naming them, then remove the previous set.
+
+    ``optimizer`` None writes a checkpoint that loads but does not resume (merge, import).
+    """
+    run = Path(run)
     step = state["step"]
-    weights = model.layout.views(model.layout.params)     # what trains: all, or the adapters
-    write_arrays(run / weights_name(adapter), weights, step, "weights")
+    before = read_state(run).get("files") if (run / "state.json").is_file() else None
+    files = {"weights": weights_name(adapter, step=step), "best": (before or {}).get("best"),
+             "optimizer": None}
+    write_arrays(run / files["weights"], model.layout.views(model.layout.params), step, "weights")
     if best:
-        write_arrays(run / weights_name(adapter, best=True), weights, step, "weights")
-    write_arrays(run / "optimizer.safetensors", optimizer.state_arrays(), step, "optimizer")
-    atomic_write_json(run / "state.json", state)
+        files["best"] = weights_name(adapter, best=True, step=step)
+        link_or_copy(run / files["weights"], run / files["best"])
+    if optimizer is not None:
+        files["optimizer"] = f"optimizer-{step:06d}.safetensors"
+        write_arrays(run / files["optimizer"], optimizer.state_arrays(), step, "optimizer")
+    atomic_write_json(run / "state.json", {**state, "files": files})        # the commit
+    keep = set(files.values())
+    for p in run.glob("*.safetensors"):                  # the previous set, now unreferenced
+        if p.name not in keep:
+            with contextlib.suppress(OSError):
+                p.unlink()
+    sweep_temporaries(run)
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -79,24 +111,79 @@ def read_json(path: Path) -> dict:
 
 
 def read_state(run: Path) -> dict:
-    """A run's state.json, or {} for a run that has not saved yet (or a merged/imported one)."""
+    """A run's state.json (checked field by field), or {} for a folder that has none."""
     path = Path(run) / "state.json"
-    return read_json(path) if path.is_file() else {}
+    return schema.check(read_json(path), schema.STATE, str(path)) if path.is_file() else {}
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The lines of a run's metrics.jsonl, skipping a torn last line from a hard kill."""
+    """The lines of a run's metrics.jsonl; a line that is not an object with a step (a torn
+    last line from a hard kill, a hand edit) is skipped."""
     path = Path(run) / "metrics.jsonl"
     out = []
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 m = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(m, dict):
+            if isinstance(m, dict) and isinstance(m.get("step"), int):
                 out.append(m)
     return out
+
+
+def checkpoint_files(run: Path, state: dict | None = None) -> dict[str, Path | None]:
+    """{"weights", "best", "optimizer"}: the paths of the committed set state.json names (or the
+    fixed names of a run written before step-stamped files); None where there is none."""
+    run = Path(run)
+    state = read_state(run) if state is None else state
+    files = state.get("files")
+    if files is None:                                       # the first release's layout
+        adapter = (run / weights_name(True)).is_file()
+        files = {"weights": weights_name(adapter), "best": weights_name(adapter, best=True),
+                 "optimizer": "optimizer.safetensors"}
+        files = {k: (v if (run / v).is_file() else None) for k, v in files.items()}
+        if files["weights"] is None:
+            raise TbpError(f"{run}: no weights saved yet (state.json is missing)")
+    return {k: (run / v if v else None) for k, v in files.items()}
+
+
+def weights_path(run: Path, best: bool = False) -> Path:
+    files = checkpoint_files(run)
+    if best and files["best"] is None:
+        raise TbpError(f"{run}: has no best-validation weights (it never evaluated); drop --best")
+    return files["best" if best else "weights"]
+
+
+_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+
+
+def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) from a safetensors file's header, without reading the tensors."""
+    if not path.is_file():
+        raise TbpError(f"{path}: missing")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            return {k: (tuple(s.get_shape()), _DTYPES.get(s.get_dtype(), s.get_dtype())) for k, s in slices.items()}
+    except Exception as e:    # safetensors raises its own error types for truncated/garbled files
+        raise TbpError(f"{path}: damaged safetensors file ({' '.join(str(e).split())[:100]})") from None
+
+
+def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    return {k: shape for k, (shape, _) in read_header(path).items()}
+
+
+def check_shapes(shapes: dict, want: dict, source: Path) -> None:
+    """Refuse a file whose tensor names or shapes differ from what the model needs."""
+    missing = [k for k in want if k not in shapes]
+    extra = [k for k in shapes if k not in want]
+    if missing or extra:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
+        raise TbpError(f"{source}: tensor names do not match the model ({what})")
+    for k, shape in want.items():
+        if tuple(shapes[k]) != tuple(shape):
+            raise TbpError(f"{source}: {k} has shape {tuple(shapes[k])}, the config needs {tuple(shape)}")
 
 
 def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -126,7 +213,7 @@ def read_config(run: Path) -> dict:
     cfg = read_json(run / "config.json")
     if cfg.get("format") != FORMAT:
         raise TbpError(f"{run / 'config.json'}: checkpoint format {cfg.get('format')!r}, this tbp reads {FORMAT}")
-    return cfg
+    return schema.check(cfg, schema.RUN_CONFIG, str(run / "config.json"))
 
 
 def read_model_config(run: Path, cfg: dict | None = None) -> ModelConfig:
@@ -141,15 +228,9 @@ def read_model_config(run: Path, cfg: dict | None = None) -> ModelConfig:
 def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: list[str] | None = None) -> None:
     """Copy ``arrays`` into the model's parameters after checking names, shapes, dtypes, values."""
     want = names if names is not None else list(model.params)
-    missing = [k for k in want if k not in arrays]
-    extra = [k for k in arrays if k not in want]
-    if missing or extra:
-        what = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
-        raise TbpError(f"{source}: tensor names do not match the model ({what})")
+    check_shapes({k: a.shape for k, a in arrays.items()}, {k: model.params[k].shape for k in want}, source)
     for k in want:
         a, p = arrays[k], model.params[k]
-        if a.shape != p.shape:
-            raise TbpError(f"{source}: {k} has shape {a.shape}, the config needs {p.shape}")
         if a.dtype not in (np.float32, np.float64):
             raise TbpError(f"{source}: {k} has dtype {a.dtype}; expected float32 or float64")
         if not np.isfinite(a).all():
@@ -160,7 +241,9 @@ def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: li
 def load_model(run: str | Path, dtype=None, best: bool = False):
     """(model, tokenizer, config dict) of a run: a full model or a base plus its LoRA adapter.
 
-    dtype: None keeps the checkpoint's; float32/float64 converts explicitly.
+    dtype: None keeps the checkpoint's; float32/float64 converts explicitly. Every shape is
+    checked against the weight file's header, and the memory the model needs against what the
+    machine has, before anything is built.
     """
     run = Path(run)
     cfg = read_config(run)
@@ -170,39 +253,70 @@ def load_model(run: str | Path, dtype=None, best: bool = False):
         raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "
                        f"{mcfg.vocab_size} rows: the files belong to different models")
     lora = cfg.get("lora")
-    path = run / weights_name(bool(lora), best)
+    path = weights_path(run, best)
+    want = GPT.shapes(mcfg)
+    base_weights = None
+    if lora:
+        base = cfg.get("base") or {}
+        base_weights = _base_weights(run, base)
+        check_shapes(read_shapes(base_weights), want, base_weights)
+    else:
+        check_shapes(read_shapes(path), want, path)
+    memory.check_fits(memory.model_bytes(mcfg, dtype or np.float32), f"the model in {run}")
     arrays, _ = read_arrays(path)
     file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
     model = GPT(mcfg, seed=0, dtype=dtype or file_dtype)
     if lora:
-        base = cfg.get("base") or {}
-        base_path = Path(base.get("path", ""))
-        base_weights = base_path / weights_name(False)
-        if not base_weights.is_file():
-            raise TbpError(f"{run}: its base model {base_weights} is missing")
-        if file_sha256(base_weights) != base.get("sha256"):
-            raise TbpError(f"{run}: its base {base_weights} has changed since the adapter was trained "
-                           f"(SHA-256 mismatch); the adapter only makes sense on the exact base")
         load_into(model, read_arrays(base_weights)[0], base_weights)
-        add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
+        try:
+            add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
+        except ValueError as e:
+            raise TbpError(f"{run / 'config.json'}: bad lora record ({e})") from None
         load_into(model, arrays, path, names=list(model.layout.entries))     # the adapters
     else:
         load_into(model, arrays, path)
     return model, tok, cfg
 
 
+def _base_weights(run: Path, base: dict) -> Path:
+    """The weights a LoRA run's adapters were trained on, proven unchanged by their SHA-256."""
+    base_run = Path(base["path"])
+    try:
+        path = weights_path(base_run)
+    except TbpError:
+        path = base_run / weights_name(False)
+    if not path.is_file():
+        raise TbpError(f"{run}: its base model {base_run} is missing")
+    if file_sha256(path) != base["sha256"]:
+        raise TbpError(f"{run}: its base {base_run} has changed since the adapter was trained "
+                       f"(SHA-256 mismatch); the adapter only makes sense on the exact base")
+    return path
+
+
+def is_run(path: Path) -> bool:
+    return (Path(path) / "config.json").is_file() and (Path(path) / "state.json").is_file() \
+        or (Path(path) / weights_name(False)).is_file() or (Path(path) / weights_name(True)).is_file()
+
+
 def latest_run(root: str | Path = "checkpoints") -> Path:
-    """The run under ``root`` whose weights were written most recently."""
+    """The run under ``root`` that committed a checkpoint most recently."""
     root = Path(root)
-    found = [p for name in ("model.safetensors", "adapter.safetensors") for p in root.glob(f"*/{name}")] \
-        if root.is_dir() else []
+    found = [p for p in root.iterdir() if p.is_dir() and is_run(p)] if root.is_dir() else []
     if not found:
         raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
-    return max(found, key=lambda p: p.stat().st_mtime).parent
+    return max(found, key=lambda p: max(f.stat().st_mtime for f in p.iterdir() if f.is_file()))
 
 
-def save_plain(out: Path, model: GPT, tokenizer: Tokenizer, record: dict, force: bool = False) -> None:
+def claim_run_output(out: Path, force: bool, inputs: tuple = ()) -> None:
+    """--out for a command that writes a run (merge, import): new, or --force over a tbp run
+    that is none of the command's inputs."""
+    claim_output(out, force, RUN_FILES, "config.json", "a tbp run", inputs)
+
+
+def save_plain(out: Path, model: GPT, tokenizer: Tokenizer, record: dict, force: bool = False,
+               inputs: tuple = ()) -> None:
     """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder."""
+    claim_run_output(out, force, inputs)
     with staged_dir(out, force) as tmp:
         write_run_header(tmp, record, tokenizer)
-        write_arrays(tmp / weights_name(False), dict(model.params), record.get("step", 0), "weights")
+        save(tmp, model, None, {"step": record.get("step", 0)}, adapter=False, best=False)

@@ -23,7 +23,8 @@ import numpy as np
 
 from . import __version__
 from .errors import TbpError
-from .fsutil import atomic_write_json, staged_dir
+from . import schema
+from .fsutil import atomic_write_json, claim_output, staged_dir
 from .tokenizer import KINDS, Tokenizer, token_dtype, train_bpe, train_char
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".h", ".js", ".html",
@@ -109,6 +110,7 @@ def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = N
 
 # --- preparing ------------------------------------------------------------------------------
 DEFAULT_BPE_VOCAB = 1024
+DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin")     # what --force may replace
 
 
 class PrepareReport:
@@ -152,8 +154,8 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
     """
     report = report or PrepareReport()
     out = Path(out)
-    if out.exists() and not force:
-        raise TbpError(f"{out} already exists (use --force to replace it)")
+    claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
+                 inputs=(source,) if Path(source).exists() else ())
     if kind not in KINDS:
         raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
     if not text.strip():
@@ -232,22 +234,43 @@ class Dataset:
         for f in ("meta.json", "tokenizer.json", "train.bin", "val.bin"):
             if not (path / f).is_file():
                 raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
+        where = path / "meta.json"
         try:
-            meta = json.loads((path / "meta.json").read_text())
-            dtype = np.dtype(meta["dtype"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise TbpError(f"{path / 'meta.json'}: damaged ({e})") from None
+            meta = json.loads(where.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TbpError(f"{where}: damaged JSON ({e})") from None
+        schema.check(meta, schema.DATASET_META, str(where))
+        if meta["dtype"] not in ("uint16", "uint32"):
+            raise TbpError(f"{where}: dtype {meta['dtype']!r} is not a token dtype (uint16 or uint32)")
+        dtype = np.dtype(meta["dtype"])
         tok = Tokenizer.load(path / "tokenizer.json")
-        splits = []
-        for split in ("train", "val"):
-            f = path / f"{split}.bin"
-            n = f.stat().st_size // dtype.itemsize
-            if n != meta.get(f"{split}_tokens"):
-                raise TbpError(f"{f}: holds {n} tokens, meta.json says {meta.get(f'{split}_tokens')}")
-            splits.append(np.memmap(f, dtype=dtype, mode="r") if n else np.zeros(0, dtype))
-        if tok.vocab_size != meta.get("vocab_size"):
-            raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta.get('vocab_size')}")
+        if tok.vocab_size != meta["vocab_size"]:
+            raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta['vocab_size']}")
+        splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size)
+                  for split in ("train", "val")]
         return cls(path, meta, tok, *splits)
+
+
+def _read_tokens(f: Path, dtype: np.dtype, count: int, vocab_size: int) -> np.ndarray:
+    """A split's token ids, memory-mapped, after checking its size and that every id is in the
+    vocabulary (a scan in chunks: a bad id is named here, not at a random training step)."""
+    size = f.stat().st_size
+    if size % dtype.itemsize:
+        raise TbpError(f"{f}: {size} bytes is not a whole number of {dtype.name} token ids; the file is damaged")
+    n = size // dtype.itemsize
+    if n != count:
+        raise TbpError(f"{f}: holds {n} tokens, meta.json says {count}")
+    if not n:
+        return np.zeros(0, dtype)
+    ids = np.memmap(f, dtype=dtype, mode="r")
+    step = 1 << 24
+    for start in range(0, n, step):
+        chunk = ids[start:start + step]
+        if int(chunk.max()) >= vocab_size:
+            at = start + int(np.argmax(chunk >= vocab_size))
+            raise TbpError(f"{f}: token id {int(ids[at])} at position {at} is outside the vocabulary "
+                           f"({vocab_size}); the file is damaged or belongs to another tokenizer")
+    return ids
 
 
 def get_batch(data: np.ndarray, batch_size: int, n_ctx: int,

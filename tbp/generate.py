@@ -85,31 +85,32 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
-    n0 = len(prompt)
-    buf = np.empty((num_samples, n0 + max_new_tokens), dtype=np.int64)        # (B, every token)
-    buf[:, :n0] = np.asarray(prompt, dtype=np.int64)
-    tokens = buf[:, :n0]
-    start = 0                                 # first position of the current window
+    # the tokens of the current window; a buffer of 2 n_ctx columns, whatever max_new_tokens
+    buf = np.empty((num_samples, 2 * n_ctx + 1), dtype=np.int64)               # (B, 2 n_ctx + 1)
+    n = len(prompt)                           # tokens in the window
+    buf[:, :n] = np.asarray(prompt, dtype=np.int64)
     decoder = model.decoder(num_samples) if use_cache else None
     if decoder is not None:
-        logits = decoder.forward(tokens)[:, -1]                                 # (B, V)
+        logits = decoder.forward(buf[:, :n])[:, -1]                             # (B, V)
     else:
-        logits = model.forward(tokens)[:, -1]
+        logits = model.forward(buf[:, :n])[:, -1]
     for _ in range(max_new_tokens):
         nxt = sample(logits, sampling, rng)                                     # (B,)
         yield nxt
-        buf[:, tokens.shape[1]] = nxt
-        tokens = buf[:, :tokens.shape[1] + 1]
-        if tokens.shape[1] - start > n_ctx:
-            start = tokens.shape[1] - n_ctx // 2        # window full: keep the recent half
+        buf[:, n] = nxt
+        n += 1
+        if n > n_ctx:                         # window full: keep the recent half
+            keep = n_ctx // 2
+            buf[:, :keep] = buf[:, n - keep:n]
+            n = keep
             if decoder is not None:
                 decoder.reset()
-                logits = decoder.forward(tokens[:, start:])[:, -1]
+                logits = decoder.forward(buf[:, :n])[:, -1]
                 continue
         if decoder is not None:
             logits = decoder.forward(nxt[:, None], check=False)[:, -1]
         else:
-            logits = model.forward(tokens[:, start:])[:, -1]
+            logits = model.forward(buf[:, :n])[:, -1]
 
 
 class TextStream:

@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from . import checkpoint
+from . import checkpoint, memory
 from .errors import TbpError
-from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, staged_dir
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, staged_dir
 from .nn import GPT, ModelConfig
 from .tokenizer import Tokenizer
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 PREFIX = "transformer."
 
 
@@ -71,8 +72,14 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict:
     }
 
 
-def export_hf(model: GPT, tok: Tokenizer, out: Path, force: bool = False) -> dict:
+def claim_export_output(out: Path, force: bool, inputs: tuple = ()) -> None:
+    """--out of an export: new, or --force over an earlier export that is not an input."""
+    claim_output(out, force, EXPORT_FILES, "config.json", "a GPT-2 export", inputs)
+
+
+def export_hf(model: GPT, tok: Tokenizer, out: Path, force: bool = False, inputs: tuple = ()) -> dict:
     exportable(model.config)
+    claim_export_output(out, force, inputs)
     if any("lora_" in k for k in model.params):
         raise TbpError("this is a LoRA run: fold it first with tbp merge, then export the merged run")
     arrays = {hf_name(k): np.ascontiguousarray(v, dtype=np.float32) for k, v in model.params.items()}
@@ -113,8 +120,12 @@ def _config_from_hf(d: dict, path: Path) -> ModelConfig:
 
 
 def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer]:
-    """Read a local GPT-2 folder into a tbp run directory; returns the loaded model."""
+    """Read a local GPT-2 folder into a tbp run directory; returns the loaded model.
+
+    Every shape is checked against the header of model.safetensors, and the model's size
+    against the memory available, before anything is built."""
     src = Path(src)
+    checkpoint.claim_run_output(out, force, inputs=(src,))
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (src / f).is_file():
             raise TbpError(f"{src}: missing {f} (a GPT-2 folder has config.json, model.safetensors, "
@@ -124,6 +135,14 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
     if tok.vocab_size != cfg.vocab_size:
         raise TbpError(f"{src}: tokenizer has {tok.vocab_size} tokens but config.json says vocab_size "
                        f"{cfg.vocab_size}")
+    header = checkpoint.read_shapes(src / "model.safetensors")
+    want = GPT.shapes(cfg)
+    for name, shape in header.items():
+        t = tbp_name(name)
+        if t in want and tuple(shape) != want[t]:
+            raise TbpError(f"{src / 'model.safetensors'}: {t} has shape {tuple(shape)}, but config.json "
+                           f"implies {want[t]}")
+    memory.check_fits(2 * memory.model_bytes(cfg), f"importing {src}")
     raw, _ = checkpoint.read_arrays(src / "model.safetensors")
     arrays, lm_head = {}, None
     for name, a in raw.items():
@@ -137,14 +156,10 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
         raise TbpError(f"{src}: lm_head.weight differs from wte: an untied head without bias "
                        f"is not a GPT-2 layout tbp represents")
     model = GPT(cfg, seed=0, dtype=np.float32)
-    for k, a in arrays.items():
-        if k in model.params and a.shape != model.params[k].shape:
-            raise TbpError(f"{src / 'model.safetensors'}: {k} has shape {a.shape}, but config.json "
-                           f"implies {model.params[k].shape}")
     checkpoint.load_into(model, {k: a.astype(np.float32, copy=False) for k, a in arrays.items()},
                          src / "model.safetensors")
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
               "imported_from": str(src.resolve())}
-    checkpoint.save_plain(out, model, tok, record, force)
+    checkpoint.save_plain(out, model, tok, record, force, inputs=(src,))
     return model, tok
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, data
+from . import checkpoint, data, memory
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport
 from .errors import ConfigError, TbpError
+from .fsutil import RunLock, check_replaceable, sweep_temporaries
 from .nn import GPT, LORA_TARGETS, add_lora
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
@@ -100,6 +101,10 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
         text, name, source = data.read_corpus(arg)
         out = data.default_out(data.dataset_name(name, kind, vocab_size, tokenizer))
         ds = _reuse(out, text, tokenizer)
+        if ds is None and _holds_other_text(out, text):
+            # two corpora with the same file name: never prepare one over the other's dataset
+            out = out.with_name(f"{out.name}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}")
+            ds = _reuse(out, text, tokenizer)
         if ds is None:
             data.prepare(text, name, source, out, kind, vocab_size, force=out.exists(),
                          tokenizer=tokenizer, report=report)
@@ -109,6 +114,15 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
                        f"(SHA-256 {ds.tokenizer.sha256()[:12]} vs {tokenizer.sha256()[:12]}); "
                        f"pass the raw text file instead and it will be encoded with the checkpoint's")
     return ds
+
+
+def _holds_other_text(out: Path, text: str) -> bool:
+    """Whether ``out`` is a dataset prepared from some other text (whatever its state)."""
+    try:
+        recorded = checkpoint.read_json(out / "meta.json").get("source_sha256")
+    except TbpError:
+        return out.exists()            # damaged or foreign: not ours to overwrite either
+    return recorded != hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _reuse(out: Path, text: str, tokenizer: Tokenizer | None) -> Dataset | None:
@@ -127,36 +141,45 @@ def _reuse(out: Path, text: str, tokenizer: Tokenizer | None) -> Dataset | None:
 
 
 # --- run directories ------------------------------------------------------------------------
-def claim_run_dir(out: Path, force: bool) -> None:
-    """Refuse to write into an existing run unless forced; with force, clear a previous run."""
-    if not out.exists():
-        return
-    if out.is_file():
+def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
+    """Lock ``out`` for this process, then make sure a new run may start there: it is new or
+    empty, or (with ``force``) holds nothing but a previous run, which is then removed. A folder
+    with anything tbp did not write, or one of the run's own inputs, is never touched."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
         raise TbpError(f"{out}: is a file, not a run directory")
-    contents = list(out.iterdir())
-    if not contents:
-        return
-    if not force:
-        raise TbpError(f"{out} already holds a run; use --resume to continue it, --force to replace it, "
-                       f"or --out for a new one")
-    if not (out / "config.json").is_file():
-        raise TbpError(f"{out} is not empty and is not a tbp run; refusing to delete it")
-    shutil.rmtree(out)
+    lock = RunLock(out).acquire()
+    try:
+        contents = [p for p in out.iterdir() if p.name != RunLock.NAME]
+        if contents:
+            if not force:
+                raise TbpError(f"{out} already holds a run; use --resume to continue it, --force to replace "
+                               f"it, or --out for a new one")
+            check_replaceable(out, checkpoint.RUN_FILES, "config.json", "a tbp run", inputs)
+            for p in contents:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _record(mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, lora: LoraSpec | None,
             base: dict | None) -> dict:
     return {"model": mcfg.to_dict(), "train": tcfg.to_dict(), "data": str(ds.path),
-            "lora": lora.to_dict() if lora else None, "base": base}
+            "data_source_sha256": ds.meta["source_sha256"], "lora": lora.to_dict() if lora else None,
+            "base": base}
 
 
 def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force: bool,
             callbacks=None) -> Trainer:
-    claim_run_dir(out, force)
+    """A fresh model on ``ds``. Nothing is written into ``out`` before the first checkpoint."""
+    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+                      "training this model")
+    lock = claim_run_dir(out, force, inputs=(ds.path,))
     model = GPT(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
     record = _record(mcfg, tcfg, ds, None, None)
-    checkpoint.write_run_header(out, record, ds.tokenizer)
-    return Trainer(model, ds, tcfg, out, record, adapter=False, callbacks=callbacks)
+    return Trainer(model, ds, tcfg, out, record, adapter=False, callbacks=callbacks, lock=lock)
 
 
 def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: bool,
@@ -166,53 +189,106 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     if base_cfg.get("lora"):
         raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
     if Path(out).resolve() == Path(base_run).resolve():
-        raise TbpError("--out must differ from --init-from: the base run is never modified")
-    model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype))
-    _refuse_model_changes(model.config, model_overrides, f"the base run {base_run}")
+        raise ConfigError("--out must differ from --init-from: the base run is never modified")
+    mcfg = checkpoint.read_model_config(base_run, base_cfg)
+    _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
-        _check_lora(lora, model.config)
-    claim_run_dir(out, force)
+        _check_lora(lora, mcfg)
+    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+                      f"fine-tuning {base_run}")
+    lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
+    try:
+        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype))
+    except BaseException:
+        lock.release()
+        raise
     base = None
     if lora:
         add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
-        weights = Path(base_run) / checkpoint.weights_name(False)
+        weights = checkpoint.weights_path(base_run)
         base = {"path": str(Path(base_run).resolve()), "sha256": checkpoint.file_sha256(weights)}
     record = _record(model.config, tcfg, ds, lora, base)
     record["init_from"] = str(Path(base_run).resolve())
-    checkpoint.write_run_header(out, record, tok)
-    return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks)
+    return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,
+                   tokenizer=tok)
 
 
 def resume(out: Path, train_overrides: dict, model_overrides: dict, ds: Dataset | None,
            callbacks=None) -> Trainer:
-    """Continue the run in ``out`` exactly where its last checkpoint left it."""
+    """Continue the run in ``out`` exactly where its last complete checkpoint left it.
+
+    Every file is validated before anything is written: the config, the state, the weights
+    and moments (names, shapes, the same step), the tokenizer, and the data the run trained on.
+    """
     out = Path(out)
     cfg = checkpoint.read_config(out)
-    state_d = checkpoint.read_json(out / "state.json")
+    lock = RunLock(out).acquire()
     try:
-        tcfg = TrainConfig.from_dict({**cfg["train"], **train_overrides})
-        state = State(**state_d)
-    except (TypeError, ValueError, KeyError) as e:
-        raise TbpError(f"{out}: cannot resume ({e})") from None
-    model, tok, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))
-    _refuse_model_changes(model.config, model_overrides, f"the run being resumed ({out})")
+        return _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> Trainer:
+    sweep_temporaries(out)
+    where = out / "state.json"
+    if not where.is_file():
+        raise TbpError(f"{out}: has no checkpoint to resume from (state.json is missing)")
+    state_d = checkpoint.read_state(out)
+    files = checkpoint.checkpoint_files(out, state_d)
+    if files["optimizer"] is None:
+        raise TbpError(f"{out}: holds weights but no optimizer state (imported or merged), so it cannot be "
+                       f"resumed; fine-tune it with tbp train --init-from {out}")
+    try:
+        TrainConfig.from_dict(cfg.get("train") or {})
+    except ConfigError as e:
+        raise TbpError(f"{out / 'config.json'}: bad training config ({e})") from None
+    tcfg = TrainConfig.from_dict({**(cfg.get("train") or {}), **train_overrides})     # a usage error
+    state = State(**{k: v for k, v in state_d.items() if k in State.__dataclass_fields__})
+    data_rng = np.random.default_rng(tcfg.seed)
+    if state.data_rng:
+        try:
+            data_rng.bit_generator.state = state.data_rng
+        except (TypeError, ValueError, KeyError) as e:
+            raise TbpError(f"{where}: data_rng is not a generator state ({e})") from None
+    tok = Tokenizer.load(out / "tokenizer.json")
+    if state.tokenizer_sha256 and tok.sha256() != state.tokenizer_sha256:
+        raise TbpError(f"{out / 'tokenizer.json'}: differs from the tokenizer this run was trained with "
+                       f"(state.json records SHA-256 {state.tokenizer_sha256[:12]})")
+    mcfg = checkpoint.read_model_config(out, cfg)
+    _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
+    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+                      f"resuming {out}")
+    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))
     if ds is None:
+        if not cfg.get("data"):
+            raise TbpError(f"{out / 'config.json'}: names no dataset; pass --data")
         ds = Dataset.load(cfg["data"])
-    if ds.tokenizer.sha256() != state.tokenizer_sha256:
+        recorded = cfg.get("data_source_sha256")
+        if recorded and ds.meta["source_sha256"] != recorded:
+            raise TbpError(f"{ds.path}: was prepared again from other text since {out} started "
+                           f"(source SHA-256 {ds.meta['source_sha256'][:12]}, the run recorded {recorded[:12]}); "
+                           f"pass --data with the original text to continue on it")
+    if ds.tokenizer.sha256() != tok.sha256():
         raise TbpError(f"{ds.path}: its tokenizer differs from the one {out} was trained with")
     adapter = bool(cfg.get("lora"))
-    opt_arrays, opt_meta = checkpoint.read_arrays(out / "optimizer.safetensors")
-    _, w_meta = checkpoint.read_arrays(out / checkpoint.weights_name(adapter))
-    steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta.get("step")}
+    opt_arrays, opt_meta = checkpoint.read_arrays(files["optimizer"])
+    w_meta_step = checkpoint.read_arrays(files["weights"])[1].get("step")
+    steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta_step}
     if len({str(v) for v in steps.values()}) != 1:
-        raise TbpError(f"{out}: files are from different steps ({steps}); the run was cut mid-save")
-    record = {**cfg, "train": tcfg.to_dict(), "data": str(ds.path)}
-    record.pop("format", None)
-    checkpoint.write_run_header(out, record, tok)
-    trim_metrics(out, state.step)
+        raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
+    record = {**{k: v for k, v in cfg.items() if k != "format"}, "train": tcfg.to_dict(), "data": str(ds.path),
+              "data_source_sha256": ds.meta["source_sha256"]}
     trainer = Trainer(model, ds, tcfg, out, record, adapter=adapter, callbacks=callbacks, state=state,
-                      optimizer_state=(opt_arrays, state.step))
+                      lock=lock, tokenizer=tok)
+    try:
+        trainer.opt.load_state_arrays(opt_arrays, state.step)
+    except ValueError as e:
+        raise TbpError(f"{files['optimizer']}: {e}") from None
+    trainer.data_rng = data_rng
     trainer.last_saved_step = state.step
+    trim_metrics(out, state.step)
     return trainer
 
 
@@ -220,8 +296,8 @@ def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
     current = cfg.to_dict()
     for k, v in overrides.items():
         if current.get(k) != v:
-            raise TbpError(f"--{k.replace('_', '-')} {v} differs from {what} ({current.get(k)}); "
-                           f"a model's shape is fixed once trained")
+            raise ConfigError(f"--{k.replace('_', '-')} {v} differs from {what} ({current.get(k)}); "
+                              f"a model's shape is fixed once trained")
 
 
 def _check_lora(lora: LoraSpec, cfg: ModelConfig) -> None:

@@ -54,11 +54,21 @@ class NonFiniteError(TbpError):
 
 
 class Trainer:
+    """Trains ``model`` on ``dataset`` into the run directory ``run``.
+
+    Nothing is written into ``run`` before the first checkpoint: the header (config.json,
+    tokenizer.json) is written with every save, and metrics lines logged before the first save
+    are kept until it, so a run that fails early leaves nothing behind. ``lock`` (a RunLock
+    held on ``run``) is released when the loop ends.
+    """
+
     def __init__(self, model: GPT, dataset: Dataset, cfg: TrainConfig, run: Path, config_record: dict,
                  adapter: bool = False, callbacks: Callbacks | None = None, state: State | None = None,
-                 optimizer_state: tuple[dict, int] | None = None):
+                 lock=None, tokenizer=None):
         self.model, self.data, self.cfg, self.run = model, dataset, cfg, Path(run)
         self.config_record, self.adapter = config_record, adapter
+        self.tokenizer = tokenizer or dataset.tokenizer
+        self.lock = lock
         self.cb = callbacks or Callbacks()
         T = model.config.n_ctx
         for split in ("train", "val"):
@@ -69,8 +79,6 @@ class Trainer:
         self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
         self.workers = data_parallel(model, cfg.threads, cfg.batch_size)
         self.opt.workers = self.workers
-        if optimizer_state is not None:
-            self.opt.load_state_arrays(*optimizer_state)
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
         self.data_rng = np.random.default_rng(cfg.seed)
         if self.state.data_rng:
@@ -84,12 +92,22 @@ class Trainer:
         self.hard_stop = False           # a second Ctrl-C during a save: quit once the files are whole
         self.interrupted = False
         self.last_saved_step: int | None = None
+        self.pending_metrics: list[str] = []     # lines logged before the run's first save
 
     # --- public -----------------------------------------------------------------------------
     def run_loop(self) -> State:
         """Train until max_iters or a stop request; returns the final state."""
-        with self.workers:
-            return self._run_loop()
+        try:
+            with self.workers:
+                return self._run_loop()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the run directory (removing it if this run never saved into it)."""
+        if self.lock is not None:
+            self.lock.release(remove_if_alone=self.last_saved_step is None)
+            self.lock = None
 
     def _run_loop(self) -> State:
         cfg, st = self.cfg, self.state
@@ -119,7 +137,7 @@ class Trainer:
                     if not math.isfinite(metrics["val_loss"]):
                         raise NonFiniteError(f"step {st.step}: validation loss is {metrics['val_loss']}; "
                                              f"not saving (last good checkpoint: step {self.last_saved_step})")
-                append_line(self.run / "metrics.jsonl", json.dumps(metrics))
+                self._log(json.dumps(metrics))
             self.cb.step(self, metrics)
             if is_eval:
                 self.save(metrics["val_loss"])
@@ -147,6 +165,10 @@ class Trainer:
         st.data_rng = self.data_rng.bit_generator.state
         self.saving = True
         try:
+            checkpoint.write_run_header(self.run, self.config_record, self.tokenizer)
+            for line in self.pending_metrics:
+                append_line(self.run / "metrics.jsonl", line)
+            self.pending_metrics = []
             checkpoint.save(self.run, self.model, self.opt, st.to_dict(), self.adapter, best)
         finally:
             self.saving = False
@@ -156,6 +178,12 @@ class Trainer:
         self.cb.saved(self, st.step, best)
 
     # --- internals --------------------------------------------------------------------------
+    def _log(self, line: str) -> None:
+        if self.last_saved_step is None:
+            self.pending_metrics.append(line)       # the run directory holds nothing yet
+        else:
+            append_line(self.run / "metrics.jsonl", line)
+
     def _step(self, lr: float) -> tuple[float, float]:
         # overflow on a diverging run is caught below, by value, with the step named
         with np.errstate(over="ignore", invalid="ignore"):

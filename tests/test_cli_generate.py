@@ -3,6 +3,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import run, train_tiny
 
+from tbp import checkpoint
 from tbp.cli import main
 
 
@@ -40,10 +41,12 @@ def test_several_samples(run_dir):
 
 
 @pytest.mark.parametrize("args,code,msg", [
-    (["--temperature", "-1"], 2, "temperature must be >= 0"),
-    (["--top-p", "0"], 2, "top-p must be in (0, 1]"),
-    (["--top-p", "1.5"], 2, "top-p must be in (0, 1]"),
-    (["--top-k", "0"], 2, "top-k must be >= 1"),
+    (["--temperature", "-1"], 2, "Invalid value for '--temperature'"),
+    (["--temperature", "nan"], 2, "not a finite number"),
+    (["--top-p", "0"], 2, "Invalid value for '--top-p'"),
+    (["--top-p", "1.5"], 2, "Invalid value for '--top-p'"),
+    (["--top-p", "nan"], 2, "not a finite number"),
+    (["--top-k", "0"], 2, "Invalid value for '--top-k'"),
     (["--prompt", "Zé"], 1, "character 'Z' (U+005A, line 1) is not in this char tokenizer"),
 ])
 def test_bad_input(run_dir, args, code, msg):
@@ -55,7 +58,7 @@ def test_bad_input(run_dir, args, code, msg):
 def test_missing_and_damaged_checkpoints(tmp_path, run_dir):
     r = run(["generate", "--checkpoint", tmp_path / "nope"])
     assert r.exit_code == 1 and "no such checkpoint directory" in r.output
-    (run_dir / "model.safetensors").write_bytes(b"garbage")
+    checkpoint.weights_path(run_dir).write_bytes(b"garbage")
     r = run(["generate", "--checkpoint", run_dir])
     assert r.exit_code == 1 and "damaged safetensors" in r.output and "Traceback" not in r.output
 

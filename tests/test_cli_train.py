@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, train_tiny
 
-from tbp import GPT
+from tbp import GPT, checkpoint
 from tbp.cli import train as cli_train
 
 
@@ -16,9 +16,12 @@ def trained(tmp_path, corpus_file, monkeypatch):
 
 
 def test_train_on_a_text_file_writes_a_complete_run(trained):
-    names = sorted(p.name for p in trained.iterdir())
-    assert names == ["best-model.safetensors", "config.json", "metrics.jsonl", "model.safetensors",
-                     "optimizer.safetensors", "state.json", "tokenizer.json"]
+    names = sorted(p.name for p in trained.iterdir() if not p.name.startswith("."))
+    assert names == ["best-model-000010.safetensors", "config.json", "metrics.jsonl", "model-000010.safetensors",
+                     "optimizer-000010.safetensors", "state.json", "tokenizer.json"]
+    assert json.loads((trained / "state.json").read_text())["files"] == {
+        "weights": "model-000010.safetensors", "best": "best-model-000010.safetensors",
+        "optimizer": "optimizer-000010.safetensors"}
     lines = [json.loads(l) for l in (trained / "metrics.jsonl").read_text().splitlines()]
     for key in ("step", "lr", "train_loss", "grad_norm", "tokens_per_s", "elapsed_s"):
         assert all(key in m for m in lines)
@@ -29,9 +32,9 @@ def test_train_on_a_text_file_writes_a_complete_run(trained):
 
 
 def test_existing_run_without_resume_or_force_is_refused(trained, corpus_file):
-    before = (trained / "model.safetensors").read_bytes()
+    before = checkpoint.weights_path(trained).read_bytes()
     clean_fail(run(["train", "--data", corpus_file, "--out", trained, *TINY]), 1, "already holds a run")
-    assert (trained / "model.safetensors").read_bytes() == before
+    assert checkpoint.weights_path(trained).read_bytes() == before
     r = run(["train", "--data", corpus_file, "--out", trained, "--force", "--max-iters", 3, *TINY])
     assert r.exit_code == 0, r.output
     assert json.loads((trained / "state.json").read_text())["step"] == 3

@@ -31,22 +31,24 @@ def lora(args=(), out="ft", iters=30):
 
 
 def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, tmp_path):
-    weights_before = (base / "model.safetensors").read_bytes()
+    base_weights = checkpoint.weights_path(base)
+    weights_before = base_weights.read_bytes()
     base_model = GPT.load(base)
     r = lora()
     assert r.exit_code == 0, r.output
-    assert (base / "model.safetensors").read_bytes() == weights_before
+    assert base_weights.read_bytes() == weights_before
     ft = tmp_path / "ft"
-    assert (ft / "adapter.safetensors").is_file() and not (ft / "model.safetensors").exists()
-    arrays, _ = checkpoint.read_arrays(ft / "adapter.safetensors")
+    adapter = checkpoint.weights_path(ft)
+    assert adapter.name.startswith("adapter-") and not list(ft.glob("model*"))
+    arrays, _ = checkpoint.read_arrays(adapter)
     assert arrays and all("lora_" in k for k in arrays)
     adapted = GPT.load(ft)
     for k, v in base_model.params.items():          # every base tensor inside the adapted model
         np.testing.assert_array_equal(adapted.params[k], v)
-    ratio = (ft / "adapter.safetensors").stat().st_size / len(weights_before)
+    ratio = adapter.stat().st_size / len(weights_before)
     assert ratio < 0.25, ratio
     cfg = json.loads((ft / "config.json").read_text())
-    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == checkpoint.file_sha256(base / "model.safetensors")
+    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == checkpoint.file_sha256(base_weights)
 
 
 def test_loss_on_the_new_data_falls(base, tmp_path):
@@ -114,11 +116,12 @@ def test_bad_lora_options(base, args, msg):
 
 def test_changed_or_missing_base_is_refused(base, tmp_path):
     assert lora(iters=5).exit_code == 0
-    data = bytearray((base / "model.safetensors").read_bytes())
+    base_weights = checkpoint.weights_path(base)
+    data = bytearray(base_weights.read_bytes())
     data[-1] ^= 1                                  # one bit of one weight
-    (base / "model.safetensors").write_bytes(bytes(data))
+    base_weights.write_bytes(bytes(data))
     g = run(["generate", "--checkpoint", tmp_path / "ft"])
     assert g.exit_code == 1 and "has changed since the adapter was trained" in g.output
-    (base / "model.safetensors").unlink()
+    base_weights.unlink()
     g = run(["generate", "--checkpoint", tmp_path / "ft"])
     assert g.exit_code == 1 and "base model" in g.output and "is missing" in g.output

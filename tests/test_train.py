@@ -97,7 +97,8 @@ def test_resume_with_a_larger_max_iters_continues(tmp_path, dataset):
 def test_resume_refuses_files_from_different_steps(tmp_path, dataset):
     tr = new_trainer(tmp_path, dataset, max_iters=10)
     tr.run_loop()
-    checkpoint.write_arrays(tmp_path / "run" / "optimizer.safetensors", tr.opt.state_arrays(), 3, "optimizer")
+    checkpoint.write_arrays(checkpoint.checkpoint_files(tmp_path / "run")["optimizer"], tr.opt.state_arrays(), 3,
+                            "optimizer")
     with pytest.raises(TbpError, match="different steps"):
         runs.resume(tmp_path / "run", {}, {}, None)
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import checkpoint
+from .. import checkpoint, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
+from .options import FiniteFloat
 
 
 def _prompt_text(prompt, prompt_file) -> str:
@@ -47,10 +48,11 @@ def start_tokens(tok, text: str) -> tuple[list[int], str]:
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--temperature", type=float, default=0.8, show_default=True,
+@click.option("--temperature", type=FiniteFloat(min=0), default=0.8, show_default=True,
               help="Softmax temperature; 0 is greedy.")
-@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens only.")
-@click.option("--top-p", type=float, default=None, help="Nucleus sampling: the smallest set with mass p.")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens only.")
+@click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None,
+              help="Nucleus sampling: the smallest set with mass p.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Make the sampling repeatable.")
 @click.option("--num-samples", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Independent samples, decoded together as one batch.")
@@ -75,12 +77,11 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
       tbp generate --checkpoint checkpoints/shakespeare --prompt "ROMEO:" --temperature 0.7 --top-k 40
       echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
     """
-    try:
-        sampling = Sampling(temperature, top_k, top_p)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    sampling = Sampling(temperature, top_k, top_p)
     run = run or checkpoint.latest_run()
     text = _prompt_text(prompt, prompt_file)
+    memory.check_fits(memory.generate_bytes(checkpoint.read_model_config(run), num_samples),
+                      f"sampling {num_samples} sequence(s) from {run}")
     model, tok, _ = checkpoint.load_model(run, best=best)
     ids, note = start_tokens(tok, text)
     n_ctx = model.config.n_ctx

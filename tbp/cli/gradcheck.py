@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .. import gradcheck as gc
 from .common import console
+from .options import FiniteFloat
 
 
 @click.command()
@@ -18,9 +19,9 @@ from .common import console
               help="Check only this layer's cases (default: every layer and the whole model).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for the random instances, probes and directions.")
-@click.option("--eps", type=click.FloatRange(min=0, min_open=True, max=1e-2), default=gc.DEFAULT_EPS,
+@click.option("--eps", type=FiniteFloat(min=0, min_open=True, max=1e-2), default=gc.DEFAULT_EPS,
               show_default=True, help="Finite-difference step.")
-@click.option("--rtol", type=click.FloatRange(min=0, min_open=True), default=gc.DEFAULT_RTOL,
+@click.option("--rtol", type=FiniteFloat(min=0, min_open=True), default=gc.DEFAULT_RTOL,
               show_default=True, help="Largest relative error that passes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
 def gradcheck(layer, seed, eps, rtol, as_json):

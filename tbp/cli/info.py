@@ -71,14 +71,14 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
 def run_info(run: Path) -> dict:
     cfg = checkpoint.read_config(run)
     lora = cfg.get("lora")
-    arrays, meta = checkpoint.read_arrays(run / checkpoint.weights_name(bool(lora)))
-    shapes = {k: list(v.shape) for k, v in arrays.items()}
+    header = checkpoint.read_header(checkpoint.weights_path(run))
+    shapes = {k: list(shape) for k, (shape, _) in header.items()}
     state = checkpoint.read_state(run)
     metrics = checkpoint.read_metrics(run)
     files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
     return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
             "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
-            "dtype": str(next(iter(arrays.values())).dtype) if arrays else None,
+            "dtype": next(iter(header.values()))[1] if header else None,
             "parameters": sum(int(math.prod(s)) for s in shapes.values()),
             "layers": param_groups(shapes), "state": state, "metrics": metrics, "files": files}
 

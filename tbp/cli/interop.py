@@ -28,12 +28,11 @@ def export(run, fmt, out, force, best):
     Example:
       tbp export checkpoints/pydoc --format hf --out export/pydoc-gpt2
     """
-    model, tok, cfg = checkpoint.load_model(run, best=best)
-    if cfg.get("lora"):
+    if checkpoint.read_config(run).get("lora"):
         raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
-    if out.exists() and not force:
-        raise TbpError(f"{out} already exists (use --force to replace it)")
-    hf.export_hf(model, tok, out, force)
+    hf.claim_export_output(out, force, inputs=(run,))
+    model, tok, _ = checkpoint.load_model(run, best=best)
+    hf.export_hf(model, tok, out, force, inputs=(run,))
     console.print(f"exported {run} ({model.num_params():,} parameters) to {out} as GPT-2")
 
 
@@ -54,8 +53,6 @@ def import_(src, out, force):
       tbp import ~/models/gpt2 --out checkpoints/gpt2
       tbp generate --checkpoint checkpoints/gpt2 --prompt "Hello" --top-k 40
     """
-    if out.exists() and not force:
-        raise TbpError(f"{out} already exists (use --force to replace it)")
     model, _ = hf.import_hf(src, out, force)
     c = model.config
     console.print(f"imported {src}: {c.n_layer} layers, {c.n_head} heads, d_model {c.d_model}, context {c.n_ctx}, "

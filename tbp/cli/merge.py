@@ -26,17 +26,18 @@ def merge(run, out, force):
     Example:
       tbp merge checkpoints/notes --out checkpoints/notes-merged
     """
-    model, tok, cfg = checkpoint.load_model(run)
+    cfg = checkpoint.read_config(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
-    if out.exists() and not force:
-        raise TbpError(f"{out} already exists (use --force to replace it)")
+    inputs = (run, (cfg.get("base") or {}).get("path"))            # the adapter run and its base
+    checkpoint.claim_run_output(out, force, inputs)
+    model, tok, cfg = checkpoint.load_model(run)
     merge_lora(model)
     state = checkpoint.read_state(run)
     record = {"model": model.config.to_dict(), "train": cfg.get("train"), "data": cfg.get("data"),
               "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
                                                           "base": cfg.get("base")},
               "step": state.get("step", 0)}
-    checkpoint.save_plain(out, model, tok, record, force)
+    checkpoint.save_plain(out, model, tok, record, force, inputs)
     console.print(f"merged {run} (rank {cfg['lora']['rank']}, {', '.join(cfg['lora']['targets'])}) "
                   f"into {out}; generate with: tbp generate --checkpoint {out}")

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from .. import data
 from ..tokenizer import KINDS
 from .common import console, fmt_bytes, fmt_count, kv_table
+from .options import FiniteFloat
 
 
 class PrepareBar(data.PrepareReport):
@@ -49,7 +50,7 @@ def summary(meta: dict) -> None:
               help="char: one token per character; bpe: byte-level BPE, lossless on any text.")
 @click.option("--vocab-size", type=click.IntRange(min=1, max=2 ** 32 - 1), default=None,
               help="BPE vocabulary size (default 1024). For char, a floor the alphabet must fit in.")
-@click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+@click.option("--val-fraction", type=FiniteFloat(0, 1, max_open=True), default=0.1, show_default=True,
               help="Last fraction of the text kept for validation, cut at a line boundary.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder. Default: data/<name of the corpus>.")

@@ -16,7 +16,7 @@ from ..nn import LORA_TARGETS
 from ..tokenizer import KINDS
 from ..train import Callbacks
 from .common import console, fmt_count, kv_table
-from .options import config_options, given, load_config_file
+from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
 
 
@@ -62,16 +62,32 @@ class Progress(Callbacks):
             self.bar.close()
 
 
-def _install_sigint(trainer):
-    def handler(signum, frame):
+class Stopper:
+    """Ctrl-C and SIGTERM (how timeout, systemd, docker, Slurm and Kubernetes stop a job): the
+    first finishes the step, saves and stops; a second Ctrl-C quits at once (once a save in
+    progress is complete). ``code`` is the exit status the signal asks for: 130 or 143."""
+
+    def __init__(self, trainer):
+        self.trainer, self.code = trainer, 130
+        self.previous = {sig: signal.signal(sig, self.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(self, signum, frame):
+        trainer = self.trainer
         if not trainer.stop_requested:
             trainer.stop_requested = True
-            tqdm.write("Ctrl-C: finishing this step and saving (press again to quit at once)", file=sys.stderr)
+            self.code = 143 if signum == signal.SIGTERM else 130
+            what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (press again to quit at once)"
+            tqdm.write(f"{what}: finishing this step and saving", file=sys.stderr)
+        elif signum == signal.SIGTERM:
+            pass                              # already stopping: let the save finish
         elif trainer.saving:
             trainer.hard_stop = True          # quit as soon as the files being written are complete
         else:
             raise KeyboardInterrupt
-    return signal.signal(signal.SIGINT, handler)
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _summary(trainer, state, interrupted: bool):
@@ -115,7 +131,7 @@ def _last_eval(run: Path):
 @config_options(TrainConfig)
 @click.option("--lora-rank", type=click.IntRange(min=1), default=None,
               help="With --init-from: train rank-R LoRA adapters only; the base stays frozen.")
-@click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--lora-alpha", type=FiniteFloat(min=0, min_open=True), default=None,
               help="LoRA scale numerator: updates are scaled by alpha / rank (default: alpha = rank).")
 @click.option("--lora-targets", default="all", show_default=True,
               help=f"Comma-separated layers to adapt: {', '.join(LORA_TARGETS)}, or attn, mlp, all.")
@@ -144,12 +160,12 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     progress = Progress(quiet)
     trainer = runs.start(request, progress, PrepareBar())
-    previous = _install_sigint(trainer)
+    stopper = Stopper(trainer)
     try:
         state = trainer.run_loop()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        stopper.restore()
         progress.close()
     _summary(trainer, state, trainer.interrupted)
     if trainer.interrupted:
-        sys.exit(130)
+        sys.exit(stopper.code)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import init
 from .module import Module
 
 
@@ -15,8 +16,8 @@ class Embedding(Module):
     def __init__(self, vocab_size: int, n_ctx: int, d_model: int,
                  rng: np.random.Generator, dtype=np.float32, std: float = 0.02):
         super().__init__()
-        self.param("wte", (rng.standard_normal((vocab_size, d_model)) * std).astype(dtype))
-        self.param("wpe", (rng.standard_normal((n_ctx, d_model)) * std).astype(dtype))
+        self.param("wte", init.normal(rng, (vocab_size, d_model), std, dtype))
+        self.param("wpe", init.normal(rng, (n_ctx, d_model), std, dtype))
 
     def forward(self, idx: np.ndarray) -> np.ndarray:
         self.cache = idx

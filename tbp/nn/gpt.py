@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import init
 from .attention import CausalSelfAttention
 from .config import ModelConfig
 from .embedding import Embedding
@@ -83,10 +84,16 @@ class GPT(Module):
         self.loss_fn = CrossEntropy()
         self.pack()
 
-    def pack(self) -> Layout:
+    def pack(self) -> Layout | None:
         """Lay the trainable parameters out in one flat buffer (and their gradients in another)."""
-        self.layout = Layout(self)
+        self.layout = None if init.abstract() else Layout(self)
         return self.layout
+
+    @classmethod
+    def shapes(cls, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every parameter's name and shape for ``cfg``, without allocating the model."""
+        with init.shapes_only():
+            return {k: v.shape for k, v in cls(cfg).params.items()}
 
     def replica(self) -> "GPT":
         """A data-parallel worker's copy: shared parameters, its own gradient buffer."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import init
 from .module import Module
 
 
@@ -17,9 +18,9 @@ class LayerNorm(Module):
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32, bias: bool = True):
         super().__init__()
         self.eps = eps
-        self.param("weight", np.ones(d, dtype=dtype))
+        self.param("weight", init.ones(d, dtype))
         if bias:
-            self.param("bias", np.zeros(d, dtype=dtype))
+            self.param("bias", init.zeros(d, dtype))
         self._avg = None
 
     def _mean_vector(self, dtype) -> np.ndarray:

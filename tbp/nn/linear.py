@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import init
 from .module import Module
 
 
@@ -16,9 +17,9 @@ class Linear(Module):
                  bias: bool = True, std: float = 0.02):
         super().__init__()
         self.d_in, self.d_out = d_in, d_out
-        self.param("weight", (rng.standard_normal((d_in, d_out)) * std).astype(dtype))
+        self.param("weight", init.normal(rng, (d_in, d_out), std, dtype))
         if bias:
-            self.param("bias", np.zeros(d_out, dtype=dtype))
+            self.param("bias", init.zeros(d_out, dtype))
 
     @classmethod
     def from_arrays(cls, weight: np.ndarray, bias: np.ndarray | None = None) -> "Linear":
@@ -76,9 +77,8 @@ class LoRA(Linear):
             self.param(name, value)
         self.freeze()                   # the base's weight and bias: only the adapters train
         # Kaiming-uniform-like down projection, as in the LoRA paper's reference code
-        bound = 1.0 / np.sqrt(self.d_in)
-        self.param("lora_down", rng.uniform(-bound, bound, (self.d_in, rank)).astype(dtype))
-        self.param("lora_up", np.zeros((rank, self.d_out), dtype=dtype))
+        self.param("lora_down", init.uniform(rng, 1.0 / np.sqrt(self.d_in), (self.d_in, rank), dtype))
+        self.param("lora_up", init.zeros((rank, self.d_out), dtype))
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x2 = x.reshape(-1, self.d_in)                                      # (N, in)

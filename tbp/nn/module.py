@@ -5,6 +5,8 @@ import copy
 
 import numpy as np
 
+from . import init
+
 
 class Module:
     """A layer: its own leaf parameters, and child modules that register on assignment.
@@ -42,7 +44,7 @@ class Module:
     def param(self, name: str, value: np.ndarray) -> np.ndarray:
         """Register a leaf parameter and a zeroed gradient of the same shape and dtype."""
         self._params[name] = value
-        self._grads[name] = np.zeros_like(value)
+        self._grads[name] = init.zeros(value.shape, value.dtype)
         return value
 
     # --- the tree ---------------------------------------------------------------------------

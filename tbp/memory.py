@@ -1,0 +1,69 @@
+"""Memory estimates made before anything is allocated, and a clear refusal when they cannot fit.
+
+A size inside every option's range can still be far beyond the machine (96 layers of width
+16384), and a hand-edited config.json can ask for 100,000 layers. Building such a model would
+allocate until the system kills the process; instead, the parameter count comes from
+``GPT.shapes`` (no allocation) and the estimate is compared with the memory available now.
+The estimates are deliberately rough (within a factor of about 1.5 of the measured peak):
+they exist to refuse the impossible, not to predict the peak.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .errors import TbpError
+from .nn import GPT, ModelConfig
+
+GiB = 1 << 30
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give this process now (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s, dtype=np.int64)) for s in GPT.shapes(cfg).values())
+
+
+def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
+    """The weights alone."""
+    return parameter_count(cfg) * np.dtype(dtype).itemsize
+
+
+def train_bytes(cfg: ModelConfig, batch_size: int, dtype=np.float32, workers: int = 1) -> int:
+    """A training step: weights, gradients and two moments (4x the weights), one gradient buffer
+    per extra worker, and the activations the backward keeps: per token and layer about
+    26 C numbers plus a row of H x T attention weights, plus the logits and their softmax."""
+    C, T, L, H, V = cfg.d_model, cfg.n_ctx, cfg.n_layer, cfg.n_head, cfg.vocab_size
+    per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
+    activations = batch_size * T * per_token
+    return (model_bytes(cfg, dtype) * (4 + max(0, workers - 1))
+            + activations * np.dtype(dtype).itemsize)
+
+
+def generate_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
+    """Sampling: the weights, the folded copies of the matrices that read a layer norm (about
+    as much again), and the KV cache."""
+    cache = cfg.n_layer * batch * cfg.n_ctx * cfg.n_head * (cfg.d_qk + cfg.d_v + 1)
+    return 2 * model_bytes(cfg, dtype) + cache * np.dtype(dtype).itemsize
+
+
+def check_fits(needed: int, what: str) -> None:
+    """Raise TbpError naming ``what`` when ``needed`` bytes exceed the memory available now."""
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB of memory and this machine has "
+                       f"{free / GiB:.1f} GiB available; use a smaller model, batch or context")

@@ -1,0 +1,56 @@
+"""Parameter initialisation, and a shapes-only mode that sizes a model before it is built.
+
+Every layer makes its parameters through these functions. Inside ``shapes_only()`` they
+return zero-cost placeholders (a read-only broadcast of one zero) instead of drawing random
+numbers, so ``GPT.shapes(cfg)`` knows every parameter's name and shape for the price of a few
+Python objects: a configuration that asks for 100,000 layers is measured, not allocated.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+_shapes_only = False
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Build layers whose parameters have the right names, shapes and dtypes but no memory."""
+    global _shapes_only
+    before, _shapes_only = _shapes_only, True
+    try:
+        yield
+    finally:
+        _shapes_only = before
+
+
+def abstract() -> bool:
+    """True inside ``shapes_only()``: the arrays being made are placeholders."""
+    return _shapes_only
+
+
+def _placeholder(shape, dtype) -> np.ndarray:
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def normal(rng: np.random.Generator, shape, std: float, dtype) -> np.ndarray:
+    """N(0, std^2) entries, drawn in float64 and cast (the same numbers for either dtype)."""
+    if _shapes_only:
+        return _placeholder(shape, dtype)
+    return (rng.standard_normal(shape) * std).astype(dtype)
+
+
+def uniform(rng: np.random.Generator, bound: float, shape, dtype) -> np.ndarray:
+    """U(-bound, bound) entries."""
+    if _shapes_only:
+        return _placeholder(shape, dtype)
+    return rng.uniform(-bound, bound, shape).astype(dtype)
+
+
+def zeros(shape, dtype) -> np.ndarray:
+    return _placeholder(shape, dtype) if _shapes_only else np.zeros(shape, dtype)
+
+
+def ones(shape, dtype) -> np.ndarray:
+    return _placeholder(shape, dtype) if _shapes_only else np.ones(shape, dtype)
