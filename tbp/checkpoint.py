@@ -253,15 +253,7 @@ def load_model(run: str | Path, dtype=None, best: bool = False):
         raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "
                        f"{mcfg.vocab_size} rows: the files belong to different models")
     lora = cfg.get("lora")
-    path = weights_path(run, best)
-    want = GPT.shapes(mcfg)
-    base_weights = None
-    if lora:
-        base = cfg.get("base") or {}
-        base_weights = _base_weights(run, base)
-        check_shapes(read_shapes(base_weights), want, base_weights)
-    else:
-        check_shapes(read_shapes(path), want, path)
+    path, base_weights = verify_weights(run, cfg, mcfg, best)
     memory.check_fits(memory.model_bytes(mcfg, dtype or np.float32), f"the model in {run}")
     arrays, _ = read_arrays(path)
     file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
@@ -276,6 +268,19 @@ def load_model(run: str | Path, dtype=None, best: bool = False):
     else:
         load_into(model, arrays, path)
     return model, tok, cfg
+
+
+def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) -> tuple[Path, Path | None]:
+    """(weights, base weights or None) of a run, after checking every tensor's name and shape in
+    the files' headers against the config: nothing is read or allocated for a mismatch."""
+    path = weights_path(run, best)
+    want = GPT.shapes(mcfg)
+    if cfg.get("lora"):
+        base_weights = _base_weights(run, cfg.get("base") or {})
+        check_shapes(read_shapes(base_weights), want, base_weights)
+        return path, base_weights
+    check_shapes(read_shapes(path), want, path)
+    return path, None
 
 
 def _base_weights(run: Path, base: dict) -> Path:

@@ -15,6 +15,8 @@ from pathlib import Path
 from .errors import TbpError
 
 TMP_SUFFIX = ".tmp"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)                         # read once: mkstemp makes 0600 files, tbp's follow the umask
 
 
 def _fsync_dir(path: Path) -> None:
@@ -38,6 +40,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -66,10 +66,12 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
     tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
     if req.init_from is not None:
-        base = checkpoint.read_model_config(req.init_from)
+        base_cfg = checkpoint.read_config(req.init_from)
+        base = checkpoint.read_model_config(req.init_from, base_cfg)
         _refuse_model_changes(base, req.model, f"the base run {req.init_from}")
         if req.lora is not None:
             _check_lora(req.lora, base)
+        checkpoint.verify_weights(req.init_from, base_cfg, base)
     elif not req.resume:
         ModelConfig(**{"vocab_size": 1, **req.model})          # the vocabulary comes with the data
     if req.resume:
@@ -143,8 +145,9 @@ def _reuse(out: Path, text: str, tokenizer: Tokenizer | None) -> Dataset | None:
 # --- run directories ------------------------------------------------------------------------
 def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
     """Lock ``out`` for this process, then make sure a new run may start there: it is new or
-    empty, or (with ``force``) holds nothing but a previous run, which is then removed. A folder
-    with anything tbp did not write, or one of the run's own inputs, is never touched."""
+    empty, or holds only the uncommitted files of a run killed before its first checkpoint, or
+    (with ``force``) a previous run; those are then removed. A folder with anything tbp did not
+    write, or one of the run's own inputs, is never touched."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise TbpError(f"{out}: is a file, not a run directory")
@@ -152,10 +155,12 @@ def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
     try:
         contents = [p for p in out.iterdir() if p.name != RunLock.NAME]
         if contents:
-            if not force:
+            committed = (out / "state.json").is_file()
+            if committed and not force:
                 raise TbpError(f"{out} already holds a run; use --resume to continue it, --force to replace "
                                f"it, or --out for a new one")
-            check_replaceable(out, checkpoint.RUN_FILES, "config.json", "a tbp run", inputs)
+            check_replaceable(out, checkpoint.RUN_FILES, "config.json" if committed else RunLock.NAME,
+                              "a tbp run", inputs)
             for p in contents:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
     except BaseException:
@@ -194,6 +199,7 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
         _check_lora(lora, mcfg)
+    checkpoint.verify_weights(base_run, base_cfg, mcfg)
     memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
                       f"fine-tuning {base_run}")
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
@@ -258,6 +264,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
                        f"(state.json records SHA-256 {state.tokenizer_sha256[:12]})")
     mcfg = checkpoint.read_model_config(out, cfg)
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
+    checkpoint.verify_weights(out, cfg, mcfg)
     memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
                       f"resuming {out}")
     model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))

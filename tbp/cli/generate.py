@@ -80,9 +80,9 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     sampling = Sampling(temperature, top_k, top_p)
     run = run or checkpoint.latest_run()
     text = _prompt_text(prompt, prompt_file)
-    memory.check_fits(memory.generate_bytes(checkpoint.read_model_config(run), num_samples),
-                      f"sampling {num_samples} sequence(s) from {run}")
-    model, tok, _ = checkpoint.load_model(run, best=best)
+    model, tok, _ = checkpoint.load_model(run, best=best)      # checks shapes and the weights' memory
+    memory.check_fits(memory.generate_bytes(model.config, num_samples, model.dtype) - memory.model_bytes(
+        model.config, model.dtype), f"sampling {num_samples} sequence(s) from {run}")
     ids, note = start_tokens(tok, text)
     n_ctx = model.config.n_ctx
     if len(ids) > n_ctx:

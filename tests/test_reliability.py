@@ -1,0 +1,444 @@
+"""What tbp guarantees under faults: kills, full disks, damaged files, absurd sizes, two writers.
+
+Each test is named after the promise it checks; the numbers refer to the README's list
+"What tbp guarantees".
+"""
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import TINY, clean_fail, run, tiny, train_tiny
+
+from tbp import checkpoint, data
+from tbp.generate import Sampling, generate_ids
+from tbp.nn import GPT, ModelConfig
+
+
+def _step(run_dir):
+    return json.loads((Path(run_dir) / "state.json").read_text())["step"]
+
+
+def _newest(run_dir, stem):
+    """The newest file of a kind (model, optimizer, ...) in a run, whatever the naming."""
+    return max(Path(run_dir).glob(f"{stem}*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+
+
+def _weights_digest(run_dir):
+    return sorted(checkpoint.file_sha256(p) for p in Path(run_dir).glob("*.safetensors"))
+
+# --- 1. a save is one commit ----------------------------------------------------------------
+
+
+def _failing(real, when, err=errno.ENOSPC):
+    """``real`` (a write function) that raises OSError(err) instead when ``when(path)``."""
+    def write(path, *args, **kw):
+        if when(Path(path)):
+            raise OSError(err, os.strerror(err), str(path))
+        return real(path, *args, **kw)
+    return write
+
+
+@pytest.mark.parametrize("target", ["state.json", "optimizer", "model"])
+def test_a_full_disk_during_a_save_leaves_the_previous_checkpoint_resumable(
+        tmp_path, corpus_file, monkeypatch, target):
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
+    before = json.loads((run_dir / "state.json").read_text())
+    if target == "state.json":
+        monkeypatch.setattr(checkpoint, "atomic_write_json",
+                            _failing(checkpoint.atomic_write_json, lambda p: p.name == "state.json"))
+    else:
+        monkeypatch.setattr(checkpoint, "atomic_write_bytes",
+                            _failing(checkpoint.atomic_write_bytes, lambda p: p.name.startswith(target)))
+    r = run(["train", "--out", run_dir, "--resume", "--max-iters", 15, "-q"])
+    clean_fail(r, 1, "No space left on device")
+    assert ".tmp" not in r.output                          # the file at fault, not a temporary one
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert json.loads((run_dir / "state.json").read_text()) == before
+    r = run(["train", "--out", run_dir, "--resume", "--max-iters", 15, "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 15
+    assert not list(run_dir.glob(".*.tmp"))                # temporaries swept
+    assert len(list(run_dir.glob("model-*.safetensors"))) == 1     # only the committed set is kept
+
+
+class Crash(BaseException):
+    """A process dying at this instant (nothing after it runs, as with kill -9)."""
+
+
+def test_a_crash_before_any_file_operation_of_a_save_never_loses_the_run(tmp_path, corpus_file, monkeypatch):
+    """Die just before the k-th rename, link or unlink of a save, for every k: the run resumes,
+    from the step before or the step after, never from a mixture."""
+    import shutil
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 5)
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(run_dir, snapshot)
+    real = {name: getattr(os, name) for name in ("replace", "link", "unlink", "rename")}
+    k = 0
+    while True:
+        k += 1
+        calls = [0]
+
+        def dying(name):
+            def op(*args, **kw):
+                calls[0] += 1
+                if calls[0] == k:
+                    raise Crash
+                return real[name](*args, **kw)
+            return op
+        for name in real:
+            monkeypatch.setattr(os, name, dying(name))
+        try:
+            r = run(["train", "--out", run_dir, "--resume", "--max-iters", 10, "-q"], catch_exceptions=False)
+            completed = True
+        except Crash:
+            completed = False
+        for name, fn in real.items():
+            monkeypatch.setattr(os, name, fn)
+        assert _step(run_dir) in (5, 10)
+        r = run(["train", "--out", run_dir, "--resume", "--max-iters", 10, "-q"])
+        assert r.exit_code == 0, f"crash before file operation {k}: {r.output}"
+        assert _step(run_dir) == 10
+        if completed:
+            break
+        shutil.rmtree(run_dir)
+        shutil.copytree(snapshot, run_dir)
+    assert k > 3                                            # the save has several operations to cut
+
+
+def _tbp(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "tbp", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, **kw)
+
+
+def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus_file):
+    """A run that saves at every step, killed (SIGKILL) at random instants, always resumes."""
+    rng = random.Random(4)
+    args = ["--data", corpus_file, "--out", "r", "--max-iters", 10_000, *tiny(eval_interval=1, log_interval=1)]
+    steps = []
+    for _ in range(6):
+        resume = (tmp_path / "r" / "state.json").is_file()
+        proc = _tbp("train", *(["--out", "r", "--resume", "-q"] if resume else args), cwd=tmp_path)
+        time.sleep(rng.uniform(0.8, 2.5))
+        proc.kill()
+        proc.wait()
+        if (tmp_path / "r" / "state.json").is_file():
+            steps.append(_step(tmp_path / "r"))
+    assert steps and steps == sorted(steps)                 # never back, never a damaged set
+    final = max(steps) + 3
+    r = subprocess.run([sys.executable, "-m", "tbp", "train", "--out", "r", "--resume", "--max-iters", str(final),
+                        "-q"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert _step(tmp_path / "r") == final
+
+
+# --- 2. --force replaces only what tbp wrote -------------------------------------------------
+
+
+def test_force_never_deletes_a_folder_of_the_users_own_files(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    for args in (["prepare", "--data", corpus_file], ["train", "--data", corpus_file, *TINY]):
+        clean_fail(run([*args, "--out", mine, "--force"]), 1, "holds files tbp did not write (notes.txt)")
+        assert (mine / "notes.txt").read_text() == "precious"
+
+
+def test_force_never_replaces_the_commands_own_input(tmp_path, corpus_file, monkeypatch):
+    base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5)
+    before = _weights_digest(base)
+    clean_fail(run(["export", base, "--out", base, "--force"]), 1, "own input")
+    assert run(["train", "--init-from", base, "--data", corpus_file, "--lora-rank", 2, "--out", "ft",
+                "--max-iters", 5, *TINY]).exit_code == 0
+    clean_fail(run(["merge", "ft", "--out", base, "--force"]), 1, "own input")
+    clean_fail(run(["merge", "ft", "--out", "ft", "--force"]), 1, "own input")
+    assert _weights_digest(base) == before
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text\n" * 50)
+    clean_fail(run(["prepare", "--data", tmp_path / "texts", "--out", tmp_path / "texts", "--force"]), 1,
+               "own input")
+    assert (tmp_path / "texts" / "a.txt").is_file()
+
+
+def test_force_replaces_what_tbp_wrote(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--data", corpus_file, "--out", "ds"]).exit_code == 0
+    assert run(["prepare", "--data", corpus_file, "--out", "ds", "--force", "--val-fraction", 0.2]).exit_code == 0
+    assert json.loads((tmp_path / "ds" / "meta.json").read_text())["val_fraction"] == 0.2
+    base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5)
+    for _ in range(2):
+        assert run(["export", base, "--out", "hf", "--force"]).exit_code == 0
+
+
+# --- 3. a damaged file is a user error ----------------------------------------------------------
+
+
+@pytest.fixture
+def trained(tmp_path, corpus_file, monkeypatch):
+    return train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
+
+
+def _edit_json(path, fn):
+    obj = json.loads(path.read_text())
+    fn(obj)
+    path.write_text(json.dumps(obj))
+
+
+@pytest.mark.parametrize("file,edit,msg", [
+    ("state.json", lambda s: s.update(step="20"), "state.json: step must be an integer"),
+    ("state.json", lambda s: s["data_rng"].pop("state"), "data_rng is not a generator state"),
+    ("state.json", lambda s: s.update(files=[1]), "state.json: files must be a JSON object"),
+    ("config.json", lambda c: c.pop("data"), "names no dataset; pass --data"),
+    ("config.json", lambda c: c.update(model=[]), "config.json: model must be an object"),
+    ("config.json", lambda c: c["model"].update(n_layer="2"), "n_layer must be an integer"),
+    ("config.json", lambda c: c["train"].update(lr=-1), "bad training config"),
+])
+def test_a_damaged_run_file_is_one_line_naming_file_and_field(trained, file, edit, msg):
+    _edit_json(trained / file, edit)
+    clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1, msg)
+
+
+def test_info_and_generate_refuse_damaged_files_in_one_line(trained):
+    with open(trained / "metrics.jsonl", "a") as f:
+        f.write("[1, 2]\n\"text\"\n{\"no step\": 1}\n")
+    assert run(["info", trained]).exit_code == 0            # a log with junk lines still reads
+    _edit_json(trained / "state.json", lambda s: s.update(step=None))
+    clean_fail(run(["info", trained]), 1, "state.json: step must be an integer")
+    clean_fail(run(["generate", "--checkpoint", trained]), 1, "state.json: step must be an integer")
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda m: m.pop("val_bytes"), "meta.json: missing field 'val_bytes'"),
+    (lambda m: m.update(dtype="float13"), "is not a token dtype"),
+    (lambda m: m.update(train_tokens="many"), "train_tokens must be an integer"),
+])
+def test_a_damaged_dataset_is_refused_at_load(tmp_path, corpus_file, monkeypatch, edit, msg):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--data", corpus_file, "--out", "ds"]).exit_code == 0
+    _edit_json(tmp_path / "ds" / "meta.json", edit)
+    clean_fail(run(["train", "--data", "ds", "--out", "r", *TINY]), 1, msg)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_config_file_that_is_not_an_object_is_a_usage_error(tmp_path):
+    (tmp_path / "c.json").write_text("[1, 2]")
+    clean_fail(run(["train", "--config", tmp_path / "c.json"]), 2, "expected a JSON object")
+
+
+# --- 4. everything validated at load ------------------------------------------------------------
+
+
+def test_a_token_id_outside_the_vocabulary_is_named_at_load(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--data", corpus_file, "--out", "ds"]).exit_code == 0
+    ids = np.fromfile(tmp_path / "ds" / "train.bin", dtype=np.uint16)
+    ids[1234] = 60000
+    ids.tofile(tmp_path / "ds" / "train.bin")
+    clean_fail(run(["train", "--data", "ds", "--out", "r", *TINY]), 1,
+               "train.bin: token id 60000 at position 1234 is outside the vocabulary")
+
+
+def test_a_token_file_of_a_torn_size_is_named(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--data", corpus_file, "--out", "ds"]).exit_code == 0
+    with open(tmp_path / "ds" / "val.bin", "ab") as f:
+        f.write(b"\x01")
+    clean_fail(run(["train", "--data", "ds", "--out", "r", *TINY]), 1, "val.bin: 6721 bytes is not a whole number")
+
+
+def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
+    opt = _newest(trained, "optimizer")
+    arrays, meta = checkpoint.read_arrays(opt)
+    arrays["m.ln_f.weight"] = np.zeros((1,), np.float32)       # broadcastable to (16,), still wrong
+    checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
+    clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
+               "m.ln_f.weight has shape (1,), the model needs (16,)")
+
+
+def test_a_swapped_tokenizer_is_refused_on_resume(trained, tmp_path):
+    data.prepare("other letters entirely QXZ\n" * 50, "o", "test", tmp_path / "other")
+    (trained / "tokenizer.json").write_text((tmp_path / "other" / "tokenizer.json").read_text())
+    clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
+               "tokenizer.json: differs from the tokenizer this run was trained with")
+
+
+# --- 5. sizes checked before anything is allocated ------------------------------------------
+
+
+@pytest.mark.parametrize("n_layer,msg", [(100000, "bad model config (n_layer must be <= 96, got 100000)"),
+                                         (96, "tensor names do not match the model (missing ['h.1.ln_1.weight'")])
+def test_a_config_asking_for_absurd_depth_is_refused_before_building(trained, corpus_file, n_layer, msg):
+    _edit_json(trained / "config.json", lambda c: c["model"].update(n_layer=n_layer, d_model=16384, n_head=128))
+    t = time.perf_counter()
+    for cmd in (["generate", "--checkpoint", trained, "--max-new-tokens", 2],
+                ["train", "--init-from", trained, "--data", corpus_file, "--out", "ft", "--max-iters", 1, "-q"],
+                ["train", "--out", trained, "--resume", "-q"]):
+        clean_fail(run(cmd), 1, msg)
+    assert time.perf_counter() - t < 10                     # measured, not allocated
+
+
+def test_a_model_beyond_memory_is_refused_up_front(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(["train", "--data", corpus_file, "--n-layer", 96, "--n-head", 128, "--d-model", 16384, "-q"]), 1,
+               "GiB of memory")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_huge_max_new_tokens_allocates_nothing_in_advance():
+    model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8))
+    gen = generate_ids(model, [1, 2], 10 ** 12, Sampling(1.0), np.random.default_rng(0))
+    tokens = [next(gen) for _ in range(20)]                 # past the context: the window slides
+    assert len(tokens) == 20
+
+
+def test_an_import_whose_config_contradicts_its_weights_is_refused_before_building(tmp_path):
+    from tbp.hf import export_hf
+    from tbp.tokenizer import train_char
+    tok = train_char("abcdefghij\n")
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=8, n_layer=1, n_head=2, d_model=8))
+    export_hf(model, tok, tmp_path / "hf")
+    _edit_json(tmp_path / "hf" / "config.json", lambda c: c.update(n_embd=16384, n_head=128, n_layer=96))
+    clean_fail(run(["import", tmp_path / "hf", "--out", tmp_path / "imp"]), 1, "but config.json implies")
+
+
+# --- 6. a failed command changes nothing ------------------------------------------------------
+
+
+def test_a_run_that_fails_before_its_first_save_leaves_nothing(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "r", "--lr", 1e4, "--grad-clip", 0, "--max-iters", 30,
+             *tiny(eval_interval=50)])
+    clean_fail(r, 1, "is nan")
+    assert not (tmp_path / "r").exists()
+    assert run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY]).exit_code == 0
+
+
+def test_a_run_killed_before_its_first_commit_does_not_block_the_retry(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checkpoint, "atomic_write_json",
+                        _failing(checkpoint.atomic_write_json, lambda p: p.name == "state.json"))
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY]), 1, "No space left")
+    assert (tmp_path / "r" / "config.json").is_file() and not (tmp_path / "r" / "state.json").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(["train", "--out", "r", "--resume", "-q"]), 1, "no checkpoint to resume from")
+    assert run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY]).exit_code == 0
+
+
+def test_a_failed_resume_rewrites_nothing(trained, tmp_path):
+    before = {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()}
+    (tmp_path / "short.txt").write_text("the cat\n")          # encodable, but shorter than one block
+    clean_fail(run(["train", "--out", trained, "--resume", "--data", tmp_path / "short.txt", "--max-iters", 12,
+                    "-q"]), 1, "fewer than one block")
+    (tmp_path / "other.txt").write_text("Zebra ζ\n" * 100)
+    clean_fail(run(["train", "--out", trained, "--resume", "--data", tmp_path / "other.txt", "--max-iters", 12,
+                    "-q"]), 1, "not in this char tokenizer's vocabulary")
+    clean_fail(run(["train", "--out", trained, "--resume", "--min-lr", 1, "-q"]), 2, "must not exceed lr")
+    assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before
+    assert run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]).exit_code == 0
+
+
+# --- 7. a run knows its data ------------------------------------------------------------------
+
+
+def test_two_corpora_with_one_file_name_never_share_a_dataset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for d, words in (("A", "the cat sat on the mat\n"), ("B", "a dog ate a log\n")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "input.txt").write_text(words * 400)
+    assert run(["train", "--data", "A/input.txt", "--out", "ra", "--max-iters", 5, *TINY]).exit_code == 0
+    assert run(["train", "--data", "B/input.txt", "--out", "rb", "--max-iters", 5, *TINY]).exit_code == 0
+    data_a = json.loads((tmp_path / "ra" / "config.json").read_text())["data"]
+    data_b = json.loads((tmp_path / "rb" / "config.json").read_text())["data"]
+    assert data_a != data_b
+    assert "cat" in data.Dataset.load(data_a).tokenizer.decode(data.Dataset.load(data_a).train[:40])
+    assert run(["train", "--out", "ra", "--resume", "--max-iters", 8, "-q"]).exit_code == 0
+
+
+def test_a_run_refuses_its_dataset_prepared_again_from_other_text(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "input.txt").write_text("the cat sat on the mat\n" * 400)
+    assert run(["train", "--data", "input.txt", "--out", "r", "--max-iters", 5, *TINY]).exit_code == 0
+    (tmp_path / "input.txt").write_text("the mat sat on the cat\n" * 400)
+    assert run(["prepare", "--data", "input.txt", "--out", "data/input", "--force"]).exit_code == 0
+    clean_fail(run(["train", "--out", "r", "--resume", "--max-iters", 8, "-q"]), 1,
+               "was prepared again from other text")
+
+
+# --- 8. one writer per run -----------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_naming_the_holder(trained, corpus_file):
+    from tbp.fsutil import RunLock
+    lock = RunLock(trained).acquire()
+    try:
+        clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
+                   f"another tbp process (pid {os.getpid()}) is writing this run")
+        clean_fail(run(["train", "--data", corpus_file, "--out", trained, "--force", *TINY]), 1, "another tbp process")
+    finally:
+        lock.release()
+    assert run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]).exit_code == 0
+
+
+# --- 9. SIGTERM saves and stops ------------------------------------------------------------------
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path, corpus_file):
+    proc = _tbp("train", "--data", corpus_file, "--out", "r", "--max-iters", 100_000,
+                *tiny(eval_interval=50), cwd=tmp_path)
+    deadline = time.time() + 60
+    while not (tmp_path / "r" / "state.json").is_file() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert b"SIGTERM" in err and b"Traceback" not in err
+    step = _step(tmp_path / "r")
+    assert step > 50 and step % 50 != 0 or step >= 50      # saved at the stop, not only at evals
+    r = subprocess.run([sys.executable, "-m", "tbp", "train", "--out", "r", "--resume", "--max-iters",
+                        str(step + 2), "-q"], cwd=tmp_path, capture_output=True)
+    assert r.returncode == 0, r.stderr
+
+
+# --- 10. usage errors exit 2 -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["train", "--n-head", 3, "--d-model", 32], "divisible"),
+    (["train", "--lr", "nan"], "not a finite number"),
+    (["train", "--warmup", -1], "--warmup"),
+    (["bench", "--d-model", 3, "--n-head", 2], "divisible"),
+    (["generate", "--top-p", "inf"], "--top-p"),
+    (["generate", "--temperature", "nan"], "not a finite number"),
+])
+def test_a_bad_option_value_exits_2(tmp_path, monkeypatch, args, msg):
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(args), 2, msg)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--lora-rank", 999], "LoRA rank must be in [1, 16]"),
+    (["--lora-rank", 2, "--lora-targets", "attn,conv"], "unknown LoRA target 'conv'"),
+    (["--lora-rank", 2, "--n-layer", 3], "--n-layer 3 differs from the base run"),
+])
+def test_a_bad_lora_request_exits_2_before_any_work(trained, corpus_file, args, msg):
+    clean_fail(run(["train", "--init-from", trained, "--data", corpus_file, "--out", "ft", "-q", *args]), 2, msg)
+
+
+# --- 11. every error line names the file or value at fault ---------------------------------------
+
+
+def test_a_file_size_limit_names_the_file(trained, monkeypatch):
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes",
+                        _failing(checkpoint.atomic_write_bytes, lambda p: p.name.startswith("model-"), errno.EFBIG))
+    r = run(["train", "--out", trained, "--resume", "--max-iters", 15, "-q"])
+    clean_fail(r, 1, "model-000015.safetensors: File too large")
