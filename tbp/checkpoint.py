@@ -98,6 +98,10 @@ def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: boo
 
 
 # --- reading --------------------------------------------------------------------------------
+class MissingFile(TbpError):
+    """A file a checkpoint names is not there (damage, or a newer commit removed it)."""
+
+
 def read_json(path: Path) -> dict:
     if not path.is_file():
         raise TbpError(f"{path}: missing")
@@ -161,7 +165,7 @@ _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float
 def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from a safetensors file's header, without reading the tensors."""
     if not path.is_file():
-        raise TbpError(f"{path}: missing")
+        raise MissingFile(f"{path}: missing")
     try:
         with safe_open(str(path), framework="numpy") as f:
             slices = {k: f.get_slice(k) for k in f.keys()}
@@ -189,7 +193,7 @@ def check_shapes(shapes: dict, want: dict, source: Path) -> None:
 def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     """(arrays, metadata) of a safetensors file; data only, nothing executable."""
     if not path.is_file():
-        raise TbpError(f"{path}: missing")
+        raise MissingFile(f"{path}: missing")
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
@@ -243,9 +247,18 @@ def load_model(run: str | Path, dtype=None, best: bool = False):
 
     dtype: None keeps the checkpoint's; float32/float64 converts explicitly. Every shape is
     checked against the weight file's header, and the memory the model needs against what the
-    machine has, before anything is built.
+    machine has, before anything is built. A run that commits a new checkpoint while it is
+    read (training goes on) is read again from its new state.json.
     """
-    run = Path(run)
+    for attempt in range(3):
+        try:
+            return _load_model(Path(run), dtype, best)
+        except MissingFile:
+            if attempt == 2 or not (Path(run) / "state.json").is_file():
+                raise
+
+
+def _load_model(run: Path, dtype, best: bool):
     cfg = read_config(run)
     mcfg = read_model_config(run, cfg)
     tok = Tokenizer.load(run / "tokenizer.json")

@@ -202,6 +202,9 @@ def staged_dir(out: str | Path, force: bool = False):
         _fsync_dir(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
+            # name the folder being written, not the temporary one that is gone now
+            raise OSError(e.errno, e.strerror or str(e), str(out)) from None
         raise

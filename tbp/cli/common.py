@@ -1,6 +1,7 @@
 """What every command shares: the stderr console, error mapping, number formatting."""
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 
@@ -15,18 +16,31 @@ console = Console(stderr=True, highlight=False)
 BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (how schedulers stop a job), raised where the process is, so that every
+    ``finally`` and temporary-file cleanup runs as for Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 class Group(click.Group):
     """Turns tbp's expected failures into one line: bad data, files or environment exit 1, a bad
     option value exits 2 (usage), Ctrl-C 130. Anything else is a bug: its traceback is shown,
     with a line saying so, and the exit code is 1."""
 
     def invoke(self, ctx):
+        previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             return super().invoke(ctx)
         except ConfigError as e:
             raise click.UsageError(_one_line(e)) from None
         except (TbpError, OSError) as e:
             raise click.ClickException(_one_line(e)) from None
+        except Terminated:
+            console.print("terminated")
+            sys.exit(143)
         except KeyboardInterrupt:
             console.print("interrupted")
             sys.exit(130)
@@ -36,6 +50,8 @@ class Group(click.Group):
             traceback.print_exc()
             console.print(f"[bold red]error:[/] {BUG}")
             sys.exit(1)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(e: Exception) -> str:
