@@ -31,14 +31,16 @@ def matmul_peak_gflops(dtype=np.float32, n: int = 1024, repeats: int = 5) -> flo
 
 
 def train_flops_per_token(cfg: ModelConfig) -> float:
-    """Forward + backward FLOPs per token: 3 x (2 x matmul weights + attention's 4 T C per layer).
+    """Forward + backward FLOPs per token: 3 x (2 x matmul weights + attention's scores and sums).
 
-    Counts multiply-adds as 2; attention scores are computed over the full T x T square.
+    The matmul weights are every matrix but the embeddings (from GPT.shapes, so a new layer
+    counts itself), plus the head's C x V; multiply-adds count 2; attention scores are
+    computed over the full T x T square: 2 T H (Dk + Dv) per token and layer.
     """
     C, L, T, V = cfg.d_model, cfg.n_layer, cfg.n_ctx, cfg.vocab_size
-    H, Dk, Dv = cfg.n_head, cfg.d_qk, cfg.d_v
-    per_layer = C * H * (2 * Dk + Dv) + H * Dv * C + 8 * C * C
-    forward = 2 * (L * per_layer + C * V) + L * 2 * T * H * (Dk + Dv)
+    matrices = sum(int(np.prod(s)) for k, s in GPT.shapes(cfg).items()
+                   if len(s) == 2 and k not in ("wte", "wpe", "lm_head.weight"))
+    forward = 2 * (matrices + C * V) + L * 2 * T * cfg.n_head * (cfg.d_qk + cfg.d_v)
     return 3.0 * forward
 
 

@@ -81,7 +81,8 @@ class Decoder:
             raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
         self.model, self.B, self.dtype = model, batch, model.dtype
         self.n_ctx, self.V = cfg.n_ctx, cfg.vocab_size
-        self._shape = (cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, 4 * cfg.d_model, cfg.vocab_size, cfg.n_ctx)
+        d_hidden = model.blocks[0].mlp.c_fc.d_out
+        self._shape = (cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, d_hidden, cfg.vocab_size, cfg.n_ctx)
         dt = self.dtype
         self.layers = [(block, block.attn.fold(block.ln_1), block.mlp.fold(block.ln_2),
                         block.ln_1.decode_vectors(dt), block.ln_2.decode_vectors(dt))
