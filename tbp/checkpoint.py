@@ -78,9 +78,12 @@ def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: boo
     """
     run = Path(run)
     step = state["step"]
-    before = read_state(run).get("files") if (run / "state.json").is_file() else None
-    files = {"weights": weights_name(adapter, step=step), "best": (before or {}).get("best"),
-             "optimizer": None}
+    best_before = None                     # kept until a better one: the previous set's best file
+    if (run / "state.json").is_file():
+        with contextlib.suppress(TbpError):
+            path = checkpoint_files(run)["best"]
+            best_before = path.name if path is not None else None
+    files = {"weights": weights_name(adapter, step=step), "best": best_before, "optimizer": None}
     write_arrays(run / files["weights"], model.layout.views(model.layout.params), step, "weights")
     if best:
         files["best"] = weights_name(adapter, best=True, step=step)

@@ -442,3 +442,23 @@ def test_a_file_size_limit_names_the_file(trained, monkeypatch):
                         _failing(checkpoint.atomic_write_bytes, lambda p: p.name.startswith("model-"), errno.EFBIG))
     r = run(["train", "--out", trained, "--resume", "--max-iters", 15, "-q"])
     clean_fail(r, 1, "model-000015.safetensors: File too large")
+
+
+def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
+    """Runs saved as model.safetensors / best-model.safetensors / optimizer.safetensors (no
+    "files" in state.json) load, resume, and keep their best weights until a better eval."""
+    files = checkpoint.checkpoint_files(trained)
+    state = json.loads((trained / "state.json").read_text())
+    for key, legacy in (("weights", "model.safetensors"), ("best", "best-model.safetensors"),
+                        ("optimizer", "optimizer.safetensors")):
+        files[key].rename(trained / legacy)
+    state.pop("files")
+    state["best_val_loss"] = -1.0                           # no later eval can beat it
+    (trained / "state.json").write_text(json.dumps(state))
+    best = (trained / "best-model.safetensors").read_bytes()
+    assert run(["generate", "--checkpoint", trained, "--max-new-tokens", 3]).exit_code == 0
+    r = run(["train", "--out", trained, "--resume", "--max-iters", 15, "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((trained / "state.json").read_text())["files"]["best"] == "best-model.safetensors"
+    assert (trained / "best-model.safetensors").read_bytes() == best
+    assert not (trained / "model.safetensors").exists() and (trained / "model-000015.safetensors").is_file()
