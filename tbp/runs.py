@@ -74,6 +74,8 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         checkpoint.verify_weights(req.init_from, base_cfg, base)
     elif not req.resume:
         ModelConfig(**{"vocab_size": 1, **req.model})          # the vocabulary comes with the data
+    if not req.resume and req.out is not None and not req.force:
+        _refuse_a_committed_run(Path(req.out))                  # before any data is prepared
     if req.resume:
         ds = None
         if req.data is not None:
@@ -156,9 +158,8 @@ def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
         contents = [p for p in out.iterdir() if p.name != RunLock.NAME]
         if contents:
             committed = (out / "state.json").is_file()
-            if committed and not force:
-                raise TbpError(f"{out} already holds a run; use --resume to continue it, --force to replace "
-                               f"it, or --out for a new one")
+            if not force:
+                _refuse_a_committed_run(out)
             check_replaceable(out, checkpoint.RUN_FILES, "config.json" if committed else RunLock.NAME,
                               "a tbp run", inputs)
             for p in contents:
@@ -167,6 +168,12 @@ def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
         lock.release()
         raise
     return lock
+
+
+def _refuse_a_committed_run(out: Path) -> None:
+    if (out / "state.json").is_file():
+        raise TbpError(f"{out} already holds a run; use --resume to continue it, --force to replace it, "
+                       f"or --out for a new one")
 
 
 def _record(mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, lora: LoraSpec | None,
