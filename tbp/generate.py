@@ -5,11 +5,15 @@ each token costs one row of attention against the cache per layer: linear in the
 tokens so far, never a recomputation of the past (paper §3.2). Without the cache
 (``use_cache=False``) every token re-runs the whole window: quadratic per token.
 
-Past the context. Positions are learned, so the cache cannot slide: when it is full, it is
+Past the context. With learned positions the cache cannot slide: when it is full, it is
 refilled by a prefill of the most recent ``n_ctx // 2`` tokens (one prefill every
-``n_ctx / 2`` tokens, so the amortised cost per token stays linear in n_ctx). The uncached
-path uses exactly the same windows, so both paths see the same context at every step and
-draw the same random numbers: with the same seed they produce the same text.
+``n_ctx / 2`` tokens, so the amortised cost per token stays linear in n_ctx). With rotary
+positions it slides: every token attends to the last n_ctx positions, a ring of cache slots
+(scores depend only on relative positions) -- sliding-window attention, which is what a
+rotary model computes on a sequence longer than its context. The uncached path computes the
+same thing by running the training forward over every token the last one depends on. Both
+paths see the same context at every step and draw the same random numbers: with the same
+seed they produce the same text.
 """
 from __future__ import annotations
 
@@ -85,8 +89,12 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
-    # the tokens of the current window; a buffer of 2 n_ctx columns, whatever max_new_tokens
-    buf = np.empty((num_samples, 2 * n_ctx + 1), dtype=np.int64)               # (B, 2 n_ctx + 1)
+    slides = model.config.positions == "rope"
+    # what the uncached path recomputes at each step: the window (learned positions), or with
+    # rotary positions every token the last one depends on through L layers of sliding-window
+    # attention, L (n_ctx - 1) + 1 of them (further back can reach it through no path)
+    reach = model.config.n_layer * (n_ctx - 1) + 1 if slides else n_ctx
+    buf = np.empty((num_samples, reach + n_ctx + 1), dtype=np.int64)          # whatever max_new_tokens
     n = len(prompt)                           # tokens in the window
     buf[:, :n] = np.asarray(prompt, dtype=np.int64)
     decoder = model.decoder(num_samples) if use_cache else None
@@ -97,9 +105,18 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     for _ in range(max_new_tokens):
         nxt = sample(logits, sampling, rng)                                     # (B,)
         yield nxt
+        if n == buf.shape[1]:                 # rotary: keep the tokens that can still matter
+            buf[:, :reach] = buf[:, n - reach:n]
+            n = reach
         buf[:, n] = nxt
         n += 1
-        if n > n_ctx:                         # window full: keep the recent half
+        if slides:                            # the window slides by one token
+            if decoder is not None:
+                logits = decoder.forward(nxt[:, None], check=False)[:, -1]
+            else:
+                logits = model.forward(buf[:, max(0, n - reach):n])[:, -1]
+            continue
+        if n > n_ctx:                         # learned positions, window full: keep the recent half
             keep = n_ctx // 2
             buf[:, :keep] = buf[:, n - keep:n]
             n = keep

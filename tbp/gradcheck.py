@@ -25,6 +25,7 @@ import numpy as np
 
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossEntropy, Embedding,
                  LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+from .nn.rope import Rotary
 
 DEFAULT_EPS = 1e-5
 DEFAULT_RTOL = 1e-6
@@ -120,7 +121,11 @@ def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
 
-def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:
+def _targets(module, x=None, dx=None, H=None, Dk=None, rotary: bool = False) -> list[Target]:
+    """Every trainable tensor (and the input). With H and Dk, the fused c_attn bias is split into
+    its query, key and value parts, and the key part is expected to be exactly zero -- unless
+    positions are rotary: a key bias rotated differently at each position is no constant shift
+    of a row's scores, so its gradient is a real one."""
     out = []
     for name, value in module.params.items():
         if name not in module.grads:
@@ -130,7 +135,7 @@ def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:
             # split the fused bias so the key part's exact zero shows on its own row
             q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
             gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
-            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk, expect_zero=True),
+            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk, expect_zero=not rotary),
                     Target(name + "[v]", v, gv)]
         else:
             out.append(Target(name, value, grad))
@@ -182,7 +187,8 @@ def _projected_case(layer: str, module, x: np.ndarray, rng, H=None, Dk=None) -> 
         module.zero_grad()
         module.forward(x)
         dx = module.backward(w.copy())
-        return _targets(module, x, dx, H, Dk)
+        rotary = any(getattr(m, "rotary", None) is not None for _, m in module.modules())
+        return _targets(module, x, dx, H, Dk, rotary)
 
     return Case(layer, f, prepare)
 
@@ -236,7 +242,7 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
 
     def prepare():
         model.loss_and_backward(idx, targets)
-        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk, rotary=cfg.positions == "rope")
 
     return Case(layer, f, prepare)
 
@@ -260,6 +266,14 @@ def cases(rng: np.random.Generator) -> list[Case]:
                                     ("no biases", 4, False, True), ("non-causal", 4, True, False)):
         attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, bias, causal)
         out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H if bias else None, Dk=dk))
+    # flash in tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
+    for label, dk, causal, impl, rope in (("flash", 4, True, "flash", False),
+                                          ("flash, non-causal", 4, False, "flash", False),
+                                          ("rope", 4, True, "dense", True),
+                                          ("flash + rope, d_qk=2", 2, True, "flash", True)):
+        attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
+                                   rotary=Rotary(dk) if rope else None, tiles=(2, 3))
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
     for act in ("gelu", "relu"):
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
@@ -270,7 +284,10 @@ def cases(rng: np.random.Generator) -> list[Case]:
                          ("untied head + bias", {"tie_head": False}),
                          ("relu, ln eps 0", {"activation": "relu", "ln_eps": 0.0}),
                          ("no biases", {"bias": False}),
-                         ("d_qk=2 != d_v=4", {"d_qk": 2})):
+                         ("d_qk=2 != d_v=4", {"d_qk": 2}),
+                         ("flash", {"attn_impl": "flash"}),
+                         ("rope, no wpe", {"positions": "rope"}),
+                         ("flash + rope", {"attn_impl": "flash", "positions": "rope"})):
         out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))

@@ -128,6 +128,8 @@ def test_cross_entropy(rng):
 
 
 @pytest.mark.parametrize("options", [{}, {"tie_head": False}, {"activation": "relu", "ln_eps": 0.0},
+                                     {"attn_impl": "flash"}, {"positions": "rope"},
+                                     {"positions": "rope", "attn_impl": "flash", "d_qk": 2},
                                      {"bias": False}, {"d_qk": 2}], ids=str)
 def test_the_whole_model(rng, options):
     cfg = ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8, **options)

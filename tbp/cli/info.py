@@ -10,6 +10,7 @@ import click
 from rich.table import Table
 
 from .. import checkpoint
+from ..config import ModelConfig
 from ..errors import TbpError
 from .common import console, fmt_bytes, kv_table
 from .prepare import summary
@@ -123,8 +124,12 @@ def info(path, as_json):
     t = kv_table(f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})")
     t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
-    t.add_row("options", " · ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                                    for k, v in m.items() if k not in shape))
+    defaults = ModelConfig.defaults()
+    changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
+               if k not in shape and k != "d_qk" and v != defaults.get(k)]
+    if m.get("d_qk") not in (None, m["d_model"] // m["n_head"]):
+        changed.insert(0, f"d_qk {m['d_qk']}")
+    t.add_row("options", " · ".join(changed) or "GPT-2's (every option at its default)")
     t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']})")
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "

@@ -3,21 +3,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from .flash import BLOCK_K, BLOCK_Q, flash_backward, flash_forward
 from .linear import Linear, weight_of
 from .module import Module
+from .rope import Rotary, rotate
 
 
 _MASKS: dict = {}
 
 
-def causal_mask(Tq: int, q_pos0: int, dtype) -> np.ndarray:
+def causal_mask(Tq: int, q_pos0: int, dtype, window: int | None = None) -> np.ndarray:
     """(Tq, q_pos0 + Tq) additive mask for queries at positions q_pos0 ...: 0 where key j <= the
-    query's position, -inf after it. Cached (read-only): training reuses one shape every step."""
-    key = (Tq, q_pos0, np.dtype(dtype))
+    query's position (and, with ``window``, j > position - window), -inf elsewhere.
+    Cached (read-only): training reuses one shape every step."""
+    key = (Tq, q_pos0, np.dtype(dtype), window)
     mask = _MASKS.get(key)
     if mask is None:
-        future = np.arange(q_pos0 + Tq)[None, :] > (q_pos0 + np.arange(Tq))[:, None]
-        mask = np.where(future, -np.inf, 0).astype(dtype)
+        keys, rows = np.arange(q_pos0 + Tq)[None, :], (q_pos0 + np.arange(Tq))[:, None]
+        hidden = keys > rows
+        if window is not None:
+            hidden |= keys <= rows - window
+        mask = np.where(hidden, -np.inf, 0).astype(dtype)
         mask.flags.writeable = False
         if len(_MASKS) >= 8:            # prefill chunks bring new shapes: keep the cache small
             _MASKS.clear()
@@ -32,12 +38,22 @@ class CausalSelfAttention(Module):
     columns ordered [all queries | all keys | all values], each head-major (GPT-2's layout when
     Dk = Dv = C/H); c_proj.weight: (H*Dv, C). Heads are computed together as (B, H, T, D)
     arrays: no Python loop over heads or tokens.
+
+    ``impl``: "dense" keeps P (B, H, T, T) for the backward; "flash" computes the same numbers
+    in tiles and keeps only each row's log-sum-exp (flash.py; ``tiles`` = (block_q, block_k)).
+    ``rotary``: a Rotary, to rotate queries and keys by their positions (rope.py), or None.
+    ``window``: each query attends to at most this many positions (itself and the ones before);
+    rotary models set it to their context, so a sequence longer than the context is sliding-
+    window attention -- exactly what the sliding KV cache computes. None: no limit.
     """
 
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
-                 dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02):
+                 dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02,
+                 impl: str = "dense", rotary: Rotary | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
+                 window: int | None = None):
         super().__init__()
         self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal
+        self.impl, self.rotary, self.tiles, self.window = impl, rotary, tiles, window
         self.c_attn = Linear(d_model, n_head * (2 * d_qk + d_v), rng, dtype, bias)
         self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))   # a scalar of the model's dtype
@@ -54,7 +70,8 @@ class CausalSelfAttention(Module):
     def _softmax_rows(self, att: np.ndarray) -> np.ndarray:
         """In place: mask keys after each query (when causal), then softmax over keys.  att: (B, H, T, T)."""
         if self.causal:
-            att += causal_mask(att.shape[-2], 0, att.dtype)
+            T = att.shape[-2]
+            att += causal_mask(T, 0, att.dtype, self.window if self.window and T > self.window else None)
         # ufunc reductions directly: .max()/.sum() add a Python wrapper per call
         att -= np.maximum.reduce(att, axis=-1, keepdims=True)
         np.exp(att, out=att)
@@ -68,14 +85,20 @@ class CausalSelfAttention(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         q, k, v = self._heads(self.c_attn.forward(x))
+        if self.rotary is not None:
+            q, k = self.rotary.forward(q), self.rotary.forward(k)          # (B, H, T, Dk) rotated
         B, H, T, _ = q.shape
         qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
-        att = qs @ k.transpose(0, 1, 3, 2)                                 # (B, H, T, T)
-        att = self._softmax_rows(att)                                      # (B, H, T, T)
-        merged = np.empty((B, T, H * self.d_v), dtype=att.dtype)           # heads side by side
+        merged = np.empty((B, T, H * self.d_v), dtype=qs.dtype)            # heads side by side
         y = self._heads_view(merged, self.d_v)                             # (B, H, T, Dv) view
-        np.matmul(att, v, out=y)
-        self.cache = qs, k, v, att, y
+        if self.impl == "flash":
+            _, lse = flash_forward(qs, k, v, self.causal, *self.tiles, out=y, window=self.window)
+            self.cache = qs, k, v, lse, y                                  # lse: (B, H, T)
+        else:
+            att = qs @ k.transpose(0, 1, 3, 2)                             # (B, H, T, T)
+            att = self._softmax_rows(att)                                  # (B, H, T, T)
+            np.matmul(att, v, out=y)
+            self.cache = qs, k, v, att, y
         return self.c_proj.forward(merged)                                 # (B, T, C)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -86,21 +109,30 @@ class CausalSelfAttention(Module):
         Masked entries have P = 0, so dS vanishes there with no special case.
         The key bias gets an exactly zero gradient in exact arithmetic: every row of dS sums to
         zero (softmax is invariant to a shift of its scores), so sum_t dk[t] = 0.
+        Flash computes the same dS tile by tile from the saved log-sum-exp (flash.py); with
+        rotary positions, dq and dk are rotated back (the transpose of the rotation).
         """
-        qs, k, v, att, y = self.cache
+        qs, k, v, saved, y = self.cache
         B, H, T, _ = qs.shape
         Dk, Dv = self.d_qk, self.d_v
         dy = self._heads_view(self.c_proj.backward(dout), Dv)              # (B, H, T, Dv) view
         # the three input gradients are written straight into their columns of dqkv
         dqkv = np.empty((B, T, H * (2 * Dk + Dv)), dtype=dout.dtype)      # (B, T, H*(2Dk+Dv))
         dq, dk, dv = self._heads(dqkv)
-        np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)                   # (B, H, T, Dv)
-        datt = dy @ v.transpose(0, 1, 3, 2)                                # (B, H, T, T)
-        datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)             # (B, H, T, 1) broadcast
-        datt *= att                                                        # dS w.r.t. qs k^T
-        np.matmul(datt, k, out=dq)                                         # (B, H, T, Dk)
+        if self.impl == "flash":
+            flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=(dq, dk, dv), window=self.window)
+        else:
+            att = saved
+            np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)               # (B, H, T, Dv)
+            datt = dy @ v.transpose(0, 1, 3, 2)                            # (B, H, T, T)
+            datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)         # (B, H, T, 1) broadcast
+            datt *= att                                                    # dS w.r.t. qs k^T
+            np.matmul(datt, k, out=dq)                                     # (B, H, T, Dk)
+            np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)              # (B, H, T, Dk)
         dq *= self.scale
-        np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                  # (B, H, T, Dk)
+        if self.rotary is not None:
+            dq[...] = self.rotary.backward(dq)
+            dk[...] = self.rotary.backward(dk)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)
 
     # --- inference (the Decoder) ------------------------------------------------------------
@@ -113,26 +145,37 @@ class CausalSelfAttention(Module):
         return qkv, weight_of(self.c_proj), self.c_proj.params.get("bias")
 
     def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int) -> None:
-        """buf.x += c_proj(attention of new rows t0 .. t1-1 to positions 0 .. t1-1).   [paper §3.2]
+        """buf.x += c_proj(attention of new rows t0 .. t1-1 to the cached ones).   [paper §3.2]
 
         keys (B, H, Dk, n_ctx): the cache, transposed so each head's scores are one product
         over contiguous memory; values (B, H, n_ctx, Dv + 1), whose last column is ones, so
         that p @ [v, 1] gives both the weighted sum and the softmax's normaliser. The new
         rows' keys and values are written into the cache first.
+
+        Past the cache (t1 > n_ctx, one row at a time, rotary positions only) the cache is a
+        ring: position t lives in slot t mod n_ctx, and the row attends to all n_ctx slots,
+        the last n_ctx positions. Attention is a weighted sum over a set, so the order of the
+        slots does not matter, and rotated keys carry their own positions.
         """
         qkv, proj, proj_b = weights
         np.dot(buf.xa, qkv, out=buf.qkv)                            # [q * scale | k | v], (N, .)
-        keys[..., t0:t1] = buf.k
-        values[:, :, t0:t1, :-1] = buf.v
-        att = buf.att[..., :t1]                                     # (B, H, Tn, t1)
-        np.matmul(buf.q, keys[..., :t1], out=att)
+        if self.rotary is not None:                                 # rotate q and k in place
+            rotate(buf.qk, buf.cos, buf.sin, out=buf.qk_rotated)
+            buf.qk[...] = buf.qk_rotated
+        n_ctx = keys.shape[-1]
+        s0 = t0 % n_ctx if t1 > n_ctx else t0                       # first slot written
+        span = min(t1, n_ctx)                                       # slots attended to
+        keys[..., s0:s0 + t1 - t0] = buf.k
+        values[:, :, s0:s0 + t1 - t0, :-1] = buf.v
+        att = buf.att[..., :span]                                   # (B, H, Tn, span)
+        np.matmul(buf.q, keys[..., :span], out=att)
         if t1 - t0 > 1:
             att += causal_mask(t1 - t0, t0, att.dtype)
         np.maximum.reduce(att, axis=-1, keepdims=True, out=buf.rowmax)
         att -= buf.rowmax
         np.exp(att, out=att)
         # normalise the (Tn, Dv) output rather than the (Tn, t1) probabilities: fewer numbers
-        np.matmul(att, values[:, :, :t1], out=buf.ysum)
+        np.matmul(att, values[:, :, :span], out=buf.ysum)
         np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
         np.dot(buf.ya, proj, out=buf.out)
         if proj_b is not None:

@@ -92,6 +92,8 @@ def _check(name: str, value, kind, meta) -> None:
 
 
 ACTIVATIONS = ("gelu", "relu")
+ATTN_IMPLS = ("dense", "flash")
+POSITIONS = ("learned", "rope")
 
 
 @dataclass
@@ -114,6 +116,14 @@ class ModelConfig(DictConfig):
                             flag="--tie-head/--untie-head", gpt2=True)
     causal: bool = option(True, "Causal mask; False gives permutation-equivariant attention.",
                           cli=False, gpt2=True)
+    attn_impl: str = option("dense", "Attention kernel: dense keeps the T x T attention weights for the "
+                                     "backward; flash computes the same numbers in tiles with O(T) memory.",
+                            choices=ATTN_IMPLS)
+    positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or rope "
+                                       "(queries and keys rotated by position; generation slides past the "
+                                       "context).", choices=POSITIONS, gpt2="learned")
+    rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
+                              min=1.0, min_open=True)
     KIND = "model config"
 
     def __post_init__(self) -> None:
@@ -122,6 +132,8 @@ class ModelConfig(DictConfig):
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.d_qk is None:
             self.d_qk = self.d_v
+        if self.positions == "rope" and self.d_qk % 2:
+            raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {self.d_qk}")
 
     @property
     def d_v(self) -> int:

@@ -54,6 +54,10 @@ class _Buffers:
         self.u = np.empty((N, d_ff), dtype)              # c_fc's output
         self.g = np.empty((N, d_ff), dtype)              # the activation (GELU's gate first)
         self.logits = np.empty((N, V), dtype)
+        # rotary positions: queries and keys side by side, rotated through a scratch copy
+        self.qk = heads[..., :2 * H * Dk].reshape(B, Tn, 2 * H, Dk)
+        self.qk_rotated = np.empty_like(self.qk)
+        self.cos = self.sin = None                       # (Tn, 1, Dk/2), set per forward
 
 
 class Decoder:
@@ -66,6 +70,8 @@ class Decoder:
 
     Cache per layer: keys (B, H, Dk, n_ctx), stored transposed so that each head's scores are
     one matrix-vector product over contiguous rows, and values (B, H, n_ctx, Dv + 1).
+    With rotary positions (``slides``) the cache keeps going past n_ctx one token at a time,
+    as a ring over the last n_ctx positions (CausalSelfAttention.decode says why that is exact).
     The folded matrices are made when the Decoder is built: build a new one after changing
     the model's weights.
 
@@ -80,6 +86,9 @@ class Decoder:
         if not cfg.causal:
             raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
         self.model, self.B, self.dtype = model, batch, model.dtype
+        # rotary positions let the cache slide past n_ctx, one token at a time (a ring of slots)
+        self.rotary = model.blocks[0].attn.rotary
+        self.slides = self.rotary is not None
         self.n_ctx, self.V = cfg.n_ctx, cfg.vocab_size
         d_hidden = model.blocks[0].mlp.c_fc.d_out
         self._shape = (cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, d_hidden, cfg.vocab_size, cfg.n_ctx)
@@ -128,13 +137,14 @@ class Decoder:
         """
         t0 = self.length
         if check:
-            idx = self.model.check_tokens(idx, t0)
+            idx = self.model.check_tokens(idx, 0 if self.slides and idx.shape[-1] == 1 else t0)
             if idx.shape[0] != self.B:
                 raise ValueError(f"this decoder holds {self.B} sequences, got {idx.shape[0]}")
         Tn = idx.shape[1]
         t1 = t0 + Tn
-        if t1 > self.n_ctx:
-            raise ValueError(f"KV cache holds {self.n_ctx} positions, asked for {t1}")
+        if t1 > self.n_ctx and not (self.slides and Tn == 1):
+            raise ValueError(f"KV cache holds {self.n_ctx} positions, asked for {t1}"
+                             + (" (past the context it takes one token at a time)" if self.slides else ""))
         rows = self._chunk
         if Tn > rows:                   # chunked prefill: each chunk attends to the ones before
             logits = np.empty((self.B, Tn, self.V), self.dtype)
@@ -142,6 +152,9 @@ class Decoder:
                 logits[:, s:s + rows] = self.forward(idx[:, s:s + rows], check=False)
             return logits
         buf = self._step if Tn == 1 else self._buffers(Tn)
+        if self.rotary is not None:
+            cos, sin = self.rotary.tables(t0, Tn, self.dtype)                       # (Tn, Dk/2)
+            buf.cos, buf.sin = cos[:, None], sin[:, None]
         model = self.model
         model.embed.decode(idx, t0, buf.x)
         with np.errstate(over="ignore"):                            # GELU's expected overflow

@@ -8,20 +8,24 @@ from .module import Module
 
 
 class Embedding(Module):
-    """x[b, t] = wte[idx[b, t]] + wpe[t].
+    """x[b, t] = wte[idx[b, t]] + wpe[t]   (without wpe when positions are rotary: rope.py).
 
     idx: (B, T) ints; x: (B, T, C); wte: (V, C); wpe: (n_ctx, C).
     """
 
     def __init__(self, vocab_size: int, n_ctx: int, d_model: int,
-                 rng: np.random.Generator, dtype=np.float32, std: float = 0.02):
+                 rng: np.random.Generator, dtype=np.float32, std: float = 0.02, learned_positions: bool = True):
         super().__init__()
         self.param("wte", init.normal(rng, (vocab_size, d_model), std, dtype))
-        self.param("wpe", init.normal(rng, (n_ctx, d_model), std, dtype))
+        if learned_positions:
+            self.param("wpe", init.normal(rng, (n_ctx, d_model), std, dtype))
 
     def forward(self, idx: np.ndarray) -> np.ndarray:
         self.cache = idx
-        return self.params["wte"][idx] + self.params["wpe"][:idx.shape[-1]]   # (B, T, C)
+        x = self.params["wte"][idx]                                        # (B, T, C), a copy
+        if "wpe" in self.params:
+            x += self.params["wpe"][:idx.shape[-1]]
+        return x
 
     def backward(self, dout: np.ndarray) -> None:
         """[paper §2]  dwte[v] += sum of dout over every (b, t) with idx[b, t] == v;
@@ -50,7 +54,10 @@ class Embedding(Module):
         """out (B*Tn, C) = the embeddings of tokens idx (B, Tn) at positions t0 .. t0+Tn-1."""
         B, Tn = idx.shape
         self.params["wte"].take(idx.reshape(-1), axis=0, out=out)
+        wpe = self.params.get("wpe")
+        if wpe is None:
+            return
         if Tn == 1:
-            out += self.params["wpe"][t0]
+            out += wpe[t0]
         else:
-            out.reshape(B, Tn, -1)[...] += self.params["wpe"][t0:t0 + Tn]
+            out.reshape(B, Tn, -1)[...] += wpe[t0:t0 + Tn]

@@ -13,6 +13,7 @@ from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
 from .module import Module, Stack
+from .rope import Rotary
 
 
 class Block(Module):
@@ -28,8 +29,11 @@ class Block(Module):
         # (val 1.904 vs 1.876 after 2000 steps), so it is left out.
         proj_std = 0.02
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+        rope = cfg.positions == "rope"
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
-                                        cfg.causal, proj_std)
+                                        cfg.causal, proj_std, cfg.attn_impl,
+                                        rotary=Rotary(cfg.d_qk, cfg.rope_base) if rope else None,
+                                        window=cfg.n_ctx if rope else None)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
 
@@ -75,7 +79,8 @@ class GPT(Module):
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         rng = np.random.default_rng(seed)
-        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
+        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
+                               learned_positions=cfg.positions == "learned")
         self.blocks = Stack(Block(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
         self.lm_head = None
@@ -104,7 +109,8 @@ class GPT(Module):
 
     # --- checks -----------------------------------------------------------------------------
     def check_tokens(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
-        """Validate token ids: integers in [0, V), 2-D (B, T), positions inside the context."""
+        """Validate token ids: integers in [0, V), 2-D (B, T), positions inside the context (with
+        rotary positions any length: past the context, attention is a sliding window)."""
         idx = np.asarray(idx)
         if idx.ndim == 1:
             idx = idx[None, :]
@@ -115,7 +121,7 @@ class GPT(Module):
         if idx.size and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
             bad = idx[(idx < 0) | (idx >= self.config.vocab_size)][0]
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        if pos0 + idx.shape[1] > self.config.n_ctx:
+        if pos0 + idx.shape[1] > self.config.n_ctx and self.config.positions == "learned":
             raise ValueError(
                 f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context ({self.config.n_ctx})")
         return idx

@@ -16,11 +16,11 @@ import numpy as np
 # --- §2 embedding ----------------------------------------------------------------------------
 
 
-def embedding_forward(idx, wte, wpe):
-    """x[b, t] = wte[idx[b, t]] + wpe[t].   idx (B, T) -> x (B, T, C)"""
+def embedding_forward(idx, wte, wpe=None):
+    """x[b, t] = wte[idx[b, t]] + wpe[t] (no wpe with rotary positions).   idx (B, T) -> x (B, T, C)"""
     T = idx.shape[1]
-    x = wte[idx] + wpe[np.arange(T)]
-    return x, (idx, wte.shape, wpe.shape)
+    x = wte[idx] + (wpe[np.arange(T)] if wpe is not None else 0)
+    return x, (idx, wte.shape, None if wpe is None else wpe.shape)
 
 
 def embedding_backward(dx, cache):
@@ -28,9 +28,37 @@ def embedding_backward(dx, cache):
     idx, wte_shape, wpe_shape = cache
     dwte = np.zeros(wte_shape, dx.dtype)
     np.add.at(dwte, idx, dx)                           # a repeated token accumulates
+    if wpe_shape is None:
+        return dwte, None
     dwpe = np.zeros(wpe_shape, dx.dtype)
     dwpe[:idx.shape[1]] = dx.sum(axis=0)
     return dwte, dwpe
+
+
+# --- rotary positions (RoPE, Su et al. arXiv 2104.09864) --------------------------------------
+
+
+def rope_angles(T, d, base, t0=0):
+    """(T, d/2): pair i at position t0 + t turns by (t0 + t) * base^(-2i/d)."""
+    theta = base ** (-2.0 * np.arange(d // 2) / d)
+    return (t0 + np.arange(T))[:, None] * theta
+
+
+def rope_forward(x, base, t0=0):
+    """Rotate each pair (x_i, x_{i+d/2}) of x (..., T, d) by its position's angle:
+    [a, b] -> [a cos - b sin, a sin + b cos]."""
+    angle = rope_angles(x.shape[-2], x.shape[-1], base, t0)
+    h = x.shape[-1] // 2
+    a, b = x[..., :h], x[..., h:]
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], -1)
+
+
+def rope_backward(dy, base, t0=0):
+    """A rotation's transpose is the rotation by the opposite angle."""
+    angle = rope_angles(dy.shape[-2], dy.shape[-1], base, t0)
+    h = dy.shape[-1] // 2
+    a, b = dy[..., :h], dy[..., h:]
+    return np.concatenate([a * np.cos(angle) + b * np.sin(angle), -a * np.sin(angle) + b * np.cos(angle)], -1)
 
 
 # --- the fully connected layer, and LoRA (§6) -------------------------------------------------
@@ -107,8 +135,9 @@ def softmax(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=True):
-    """For each head h:  q_h, k_h, v_h = columns of x w_attn + b_attn;
+def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=True, rope_base=None):
+    """For each head h:  q_h, k_h, v_h = columns of x w_attn + b_attn (q_h and k_h rotated by
+    their positions when ``rope_base`` is given);
     S_h = q_h k_h^T / sqrt(Dk), future keys masked to -inf (causal); P_h = softmax(S_h);
     y_h = P_h v_h.  Then y = concat_h(y_h) w_proj + b_proj.
     x (B, T, C); w_attn (C, H (2 Dk + Dv)) ordered [all q | all k | all v], each head-major."""
@@ -122,6 +151,8 @@ def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=Tr
         q = qkv[..., h * Dk:(h + 1) * Dk]                              # (B, T, Dk)
         k = qkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk]            # (B, T, Dk)
         v = qkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv]    # (B, T, Dv)
+        if rope_base is not None:
+            q, k = rope_forward(q, rope_base), rope_forward(k, rope_base)
         S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)                     # (B, T, T)
         if causal:
             S = np.where(future, -np.inf, S)
@@ -130,7 +161,7 @@ def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=Tr
         per_head.append((q, k, v, P))
     y_cat = np.concatenate(heads, axis=-1)                             # (B, T, H Dv)
     y, proj_cache = linear_forward(y_cat, w_proj, b_proj)
-    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv)
+    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv, rope_base)
 
 
 def attention_backward(dy, cache):
@@ -138,7 +169,7 @@ def attention_backward(dy, cache):
     dv = P^T dy_h;  dP = dy_h v^T;  dS = P * (dP - rowsum(dP * P))  (the softmax Jacobian);
     dq = dS k / sqrt(Dk);  dk = dS^T q / sqrt(Dk).
     Returns dx, dw_attn, db_attn, dw_proj, db_proj."""
-    qkv_cache, proj_cache, per_head, H, Dk, Dv = cache
+    qkv_cache, proj_cache, per_head, H, Dk, Dv, rope_base = cache
     dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
     x = qkv_cache[0]
     dqkv = np.zeros(x.shape[:-1] + (H * (2 * Dk + Dv),), dy.dtype)
@@ -149,6 +180,8 @@ def attention_backward(dy, cache):
         dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
         dq = dS @ k / np.sqrt(Dk)
         dk = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
+        if rope_base is not None:                                      # back through the rotation
+            dq, dk = rope_backward(dq, rope_base), rope_backward(dk, rope_base)
         dqkv[..., h * Dk:(h + 1) * Dk] = dq
         dqkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk] = dk
         dqkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] = dv
@@ -217,14 +250,15 @@ def gpt_loss_and_grads(params: dict, cfg, idx, targets):
     calls read bottom-up; a parameter read twice (the tied wte) sums its two gradients."""
     P = params
     grads = {}
-    x, emb_cache = embedding_forward(idx, P["wte"], P["wpe"])
+    x, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
+    rope_base = cfg.rope_base if cfg.positions == "rope" else None
     caches = []
     for i in range(cfg.n_layer):
         h = f"h.{i}."
         a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
         a, attn = attention_forward(a, P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias"),
                                     P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"),
-                                    cfg.n_head, cfg.d_qk, cfg.causal)
+                                    cfg.n_head, cfg.d_qk, cfg.causal, rope_base)
         x = x + a
         m, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
         m, mlp = mlp_forward(m, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"),
@@ -259,6 +293,6 @@ def gpt_loss_and_grads(params: dict, cfg, idx, targets):
             grads[h + name] = gi
         dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
         dx = dx + dln
-    dwte, grads["wpe"] = embedding_backward(dx, emb_cache)
+    dwte, grads["wpe"] = embedding_backward(dx, emb_cache)          # None without wpe
     grads["wte"] = grads.get("wte", 0) + dwte
     return loss, {k: v for k, v in grads.items() if v is not None}

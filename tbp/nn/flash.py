@@ -1,0 +1,141 @@
+"""FlashAttention: exact attention in tiles, without storing the T x T matrix.
+[Dao et al., arXiv 2205.14135; Dao, arXiv 2307.08691 (the FA2 form used here)]
+
+Dense attention keeps P = softmax(S) (B, H, Tq, Tk) for its backward. Here the queries are cut
+into tiles of ``block_q`` rows and the keys into tiles of ``block_k``; for each query tile a
+running row maximum m, running normaliser l and unnormalised output O~ are updated key tile
+by key tile (the online softmax, Milakov & Gimelshein, arXiv 1805.02867):
+
+    S = Q_i K_j^T (Q pre-scaled by 1/sqrt(Dk));   m' = max(m, rowmax S);   c = exp(m - m')
+    P~ = exp(S - m');   l = c l + rowsum P~;   O~ = c O~ + P~ V_j;   m = m'
+    O_i = O~ / l;   L_i = m + log l          (the row log-sum-exp: all the backward keeps)
+
+The backward recomputes each tile's probabilities exactly from L, P = exp(S - L), and uses
+D = rowsum(dO * O) (= rowsum(P * dP), since O = P V), so it is the dense closed form tile by tile:
+
+    dV_j += P^T dO_i;   dP = dO_i V_j^T;   dS = P * (dP - D_i);   dQ_i += dS K_j;   dK_j += dS^T Q_i
+
+Causal: query row r (absolute position r + Tk - Tq: queries are the last Tq positions) sees
+keys <= its position; tiles entirely above the diagonal are skipped, and only tiles that
+cross it are masked. Memory: O(T) per head beyond the inputs (L, and one tile of scores).
+Results equal dense attention up to rounding (the tests hold them to 1e-12 in float64).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/long_context.py)
+BLOCK_K = 128      # key rows per tile
+
+
+def _mask(i0: int, i1: int, j0: int, j1: int, offset: int, dtype, window) -> np.ndarray | None:
+    """Additive (i1-i0, j1-j0) mask of a causal tile: -inf on keys in a query's future (or more
+    than ``window`` positions back); None when the tile has no such key."""
+    future = j1 - 1 > i0 + offset             # the last key is after the first query
+    too_old = window is not None and j0 <= i1 - 1 + offset - window
+    if not (future or too_old):
+        return None
+    rows, keys = np.arange(i0, i1)[:, None] + offset, np.arange(j0, j1)[None, :]
+    hidden = keys > rows
+    if window is not None:
+        hidden |= keys <= rows - window
+    return np.where(hidden, dtype.type(-np.inf), dtype.type(0))
+
+
+def _key_range(i0: int, i1: int, Tk: int, offset: int, causal: bool, window) -> tuple[int, int]:
+    """Keys the query tile i0..i1-1 can see: all of them, or up to its last position (and from
+    ``window`` positions before its first one)."""
+    if not causal:
+        return 0, Tk
+    return (max(0, i0 + offset - window + 1) if window is not None else 0), min(Tk, i1 + offset)
+
+
+def flash_forward(qs: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
+                  block_q: int = BLOCK_Q, block_k: int = BLOCK_K, out: np.ndarray | None = None,
+                  window: int | None = None):
+    """qs (B, H, Tq, Dk) pre-scaled queries, k (B, H, Tk, Dk), v (B, H, Tk, Dv) ->
+    (y (B, H, Tq, Dv), lse (B, H, Tq)). ``out`` receives y (it may be a strided view).
+    ``window`` (causal only): each query sees at most that many positions, itself included."""
+    B, H, Tq, _ = qs.shape
+    Tk, Dv = k.shape[2], v.shape[3]
+    offset = Tk - Tq
+    if window is not None and (not causal or Tk <= window):
+        window = None                          # the band hides nothing: skip its bookkeeping
+    dtype = qs.dtype
+    y = np.empty((B, H, Tq, Dv), dtype) if out is None else out
+    lse = np.empty((B, H, Tq), dtype)
+    kT = k.transpose(0, 1, 3, 2)                                          # (B, H, Dk, Tk)
+    for i0 in range(0, Tq, block_q):
+        i1 = min(i0 + block_q, Tq)
+        qi = qs[:, :, i0:i1]                                              # (B, H, bq, Dk)
+        m = np.full((B, H, i1 - i0, 1), -np.inf, dtype)                   # running row max
+        l = np.zeros((B, H, i1 - i0, 1), dtype)                           # running normaliser
+        acc = np.zeros((B, H, i1 - i0, Dv), dtype)                        # unnormalised output
+        for j0 in range(*_key_range(i0, i1, Tk, offset, causal, window), block_k):
+            j1 = min(j0 + block_k, Tk)
+            s = qi @ kT[..., j0:j1]                                       # (B, H, bq, bk)
+            if causal:
+                mask = _mask(i0, i1, j0, j1, offset, dtype, window)
+                if mask is not None:
+                    s += mask
+            m_new = np.maximum(m, np.maximum.reduce(s, axis=-1, keepdims=True))
+            shift = m_new
+            if window is not None:
+                # with a band, a row may have seen no key yet (max -inf): shift it by 0, not -inf
+                shift = np.where(m_new == -np.inf, dtype.type(0), m_new)
+            s -= shift
+            p = np.exp(s, out=s)                                          # P~, in the scores' memory
+            c = np.exp(m - shift)                                         # rescales what came before
+            l *= c
+            l += np.add.reduce(p, axis=-1, keepdims=True)
+            acc *= c
+            acc += p @ v[:, :, j0:j1]
+            m = m_new
+        np.divide(acc, l, out=y[:, :, i0:i1])
+        lse[:, :, i0:i1] = (m + np.log(l))[..., 0]
+    return y, lse
+
+
+def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray, y: np.ndarray,
+                   lse: np.ndarray, causal: bool = True, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+                   out: tuple | None = None, window: int | None = None):
+    """Gradients of the scalar behind dy (B, H, Tq, Dv) with respect to qs, k and v, recomputing
+    each tile's probabilities from lse. Returns (dqs, dk, dv); ``out`` = three arrays to write
+    them into (views are fine)."""
+    B, H, Tq, _ = qs.shape
+    Tk = k.shape[2]
+    offset = Tk - Tq
+    dtype = qs.dtype
+    if window is not None and (not causal or Tk <= window):
+        window = None
+    if out is None:
+        out = (np.empty_like(qs), np.empty(k.shape, dtype), np.empty(v.shape, dtype))
+    dqs, dk, dv = out
+    dqs[...] = 0
+    dk[...] = 0
+    dv[...] = 0
+    D = np.add.reduce(dy * y, axis=-1, keepdims=True)                    # (B, H, Tq, 1)
+    L = lse[..., None]                                                    # (B, H, Tq, 1)
+    vT = v.transpose(0, 1, 3, 2)                                          # (B, H, Dv, Tk)
+    for j0 in range(0, Tk, block_k):
+        j1 = min(j0 + block_k, Tk)
+        kj = k[:, :, j0:j1]                                               # (B, H, bk, Dk)
+        first = max(0, j0 - offset) // block_q * block_q if causal else 0   # tiles above: all masked
+        last = Tq if window is None else min(Tq, j1 - 1 - offset + window)  # tiles below the band
+        for i0 in range(first, last, block_q):
+            i1 = min(i0 + block_q, Tq)
+            s = qs[:, :, i0:i1] @ kj.transpose(0, 1, 3, 2)               # (B, H, bq, bk)
+            if causal:
+                mask = _mask(i0, i1, j0, j1, offset, dtype, window)
+                if mask is not None:
+                    s += mask
+            s -= L[:, :, i0:i1]
+            p = np.exp(s, out=s)                                          # exact P from the saved lse
+            dy_i = dy[:, :, i0:i1]
+            dv[:, :, j0:j1] += p.transpose(0, 1, 3, 2) @ dy_i
+            dp = dy_i @ vT[..., j0:j1]                                    # (B, H, bq, bk)
+            dp -= D[:, :, i0:i1]
+            dp *= p                                                       # dS
+            dqs[:, :, i0:i1] += dp @ kj
+            dk[:, :, j0:j1] += dp.transpose(0, 1, 3, 2) @ qs[:, :, i0:i1]
+    return dqs, dk, dv
