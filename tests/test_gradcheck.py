@@ -49,7 +49,7 @@ def layernorm_without_projection(self, dout):
 
 def gelu_with_a_flipped_sign(self, dout):
     """GELU's derivative with the tanh' term subtracted instead of added."""
-    u, s = self.cache                                   # s = sigmoid(2z) = (1 + tanh z) / 2
+    u, s = self.cache                                   # s = (1 + tanh z) / 2, the gate
     tanh_z = 2 * s - 1
     dg = self.c_proj.backward(dout)
     k, a = np.sqrt(2 / np.pi), 0.044715

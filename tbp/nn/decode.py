@@ -157,13 +157,11 @@ class Decoder:
             buf.cos, buf.sin = cos[:, None], sin[:, None]
         model = self.model
         model.embed.decode(idx, t0, buf.x)
-        with np.errstate(over="ignore"):                            # GELU's expected overflow
-            for (block, attn_w, mlp_w, norm_1, norm_2), keys, values in zip(self.layers, self.keys,
-                                                                             self.values):
-                block.ln_1.decode(buf, norm_1)
-                block.attn.decode(buf, attn_w, keys, values, t0, t1)
-                block.ln_2.decode(buf, norm_2)
-                block.mlp.decode(buf, mlp_w)
+        for (block, attn_w, mlp_w, norm_1, norm_2), keys, values in zip(self.layers, self.keys, self.values):
+            block.ln_1.decode(buf, norm_1)
+            block.attn.decode(buf, attn_w, keys, values, t0, t1)
+            block.ln_2.decode(buf, norm_2)
+            block.mlp.decode(buf, mlp_w)
         model.ln_f.decode(buf, self.norm_f)
         np.dot(buf.xa, self.head, out=buf.logits)
         self.length = t1

@@ -1,0 +1,69 @@
+"""Long context: peak memory and step time of one training step, dense vs flash attention.
+
+A 4-layer, 4-head, 128-wide model with rotary positions, batch 1, trained on random tokens at
+T = 512 ... 8192. Each (T, attention) pair runs in its own process: a warm-up step, then
+--steps timed steps (forward + handwritten backward + clipping + AdamW); the step time is
+their median, and the peak memory is the process's peak resident set size (ru_maxrss, which
+includes the interpreter and NumPy, about 40 MiB). Pairs are interleaved, dense then flash.
+
+    python benchmarks/long_context.py                        # the README's table
+    python benchmarks/long_context.py --lengths 1024 2048 --steps 7
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, sys, time
+import numpy as np
+from tbp.nn import GPT, ModelConfig
+from tbp.optim import AdamW, clip_grads
+from tbp.parallel import blas_threads
+T, impl, steps, threads = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cfg = ModelConfig(vocab_size=65, n_ctx=T, n_layer=4, n_head=4, d_model=128, positions="rope", attn_impl=impl)
+model = GPT(cfg, seed=0)
+opt = AdamW(model.layout)
+rng = np.random.default_rng(0)
+times = []
+with blas_threads(threads) if threads else open("/dev/null"):
+    for i in range(steps + 1):
+        x, y = rng.integers(0, 65, (1, T)), rng.integers(0, 65, (1, T))
+        t = time.perf_counter()
+        model.loss_and_backward(x, y)
+        clip_grads(model.layout.grads, 1.0)
+        opt.step(1e-4)
+        if i:
+            times.append(time.perf_counter() - t)
+print(json.dumps({"T": T, "impl": impl, "step_s": float(np.median(times)),
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--steps", type=int, default=5, help="timed steps per process (the median is kept)")
+    p.add_argument("--blas-threads", type=int, default=0, help="0: NumPy's default; 1: one thread")
+    a = p.parse_args()
+    rows = []
+    for T in a.lengths:
+        for impl in ("dense", "flash"):
+            out = subprocess.run([sys.executable, "-c", CHILD, str(T), impl, str(a.steps), str(a.blas_threads)],
+                                 check=True, capture_output=True, text=True).stdout
+            rows.append(json.loads(out))
+            r = rows[-1]
+            print(f"T {T:5d}  {impl:5s}  step {r['step_s']:7.3f} s   peak {r['peak_mib']:7.0f} MiB", flush=True)
+    by = {(r["T"], r["impl"]): r for r in rows}
+    print("\n| T | dense step | flash step | flash / dense time | dense peak | flash peak |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for T in a.lengths:
+        d, f = by[T, "dense"], by[T, "flash"]
+        print(f"| {T} | {d['step_s']:.3f} s | {f['step_s']:.3f} s | {f['step_s'] / d['step_s']:.2f} | "
+              f"{d['peak_mib']:.0f} MiB | {f['peak_mib']:.0f} MiB |")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
