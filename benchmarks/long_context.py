@@ -21,9 +21,13 @@ import numpy as np
 from tbp.nn import GPT, ModelConfig
 from tbp.optim import AdamW, clip_grads
 from tbp.parallel import blas_threads
-T, impl, steps, threads = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+T, impl, steps, threads, tile = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                 int(sys.argv[5]))
 cfg = ModelConfig(vocab_size=65, n_ctx=T, n_layer=4, n_head=4, d_model=128, positions="rope", attn_impl=impl)
 model = GPT(cfg, seed=0)
+if tile:
+    for block in model.blocks:
+        block.attn.tiles = (tile, tile)
 opt = AdamW(model.layout)
 rng = np.random.default_rng(0)
 times = []
@@ -46,16 +50,23 @@ def main():
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--steps", type=int, default=5, help="timed steps per process (the median is kept)")
     p.add_argument("--blas-threads", type=int, default=0, help="0: NumPy's default; 1: one thread")
+    p.add_argument("--tile", type=int, default=0, help="flash tile rows (queries and keys); 0: flash.py's")
+    p.add_argument("--only", choices=["dense", "flash"], help="run one implementation")
     a = p.parse_args()
     rows = []
     for T in a.lengths:
         for impl in ("dense", "flash"):
-            out = subprocess.run([sys.executable, "-c", CHILD, str(T), impl, str(a.steps), str(a.blas_threads)],
-                                 check=True, capture_output=True, text=True).stdout
+            if a.only and impl != a.only:
+                continue
+            out = subprocess.run([sys.executable, "-c", CHILD, str(T), impl, str(a.steps), str(a.blas_threads),
+                                  str(a.tile)], check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out))
             r = rows[-1]
             print(f"T {T:5d}  {impl:5s}  step {r['step_s']:7.3f} s   peak {r['peak_mib']:7.0f} MiB", flush=True)
     by = {(r["T"], r["impl"]): r for r in rows}
+    if a.only:
+        print(json.dumps(rows))
+        return
     print("\n| T | dense step | flash step | flash / dense time | dense peak | flash peak |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for T in a.lengths:

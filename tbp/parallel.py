@@ -71,7 +71,11 @@ def blas_threads(n: int):
 
 class Serial:
     """One thread: the interface of :class:`DataParallel` with nothing to share out, so the
-    training loop and the benchmark never ask which of the two they hold."""
+    training loop and the benchmark never ask which of the two they hold.
+
+    With flash attention, BLAS runs one thread inside: its tiles are small products, which
+    a second BLAS thread slows down (T = 2048, batch 1: 0.78 s a step with two threads,
+    0.58-0.63 s with one; benchmarks/long_context.py --blas-threads 1)."""
 
     workers = 1
 
@@ -79,10 +83,12 @@ class Serial:
         self.model = model
 
     def __enter__(self) -> "Serial":
+        self._blas = blas_threads(1) if self.model.config.attn_kernel == "flash" else contextlib.nullcontext()
+        self._blas.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        self._blas.__exit__(*exc)
 
     def accumulate(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
         return self.model.accumulate(x, y, scale)

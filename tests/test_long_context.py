@@ -194,3 +194,22 @@ def test_training_and_generating_with_rope_and_flash_from_the_cli(tmp_path, corp
     g = run(["generate", "--checkpoint", "r", "--max-new-tokens", 80, "--seed", 1])   # past n_ctx = 32
     assert g.exit_code == 0, g.output
     clean_fail(run(["export", "r", "--out", "hf"]), 1, "positions = rope (GPT-2 has learned)")
+
+
+def test_auto_picks_flash_from_a_context_of_512():
+    assert ModelConfig(n_ctx=128).attn_kernel == "dense"
+    assert ModelConfig(n_ctx=512).attn_kernel == "flash"
+    assert ModelConfig(n_ctx=4096, attn_impl="dense").attn_kernel == "dense"
+    model = GPT(ModelConfig(vocab_size=11, n_ctx=512, n_layer=1, n_head=2, d_model=8))
+    assert model.blocks[0].attn.impl == "flash"
+
+
+def test_one_thread_training_with_flash_runs_blas_on_one_thread():
+    from tbp.parallel import Serial, _openblas
+    if _openblas() is None:
+        pytest.skip("NumPy's BLAS thread count cannot be read here")
+    get = _openblas()[0]
+    before = get()
+    with Serial(GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8, attn_impl="flash"))):
+        assert get() == 1
+    assert get() == before

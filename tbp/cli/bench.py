@@ -57,7 +57,8 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
         click.echo(json.dumps(res))
         return
     t = kv_table(f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
-                 f"batch {batch_size} · {cfg.attn_impl} attention · {cfg.positions} positions", "right")
+                 f"batch {batch_size} · {cfg.attn_kernel} attention{' (auto)' * (cfg.attn_impl == 'auto')} · "
+                 f"{cfg.positions} positions", "right")
     t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
                        f" · {res['train_threads']} thread(s)")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "

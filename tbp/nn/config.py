@@ -92,7 +92,8 @@ def _check(name: str, value, kind, meta) -> None:
 
 
 ACTIVATIONS = ("gelu", "relu")
-ATTN_IMPLS = ("dense", "flash")
+ATTN_IMPLS = ("auto", "dense", "flash")
+FLASH_FROM_T = 512     # auto: flash from this context on (measured: benchmarks/long_context.py, README)
 POSITIONS = ("learned", "rope")
 
 
@@ -116,9 +117,9 @@ class ModelConfig(DictConfig):
                             flag="--tie-head/--untie-head", gpt2=True)
     causal: bool = option(True, "Causal mask; False gives permutation-equivariant attention.",
                           cli=False, gpt2=True)
-    attn_impl: str = option("dense", "Attention kernel: dense keeps the T x T attention weights for the "
-                                     "backward; flash computes the same numbers in tiles with O(T) memory.",
-                            choices=ATTN_IMPLS)
+    attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "
+                                    "backward; flash computes the same numbers in tiles with O(T) memory; "
+                                    f"auto: flash from a context of {FLASH_FROM_T} on.", choices=ATTN_IMPLS)
     positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or rope "
                                        "(queries and keys rotated by position; generation slides past the "
                                        "context).", choices=POSITIONS, gpt2="learned")
@@ -134,6 +135,13 @@ class ModelConfig(DictConfig):
             self.d_qk = self.d_v
         if self.positions == "rope" and self.d_qk % 2:
             raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {self.d_qk}")
+
+    @property
+    def attn_kernel(self) -> str:
+        """The kernel attn_impl stands for at this context: "dense" or "flash" (same results)."""
+        if self.attn_impl == "auto":
+            return "flash" if self.n_ctx >= FLASH_FROM_T else "dense"
+        return self.attn_impl
 
     @property
     def d_v(self) -> int:

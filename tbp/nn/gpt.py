@@ -31,7 +31,7 @@ class Block(Module):
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         rope = cfg.positions == "rope"
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
-                                        cfg.causal, proj_std, cfg.attn_impl,
+                                        cfg.causal, proj_std, cfg.attn_kernel,
                                         rotary=Rotary(cfg.d_qk, cfg.rope_base) if rope else None,
                                         window=cfg.n_ctx if rope else None)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
