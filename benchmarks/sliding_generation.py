@@ -18,14 +18,13 @@ from tbp import GPT, ModelConfig
 from tbp.generate import Sampling, generate_ids
 
 
-def blocks(positions: str, a) -> list[float]:
+def per_token_seconds(positions: str, a) -> np.ndarray:
     cfg = ModelConfig(vocab_size=65, n_ctx=a.n_ctx, n_layer=4, n_head=4, d_model=128, positions=positions)
     model = GPT(cfg, seed=0)
     stamps = [time.perf_counter()]
     for _ in generate_ids(model, [0], a.tokens, Sampling(1.0), np.random.default_rng(0)):
         stamps.append(time.perf_counter())
-    per_token = np.diff(stamps)
-    return [a.block / per_token[i:i + a.block].sum() for i in range(0, a.tokens - a.block + 1, a.block)]
+    return np.diff(stamps)
 
 
 def main():
@@ -36,11 +35,14 @@ def main():
     a = p.parse_args()
     out = {}
     for positions in ("rope", "learned"):
-        out[positions] = blocks(positions, a)
-        rates = out[positions]
-        print(f"{positions:8s} tokens/s per {a.block}-token block: min {min(rates):.0f}, median "
-              f"{np.median(rates):.0f}, max {max(rates):.0f}", flush=True)
-        print("         " + " ".join(f"{r:.0f}" for r in rates), flush=True)
+        t = per_token_seconds(positions, a)
+        rates = [a.block / t[i:i + a.block].sum() for i in range(0, a.tokens - a.block + 1, a.block)]
+        past = t[a.n_ctx:] * 1e3                      # ms per token once the context is full
+        out[positions] = {"block_tokens_per_s": rates, "past_context_ms": {
+            "median": float(np.median(past)), "p99": float(np.percentile(past, 99)), "max": float(past.max())}}
+        print(f"{positions:8s} past the context, ms per token: median {np.median(past):.2f}, "
+              f"p99 {np.percentile(past, 99):.2f}, max {past.max():.1f}; tokens/s per {a.block}-token "
+              f"block: {' '.join(f'{r:.0f}' for r in rates)}", flush=True)
     print(json.dumps(out))
 
 
