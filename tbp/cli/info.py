@@ -124,12 +124,15 @@ def info(path, as_json):
     t = kv_table(f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})")
     t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
+    cfg = checkpoint.read_model_config(Path(d["path"]))
+    t.add_row("attention", f"{cfg.attn_kernel}{' (auto)' * (cfg.attn_impl == 'auto')} · {cfg.positions} positions"
+                           + (f" (base {cfg.rope_base:g})" if cfg.positions == "rope" else ""))
     defaults = ModelConfig.defaults()
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
-               if k not in shape and k != "d_qk" and v != defaults.get(k)]
-    if m.get("d_qk") not in (None, m["d_model"] // m["n_head"]):
-        changed.insert(0, f"d_qk {m['d_qk']}")
-    t.add_row("options", " · ".join(changed) or "GPT-2's (every option at its default)")
+               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base") and v != defaults.get(k)]
+    if cfg.d_qk != cfg.d_v:
+        changed.insert(0, f"d_qk {cfg.d_qk}")
+    t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")
     t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']})")
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
