@@ -315,8 +315,11 @@ def _base_weights(run: Path, base: dict) -> Path:
 
 
 def is_run(path: Path) -> bool:
-    return (Path(path) / "config.json").is_file() and (Path(path) / "state.json").is_file() \
-        or (Path(path) / weights_name(False)).is_file() or (Path(path) / weights_name(True)).is_file()
+    """A folder holding a committed checkpoint: config.json beside state.json (or beside a
+    weights file of the first release, which wrote state.json only when training)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and any(
+        (path / name).is_file() for name in ("state.json", weights_name(False), weights_name(True)))
 
 
 def latest_run(root: str | Path = "checkpoints") -> Path:

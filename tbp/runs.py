@@ -7,6 +7,7 @@ while a raw text file is turned into a dataset on the fly.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 from dataclasses import dataclass, field
@@ -189,9 +190,21 @@ def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force:
     memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
                       "training this model")
     lock = claim_run_dir(out, force, inputs=(ds.path,))
-    model = GPT(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
-    record = _record(mcfg, tcfg, ds, None, None)
-    return Trainer(model, ds, tcfg, out, record, adapter=False, callbacks=callbacks, lock=lock)
+    with _released_on_failure(lock):
+        model = GPT(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
+        record = _record(mcfg, tcfg, ds, None, None)
+        return Trainer(model, ds, tcfg, out, record, adapter=False, callbacks=callbacks, lock=lock)
+
+
+@contextlib.contextmanager
+def _released_on_failure(lock: RunLock):
+    """Release a freshly claimed run directory (and remove it if it is empty) when setting up
+    the run fails: a failed command leaves nothing behind."""
+    try:
+        yield
+    except BaseException:
+        lock.release(remove_if_alone=True)
+        raise
 
 
 def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: bool,
@@ -210,20 +223,17 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
                       f"fine-tuning {base_run}")
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
-    try:
+    with _released_on_failure(lock):
         model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype))
-    except BaseException:
-        lock.release()
-        raise
-    base = None
-    if lora:
-        add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
-        weights = checkpoint.weights_path(base_run)
-        base = {"path": str(Path(base_run).resolve()), "sha256": checkpoint.file_sha256(weights)}
-    record = _record(model.config, tcfg, ds, lora, base)
-    record["init_from"] = str(Path(base_run).resolve())
-    return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,
-                   tokenizer=tok)
+        base = None
+        if lora:
+            add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
+            weights = checkpoint.weights_path(base_run)
+            base = {"path": str(Path(base_run).resolve()), "sha256": checkpoint.file_sha256(weights)}
+        record = _record(model.config, tcfg, ds, lora, base)
+        record["init_from"] = str(Path(base_run).resolve())
+        return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,
+                       tokenizer=tok)
 
 
 def resume(out: Path, train_overrides: dict, model_overrides: dict, ds: Dataset | None,

@@ -85,6 +85,7 @@ def test_nan_exits_1_naming_the_step(tmp_path, corpus_file, monkeypatch):
 def test_nonsense_options_are_refused(tmp_path, corpus_file, monkeypatch, args, code, msg):
     monkeypatch.chdir(tmp_path)
     clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 2, *TINY[:-1], *args]), code, msg)
+    assert not (tmp_path / "r").exists()                # a refused run leaves no folder
 
 
 def test_resume_with_data_of_another_tokenizer_is_refused(trained, tmp_path):

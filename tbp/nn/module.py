@@ -48,10 +48,6 @@ class Module:
         return value
 
     # --- the tree ---------------------------------------------------------------------------
-    def children(self):
-        """(registered name, child) pairs, in registration order."""
-        return self._children.items()
-
     def modules(self, prefix: str = ""):
         """Yield (dotted name, module) for this module and every descendant, depth first."""
         yield prefix, self
