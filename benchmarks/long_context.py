@@ -11,7 +11,6 @@ includes the interpreter and NumPy, about 40 MiB). Pairs are interleaved, dense 
 """
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 
