@@ -13,6 +13,7 @@ from .merge import merge
 from .info import info
 from .bench import bench
 from .interop import export, import_
+from .pictures import attention, plot_runs
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -28,7 +29,7 @@ def main():
     """
 
 
-for command in (prepare, train, generate, merge, info, bench, gradcheck, export, import_):
+for command in (prepare, train, generate, merge, info, bench, gradcheck, export, import_, plot_runs, attention):
     main.add_command(command)
 
 

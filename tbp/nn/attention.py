@@ -135,6 +135,20 @@ class CausalSelfAttention(Module):
             dk[...] = self.rotary.backward(dk)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)
 
+    def weights(self) -> np.ndarray:
+        """P (B, H, T, T), the attention weights of the last forward, for inspection: dense
+        attention kept them; flash recomputes them from its saved log-sum-exp, P = exp(S - L),
+        exactly the probabilities it used. Changes nothing the backward reads."""
+        qs, k, v, saved, y = self.cache
+        if self.impl != "flash":
+            return saved.copy()
+        s = qs @ k.transpose(0, 1, 3, 2)                                   # (B, H, T, T)
+        if self.causal:
+            T = s.shape[-1]
+            s += causal_mask(T, 0, s.dtype, self.window if self.window and T > self.window else None)
+        s -= saved[..., None]
+        return np.exp(s, out=s)
+
     # --- inference (the Decoder) ------------------------------------------------------------
     def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(c_attn with ``ln`` folded in and the scale 1/sqrt(Dk) in its query columns,

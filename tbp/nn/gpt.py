@@ -161,6 +161,12 @@ class GPT(Module):
             dx = block.backward(dx)
         self.embed.backward(dx)
 
+    def attention_weights(self, idx: np.ndarray) -> list[np.ndarray]:
+        """Run the forward on idx (B, T) and return each layer's attention weights (B, H, T, T):
+        row t is what query t gives each key. For looking inside; the training path is untouched."""
+        self.forward(idx)
+        return [block.attn.weights() for block in self.blocks]
+
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         """Mean cross-entropy of the next-token predictions; forward only."""
         return self.loss_fn.forward(self.forward(idx), self._check_targets(targets, idx))

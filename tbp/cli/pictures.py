@@ -1,0 +1,111 @@
+"""`tbp plot` and `tbp attention`: pictures of training and of attention."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from .. import checkpoint, plot
+from ..errors import TbpError
+from .common import console
+from .generate import start_tokens
+
+
+def _run_curves(run: Path) -> dict:
+    cfg = checkpoint.read_config(run)
+    metrics = checkpoint.read_metrics(run)
+    if not metrics:
+        raise TbpError(f"{run}: no metrics.jsonl lines to plot yet")
+    train, model = cfg.get("train") or {}, cfg.get("model") or {}
+    tokens = train.get("batch_size", 0) * train.get("grad_accum", 1) * model.get("n_ctx", 0)
+    return {"label": run.name, "metrics": metrics, "tokens_per_step": tokens}
+
+
+@click.command("plot")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The picture: a .png or .svg file.")
+def plot_runs(runs, out):
+    """Draw training curves of one or more runs into a picture (needs tbp[plot]).
+
+    Loss against steps (train batches thin, validation thick, the best point starred) and
+    against tokens; validation bits per byte, learning rate and gradient norm below. Several
+    runs are overlaid, one colour each, to compare seeds or options.
+
+    \b
+    Examples:
+      tbp plot checkpoints/pydoc --out curves.png
+      tbp plot checkpoints/seed1 checkpoints/seed2 checkpoints/rope --out compare.svg
+    """
+    fig = plot.training_figure([_run_curves(r) for r in runs])
+    plot.save(fig, out)
+    console.print(f"wrote {out}")
+
+
+SHADES = " ░▒▓█"
+
+
+def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
+    """One head's (T, T) weights as shaded blocks, a row per query token, on a square-root
+    scale so that a weight of 0.1 (a query spread over ten tokens) still shows."""
+    t = Table(title=title, show_header=False, box=None, title_justify="left", pad_edge=False)
+    t.add_column(justify="right", style="dim")
+    t.add_column()
+    for label, row in zip(labels, weights):
+        cells = Text()
+        for w in np.sqrt(np.clip(row, 0, 1)):
+            cells.append(SHADES[min(4, int(w * 4.999))] * 2, style=f"rgb({int(60 + 195 * w)},{int(60 + 120 * w)},80)")
+        t.add_row(label, cells)
+    return t
+
+
+@click.command("attention")
+@click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
+              help="Run directory. Default: the most recently saved run under checkpoints/.")
+@click.option("--prompt", required=True, help="The text whose attention to show.")
+@click.option("--layer", type=click.IntRange(min=0), default=None,
+              help="Only this layer (default: every layer; in the terminal, the last one).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a picture (.png or .svg, needs tbp[plot]) instead of drawing in the terminal.")
+@click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON on stdout.")
+@click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
+def attention(run, prompt, layer, out, as_json, best):
+    """Show what each attention head looks at, for a prompt, from the model's own forward.
+
+    Row t of a head's map is query token t; its cells are the weights that token gives each
+    earlier token (they sum to 1). In the terminal the shades follow the square root of the
+    weight, so small weights still show. A prompt longer than the context keeps its last tokens.
+
+    \b
+    Examples:
+      tbp attention --prompt "def main():"                      # the last layer, in the terminal
+      tbp attention --checkpoint checkpoints/pydoc --prompt "The quick brown fox" --out attn.png
+      tbp attention --prompt "hello" --layer 0 --json
+    """
+    run = run or checkpoint.latest_run()
+    model, tok, _ = checkpoint.load_model(run, best=best)
+    ids, _ = start_tokens(tok, prompt)
+    ids = ids[-model.config.n_ctx:]
+    maps = model.attention_weights(np.array([ids]))                   # L x (1, H, T, T)
+    L = len(maps)
+    if layer is not None and layer >= L:
+        raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
+    tokens = [tok.decode([i]) for i in ids]
+    chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
+    weights = {i: maps[i][0] for i in chosen}                         # layer -> (H, T, T)
+    if as_json:
+        click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids,
+                               "layers": {str(i): w.round(6).tolist() for i, w in weights.items()}}))
+        return
+    if out is not None:
+        plot.save(plot.attention_figure(weights, tokens), out)
+        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, {len(ids)} tokens)")
+        return
+    labels = [plot.token_label(t) for t in tokens]
+    for i, w in weights.items():
+        for h in range(w.shape[0]):
+            console.print(_terminal_map(w[h], labels, f"layer {i} · head {h}"))

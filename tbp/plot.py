@@ -1,0 +1,115 @@
+"""Pictures of training and of attention, drawn with matplotlib (the optional extra ``tbp[plot]``).
+
+Numbers in, a ``matplotlib.figure.Figure`` out: nothing here reads a run or prints. The figures
+are built with the object API on the Agg canvas (no pyplot, no display, no global state), so
+they work headless and in tests. matplotlib is imported when a figure is made, so tbp starts
+without it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import TbpError
+
+INSTALL = "pictures need matplotlib: pip install 'tbp[plot]' (or: pip install matplotlib)"
+
+
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise TbpError(INSTALL) from None
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save(fig, path) -> None:
+    """Write a figure as PNG or SVG (by the file's suffix)."""
+    suffix = str(path).rsplit(".", 1)[-1].lower()
+    if suffix not in ("png", "svg"):
+        raise TbpError(f"{path}: the picture must be a .png or .svg file")
+    fig.savefig(path, dpi=120)
+
+
+# --- training curves ----------------------------------------------------------------------------
+def training_figure(runs: list[dict]):
+    """Loss against steps and against tokens, bits per byte, learning rate and gradient norm.
+
+    runs: [{"label": str, "metrics": [metrics.jsonl lines], "tokens_per_step": int}, ...], one
+    colour each, overlaid. The best validation point of each run is marked. Steps are on a log
+    scale when a run is long enough for the first hundred steps to matter (more than 1,000; not
+    for bits per byte, whose evaluations start late).
+    """
+    fig = _figure(11, 7.5)
+    grid = fig.add_gridspec(2, 3, height_ratios=[2.2, 1])
+    by_step, by_tokens = fig.add_subplot(grid[0, :2]), fig.add_subplot(grid[0, 2])
+    bpb, lr, gnorm = (fig.add_subplot(grid[1, i]) for i in range(3))
+    longest = max((m["step"] for r in runs for m in r["metrics"]), default=1)
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    for run, color in zip(runs, colors):
+        ms = run["metrics"]
+        steps = np.array([m["step"] for m in ms])
+        train = np.array([m.get("train_loss", np.nan) for m in ms], dtype=float)
+        evals = [m for m in ms if "val_loss" in m]
+        ev_steps = np.array([m["step"] for m in evals])
+        val = np.array([m["val_loss"] for m in evals])
+        tokens = run.get("tokens_per_step") or 0
+        by_step.plot(steps, train, color=color, alpha=0.35, lw=1)
+        by_step.plot(ev_steps, val, color=color, lw=2, marker="o", ms=3, label=f"{run['label']} (val)")
+        if len(val):
+            best = int(np.argmin(val))
+            by_step.plot(ev_steps[best], val[best], marker="*", ms=14, color=color, mec="black", zorder=5)
+            by_step.annotate(f"{val[best]:.3f}", (ev_steps[best], val[best]), textcoords="offset points",
+                             xytext=(6, 8), fontsize=8, color=color)
+        if tokens:
+            by_tokens.plot(steps * tokens, train, color=color, alpha=0.35, lw=1)
+            by_tokens.plot(ev_steps * tokens, val, color=color, lw=2, marker="o", ms=3)
+        bpb.plot(ev_steps, [m.get("val_bpb", np.nan) for m in evals], color=color, marker="o", ms=3)
+        lr.plot(steps, [m.get("lr", np.nan) for m in ms], color=color)
+        gnorm.plot(steps, [m.get("grad_norm", np.nan) for m in ms], color=color, alpha=0.8, lw=1)
+    by_step.set(title="loss (thin: train batches; thick: validation; star: best)", xlabel="step",
+                ylabel="cross-entropy (nats per token)")
+    by_tokens.set(title="against tokens seen", xlabel="tokens")
+    bpb.set(title="validation bits per byte", xlabel="step")
+    lr.set(title="learning rate", xlabel="step")
+    gnorm.set(title="gradient norm (before clipping)", xlabel="step")
+    gnorm.set_yscale("log")
+    from matplotlib.ticker import EngFormatter, ScalarFormatter
+    by_tokens.xaxis.set_major_formatter(EngFormatter(sep=""))          # 150k, not 150000
+    gnorm.yaxis.set_major_formatter(ScalarFormatter())
+    for ax in (by_step, lr, gnorm):
+        if longest > 1000:
+            ax.set_xscale("log")
+    for ax in (by_step, by_tokens, bpb, lr, gnorm):
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=8)
+    return fig
+
+
+# --- attention ----------------------------------------------------------------------------------
+def token_label(text: str, width: int = 8) -> str:
+    """A token's text made visible as a tick label: escapes for newlines and tabs, cut short."""
+    shown = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
+    return shown if len(shown) <= width else shown[:width - 1] + "…"
+
+
+def attention_figure(weights: dict, tokens: list[str]):
+    """One heat map per head (columns) and layer (rows): row t is query token t, column j the
+    weight it gives key token j. weights: {layer: (H, T, T) array}; tokens: T strings."""
+    layers = sorted(weights)
+    H, T, _ = weights[layers[0]].shape
+    cell = min(0.35, 6.0 / max(T, 1))
+    side = max(2.2, T * cell)
+    fig = _figure(min(1.5 + H * side, 40), min(1 + len(layers) * (side + 0.6), 60))
+    axes = np.atleast_2d(fig.subplots(len(layers), H, squeeze=False))
+    labels = [token_label(t) for t in tokens]
+    step = max(1, math.ceil(T / 40))                 # at most ~40 tick labels per axis
+    for row, layer in zip(axes, layers):
+        for h, ax in enumerate(row):
+            image = ax.imshow(weights[layer][h], vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+            ax.set_title(f"layer {layer} · head {h}", fontsize=9)
+            ax.set_xticks(range(0, T, step), labels[::step], rotation=90, fontsize=7, family="monospace")
+            ax.set_yticks(range(0, T, step), labels[::step], fontsize=7, family="monospace")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    return fig

@@ -1,0 +1,112 @@
+"""Pictures: training curves and attention maps, drawn headless from known numbers."""
+import builtins
+import json
+
+import numpy as np
+import pytest
+from helpers import clean_fail, run, train_tiny
+
+from tbp import GPT, ModelConfig, plot
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture
+def trained(tmp_path, corpus_file, monkeypatch):
+    return train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
+
+
+def rgba(fig) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())
+
+
+def pixel(fig, image, ax, x, y) -> np.ndarray:
+    """The RGB at data point (x, y) of ``ax`` (origin of the image: top left)."""
+    px, py = ax.transData.transform((x, y))
+    return image[int(round(fig.bbox.height - py)), int(round(px)), :3].astype(int)
+
+
+def test_an_attention_map_puts_each_weight_in_its_cell():
+    from matplotlib import colormaps
+    T = 5
+    weights = np.zeros((2, T, T))
+    weights[0] = np.eye(T)                                  # head 0: every token attends to itself
+    weights[1][:, 0] = 1.0                                  # head 1: every token attends to the first
+    fig = plot.attention_figure({3: weights}, list("abcde"))
+    image = rgba(fig)
+    axes = [ax for ax in fig.axes if ax.get_title().startswith("layer")]
+    assert [ax.get_title() for ax in axes] == ["layer 3 · head 0", "layer 3 · head 1"]
+    hot = (np.array(colormaps["viridis"](1.0)[:3]) * 255).astype(int)
+    cold = (np.array(colormaps["viridis"](0.0)[:3]) * 255).astype(int)
+    for h, ax in enumerate(axes):
+        for i in range(T):
+            for j in range(T):
+                want = hot if weights[h, i, j] == 1 else cold
+                assert np.abs(pixel(fig, image, ax, j, i) - want).max() <= 3, (h, i, j)
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == list("abcde")
+
+
+def test_token_labels_make_whitespace_visible():
+    assert plot.token_label("\n") == "\\n" and plot.token_label(" a") == "·a"
+    assert plot.token_label("abcdefghijkl") == "abcdefg…"
+
+
+def test_plot_draws_one_or_several_runs(trained, tmp_path):
+    r = run(["plot", trained, trained, "--out", tmp_path / "c.png"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run(["plot", trained, "--out", tmp_path / "c.svg"]).exit_code == 0
+    assert b"<svg" in (tmp_path / "c.svg").read_bytes()[:500]
+    clean_fail(run(["plot", trained, "--out", tmp_path / "c.jpg"]), 1, "must be a .png or .svg file")
+
+
+def test_the_training_figure_marks_the_best_validation_point():
+    metrics = [{"step": s, "lr": 1e-3, "train_loss": 3.0 - s / 10, "grad_norm": 1.0} for s in range(1, 21)]
+    for m, v in ((metrics[4], 2.5), (metrics[9], 2.1), (metrics[14], 2.3)):
+        m.update(val_loss=v, val_bpb=v / 0.7, eval_train_loss=v)
+    fig = plot.training_figure([{"label": "a", "metrics": metrics, "tokens_per_step": 100}])
+    stars = [line for line in fig.axes[0].lines if line.get_marker() == "*"]
+    assert len(stars) == 1 and stars[0].get_xdata()[0] == 10 and stars[0].get_ydata()[0] == 2.1
+
+
+def test_attention_json_is_the_models_own_weights(trained):
+    r = run(["attention", "--checkpoint", trained, "--prompt", "the cat", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["tokens"] == list("the cat") and set(d["layers"]) == {"0"}
+    w = np.array(d["layers"]["0"])                          # (H, T, T)
+    model = GPT.load(trained)
+    want = model.attention_weights(np.array([d["ids"]]))[0][0]
+    np.testing.assert_allclose(w, want, atol=1e-6)
+    np.testing.assert_allclose(w.sum(-1), 1, atol=1e-5)
+    assert np.triu(w, 1).max() == 0                         # causal: nothing from the future
+
+
+def test_attention_in_the_terminal_and_as_a_picture(trained, tmp_path):
+    r = run(["attention", "--checkpoint", trained, "--prompt", "the cat"])
+    assert r.exit_code == 0 and "layer 0 · head 1" in r.output and "█" in r.output
+    r = run(["attention", "--checkpoint", trained, "--prompt", "the cat", "--out", tmp_path / "a.png"])
+    assert r.exit_code == 0 and (tmp_path / "a.png").stat().st_size > 1000
+    clean_fail(run(["attention", "--checkpoint", trained, "--prompt", "the", "--layer", 5]), 2, "has 1 layer (0 .. 0)")
+
+
+def test_flash_gives_the_same_attention_weights_as_dense():
+    cfgs = [ModelConfig(vocab_size=11, n_ctx=16, n_layer=2, n_head=2, d_model=8, attn_impl=i) for i in ("dense", "flash")]
+    idx = np.arange(12)[None] % 11
+    dense, flash = (GPT(c, seed=0, dtype=np.float64).attention_weights(idx) for c in cfgs)
+    for d, f in zip(dense, flash):
+        np.testing.assert_allclose(f, d, rtol=1e-12, atol=1e-15)
+
+
+def test_without_matplotlib_the_command_says_how_to_get_it(trained, tmp_path, monkeypatch):
+    real = builtins.__import__
+
+    def no_matplotlib(name, *args, **kw):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *args, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    clean_fail(run(["plot", trained, "--out", tmp_path / "c.png"]), 1, "pip install 'tbp[plot]'")
