@@ -81,11 +81,14 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
                  rng: np.random.Generator, num_samples: int = 1,
-                 use_cache: bool = True) -> Iterator[np.ndarray]:
+                 use_cache: bool = True, sparse=None) -> Iterator[np.ndarray]:
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
 
     ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
+    ``sparse``: a tbp.nn.sparse.Sparsity for the cached decoder (sparse decoding), or None.
     """
+    if sparse is not None and not use_cache:
+        raise ValueError("sparse decoding thins the KV cache's attention: it needs the cache")
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
@@ -97,7 +100,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     buf = np.empty((num_samples, reach + n_ctx + 1), dtype=np.int64)          # whatever max_new_tokens
     n = len(prompt)                           # tokens in the window
     buf[:, :n] = np.asarray(prompt, dtype=np.int64)
-    decoder = model.decoder(num_samples) if use_cache else None
+    decoder = model.decoder(num_samples, sparse) if use_cache else None
     if decoder is not None:
         logits = decoder.forward(buf[:, :n])[:, -1]                             # (B, V)
     else:
@@ -186,7 +189,7 @@ class Stats:
 def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens: int,
                   sampling: Sampling, rng: np.random.Generator, num_samples: int = 1,
                   use_cache: bool = True, stop: tuple[str, ...] = (),
-                  stats: Stats | None = None) -> Iterator[tuple[int, str]]:
+                  stats: Stats | None = None, sparse=None) -> Iterator[tuple[int, str]]:
     """Yield (sample index, text piece) as tokens arrive; a sample ends at a stop string,
     at the tokenizer's end-of-text token, or after ``max_new_tokens``."""
     stats = stats if stats is not None else Stats()
@@ -195,7 +198,7 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     if use_cache:
         stats.cache_bytes = Decoder.cache_size(model, num_samples)
     t0 = time.perf_counter()
-    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache)
+    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, sparse)
     first = True
     for nxt in gen:
         if first:

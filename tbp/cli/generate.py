@@ -11,6 +11,7 @@ from .. import checkpoint, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
+from ..nn.sparse import KINDS, Sparsity
 from .options import FiniteFloat
 
 
@@ -62,8 +63,19 @@ def start_tokens(tok, text: str) -> tuple[list[int], str]:
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as it is generated (one sample only).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
+@click.option("--sparse", type=click.Choice(KINDS), default=None,
+              help="Sparse decoding: each new token attends to --budget cached tokens, chosen at the "
+                   "selection layers (lessismore: one set merged across heads, plus sinks and a recency "
+                   "window; topk: per head; window: sinks + the most recent).")
+@click.option("--budget", type=click.IntRange(min=2), default=64, show_default=True,
+              help="With --sparse: cached tokens each new token attends to.")
+@click.option("--sparse-layers", default="1", show_default=True,
+              help="With --sparse: comma-separated selection layers (dense, and choosing the set for the "
+                   "layers after them); layers before the first stay dense.")
+@click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
+              help="With --sparse lessismore: the share of the budget given to the most recent tokens.")
 def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, seed, num_samples, stop,
-             kv_cache, stream, best):
+             kv_cache, stream, best, sparse, budget, sparse_layers, recency):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -78,9 +90,20 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
       echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
     """
     sampling = Sampling(temperature, top_k, top_p)
+    rule = None
+    if sparse is not None:
+        if not kv_cache:
+            raise click.UsageError("--sparse thins the KV cache's attention: it cannot run with --no-kv-cache")
+        try:
+            layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
+            rule = Sparsity(sparse, budget, layers, recency)
+        except ValueError as e:
+            raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
     run = run or checkpoint.latest_run()
     text = _prompt_text(prompt, prompt_file)
     model, tok, _ = checkpoint.load_model(run, best=best)      # checks shapes and the weights' memory
+    if rule is not None and max(rule.layers) >= model.config.n_layer:
+        raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {model.config.n_layer} layers")
     memory.check_fits(memory.generate_bytes(model.config, num_samples, model.dtype) - memory.model_bytes(
         model.config, model.dtype), f"sampling {num_samples} sequence(s) from {run}")
     ids, note = start_tokens(tok, text)
@@ -99,7 +122,7 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         out.write(text)
         out.flush()
     for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
-                                  kv_cache, tuple(stop), stats):
+                                  kv_cache, tuple(stop), stats, rule):
         if streaming:
             out.write(piece)
             out.flush()

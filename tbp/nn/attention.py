@@ -158,7 +158,8 @@ class CausalSelfAttention(Module):
         qkv = ln.fold(weight_of(self.c_attn), self.c_attn.params.get("bias"), col_scale=qscale)
         return qkv, weight_of(self.c_proj), self.c_proj.params.get("bias")
 
-    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int) -> None:
+    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int,
+               keep: np.ndarray | None = None, scores: np.ndarray | None = None) -> None:
         """buf.x += c_proj(attention of new rows t0 .. t1-1 to the cached ones).   [paper §3.2]
 
         keys (B, H, Dk, n_ctx): the cache, transposed so each head's scores are one product
@@ -170,6 +171,11 @@ class CausalSelfAttention(Module):
         ring: position t lives in slot t mod n_ctx, and the row attends to all n_ctx slots,
         the last n_ctx positions. Attention is a weighted sum over a set, so the order of the
         slots does not matter, and rotated keys carry their own positions.
+
+        Sparse decoding (one row, within the cache; sparse.py): ``scores`` (B, H, 1, t1)
+        receives the row's pre-softmax scores, from which the decoder picks a set; ``keep``,
+        a set of cached positions, (B, K) for all heads or (B, H, K) per head, restricts the
+        row's attention to those keys and values, gathered once for this layer.
         """
         qkv, proj, proj_b = weights
         np.dot(buf.xa, qkv, out=buf.qkv)                            # [q * scale | k | v], (N, .)
@@ -181,15 +187,24 @@ class CausalSelfAttention(Module):
         span = min(t1, n_ctx)                                       # slots attended to
         keys[..., s0:s0 + t1 - t0] = buf.k
         values[:, :, s0:s0 + t1 - t0, :-1] = buf.v
+        if keep is None:
+            cached_k, cached_v = keys[..., :span], values[:, :, :span]
+        else:                                                       # the kept positions only
+            per_head = keep.ndim == 3
+            cached_k = np.take_along_axis(keys, keep[:, :, None, :] if per_head else keep[:, None, None, :], -1)
+            cached_v = np.take_along_axis(values, keep[:, :, :, None] if per_head else keep[:, None, :, None], 2)
+            span = keep.shape[-1]
         att = buf.att[..., :span]                                   # (B, H, Tn, span)
-        np.matmul(buf.q, keys[..., :span], out=att)
+        np.matmul(buf.q, cached_k, out=att)
+        if scores is not None:
+            scores[...] = att
         if t1 - t0 > 1:
             att += causal_mask(t1 - t0, t0, att.dtype)
         np.maximum.reduce(att, axis=-1, keepdims=True, out=buf.rowmax)
         att -= buf.rowmax
         np.exp(att, out=att)
         # normalise the (Tn, Dv) output rather than the (Tn, t1) probabilities: fewer numbers
-        np.matmul(att, values[:, :, :span], out=buf.ysum)
+        np.matmul(att, cached_v, out=buf.ysum)
         np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
         np.dot(buf.ya, proj, out=buf.out)
         if proj_b is not None:

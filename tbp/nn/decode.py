@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .linear import weight_of
+from .sparse import select
 
 
 class _Buffers:
@@ -77,11 +78,16 @@ class Decoder:
 
     A long prefill runs in chunks of query rows, so its (B, H, rows, n_ctx) attention scores
     stay under ``max_scores`` numbers (16 MiB in float32) whatever the batch and prompt.
+
+    ``sparse`` (a sparse.Sparsity) thins attention for one-token steps once more positions are
+    cached than its budget: at its selection layers the token attends densely and picks the
+    set the following layers attend to (sparse.py). Prefill and layers before the first
+    selection layer stay dense; ``kept`` holds the last set chosen.
     """
 
     max_scores = 1 << 22
 
-    def __init__(self, model, batch: int = 1):
+    def __init__(self, model, batch: int = 1, sparse=None):
         cfg = model.config
         if not cfg.causal:
             raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
@@ -107,6 +113,11 @@ class Decoder:
         # the softmax's normaliser in one product
         self.values = np.ones((L, batch, H, self.n_ctx, cfg.d_v + 1), dt)
         self.length = 0
+        self.sparse = sparse                      # a sparse.Sparsity, or None: dense attention
+        self.kept = None                          # the positions the last sparse step kept
+        self.kept_scores = None                   # (B, H, t) the scores they were chosen from
+        if sparse is not None and max(sparse.layers) >= L:
+            raise ValueError(f"selection layer {max(sparse.layers)} does not exist: the model has {L} layers")
         # query rows per prefill chunk, so that its scores stay under max_scores numbers
         self._chunk = max(1, self.max_scores // (batch * H * self.n_ctx))
         self._step = self._buffers(1)
@@ -157,11 +168,23 @@ class Decoder:
             buf.cos, buf.sin = cos[:, None], sin[:, None]
         model = self.model
         model.embed.decode(idx, t0, buf.x)
-        for (block, attn_w, mlp_w, norm_1, norm_2), keys, values in zip(self.layers, self.keys, self.values):
+        H = self.model.config.n_head
+        rule = self.sparse
+        thin = rule is not None and Tn == 1 and rule.budget < t1 <= self.n_ctx    # within the cache
+        keep = None
+        for i, ((block, attn_w, mlp_w, norm_1, norm_2), keys, values) in enumerate(
+                zip(self.layers, self.keys, self.values)):
             block.ln_1.decode(buf, norm_1)
-            block.attn.decode(buf, attn_w, keys, values, t0, t1)
+            if thin and i in rule.layers:                           # dense, and choose the set
+                scores = np.empty((self.B, H, 1, t1), self.dtype)
+                block.attn.decode(buf, attn_w, keys, values, t0, t1, scores=scores)
+                keep = select(scores[:, :, 0], rule)
+                self.kept_scores = scores[:, :, 0]
+            else:
+                block.attn.decode(buf, attn_w, keys, values, t0, t1, keep=keep if thin else None)
             block.ln_2.decode(buf, norm_2)
             block.mlp.decode(buf, mlp_w)
+        self.kept = keep
         model.ln_f.decode(buf, self.norm_f)
         np.dot(buf.xa, self.head, out=buf.logits)
         self.length = t1

@@ -197,10 +197,10 @@ class GPT(Module):
         return targets
 
     # --- inference path (KV cache) ----------------------------------------------------------
-    def decoder(self, batch: int = 1):
-        """``Decoder(self, batch)``: this model prepared for sampling with a KV cache."""
+    def decoder(self, batch: int = 1, sparse=None):
+        """``Decoder(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
         from .decode import Decoder        # the inference engine builds on this module, not the reverse
-        return Decoder(self, batch)
+        return Decoder(self, batch, sparse)
 
 
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")

@@ -1,0 +1,91 @@
+"""Sparse attention while decoding: which cached tokens a new token attends to.
+[LessIsMore: Yang et al., arXiv 2508.07101, as its authors' code implements it]
+
+At a *selection layer* the new token attends densely, and its pre-softmax scores pick a set of
+K cached positions; the layers after it, up to the next selection layer, attend only to that
+set. Layers before the first selection layer stay dense. Three rules pick the set:
+
+- ``lessismore``: K = sinks + middle + recent, middle = int(0.75 K) (``1 - recency``), the first
+  ``sinks`` = 4 positions, and the last ``recent`` positions; the middle is ranked per head by
+  score over the positions in between, and the heads' rankings are merged rank-major (every
+  head's best, then every head's second best, ...), keeping each position once, until
+  ``middle`` are chosen. One set, shared by all heads.
+- ``topk``: each head keeps its own K best-scoring positions (the per-head baseline).
+- ``window``: the sinks and the last K - sinks positions, no scores (the StreamingLLM baseline).
+
+With K >= the number of cached positions every rule keeps them all and decoding is dense.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("lessismore", "topk", "window")
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """How the decoder thins attention: the rule, the budget K, the selection layers (dense,
+    and choosing the set for the layers after them), the share of the budget given to the
+    recency window (LessIsMore), and the number of sink tokens."""
+    kind: str = "lessismore"
+    budget: int = 64
+    layers: tuple[int, ...] = (1,)
+    recency: float = 0.25
+    sinks: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"sparse kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.budget < (1 if self.kind == "topk" else self.sinks + 2):
+            raise ValueError(f"a budget of {self.budget} leaves no room beside {self.sinks} sink tokens")
+        if not 0 <= self.recency < 1:
+            raise ValueError(f"the recency share must be in [0, 1), got {self.recency}")
+        if not self.layers or min(self.layers) < 0:
+            raise ValueError("sparse decoding needs at least one selection layer (>= 0)")
+
+    def split(self) -> tuple[int, int, int]:
+        """(sinks, middle, recent) with sinks + middle + recent == budget."""
+        middle = int((1 - self.recency) * self.budget)
+        middle = min(middle, self.budget - self.sinks)
+        return self.sinks, middle, self.budget - self.sinks - middle
+
+
+def select(scores: np.ndarray, rule: Sparsity) -> np.ndarray:
+    """Positions to keep, from the new token's pre-softmax scores (B, H, n) over n positions.
+
+    Returns (B, K) sorted positions for lessismore and window (one set for every head), or
+    (B, H, K) for topk (a set per head).
+    """
+    B, H, n = scores.shape
+    K = rule.budget
+    if rule.kind == "topk":
+        part = np.argpartition(-scores, K - 1, axis=-1)[..., :K]          # (B, H, K), any order
+        return np.sort(part, axis=-1)
+    sinks, middle, recent = rule.split()
+    if rule.kind == "window":
+        middle, recent = 0, K - sinks
+    head = np.arange(sinks)                                                # the sink positions
+    tail = np.arange(n - recent, n)                                        # the recency window
+    out = np.empty((B, K), dtype=np.int64)
+    lo, hi = sinks, n - recent                                             # the ranked range
+    for b in range(B):
+        picked = merge_rank_major(scores[b, :, lo:hi], middle) + lo
+        out[b] = np.sort(np.concatenate([head, picked, tail]))
+    return out
+
+
+def merge_rank_major(scores: np.ndarray, count: int) -> np.ndarray:
+    """``count`` distinct positions from per-head scores (H, m): rank each head's positions by
+    score, then read the ranks row by row (every head's best first), keeping first occurrences."""
+    H, m = scores.shape
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    top = min(count, m)
+    best = np.argpartition(-scores, top - 1, axis=-1)[:, :top]             # (H, top), unordered
+    order = np.take_along_axis(scores, best, axis=-1).argsort(axis=-1, kind="stable")[:, ::-1]
+    ranked = np.take_along_axis(best, order, axis=-1)                      # (H, top), best first
+    flat = ranked.T.reshape(-1)                                            # rank-major
+    _, first = np.unique(flat, return_index=True)
+    return flat[np.sort(first)][:count].astype(np.int64)

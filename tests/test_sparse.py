@@ -1,0 +1,119 @@
+"""Sparse decoding (LessIsMore and its baselines): the selection rule and exactness."""
+import numpy as np
+import pytest
+
+from tbp import GPT, ModelConfig
+from tbp.nn.sparse import Sparsity, merge_rank_major, select
+
+
+def test_the_budget_splits_into_sinks_middle_and_recent():
+    assert Sparsity(budget=64).split() == (4, 48, 12)
+    assert Sparsity(budget=16, recency=0.5).split() == (4, 8, 4)
+    with pytest.raises(ValueError, match="no room"):
+        Sparsity(budget=5)
+
+
+def test_a_hand_built_score_tensor_gives_the_expected_merged_set():
+    n = 20
+    scores = np.zeros((1, 2, n))
+    scores[0, 0, [7, 9, 11]] = [3.0, 2.0, 1.0]          # head 0 ranks 7, 9, 11
+    scores[0, 1, [9, 13, 5]] = [3.0, 2.0, 1.0]          # head 1 ranks 9, 13, 5
+    rule = Sparsity(budget=10, recency=0.3, sinks=2)     # middle int(0.7 * 10) = 7 -> sinks 2, recent 1
+    assert rule.split() == (2, 7, 1)
+    kept = select(scores, rule)[0]
+    # rank-major: 7 (h0 #1), 9 (h1 #1), 9 again (skipped), 13 (h1 #2), 11 (h0 #3), 5 (h1 #3), then ties at 0
+    assert {0, 1}.issubset(kept) and 19 in kept                         # sinks and the recency window
+    assert {7, 9, 13, 11, 5}.issubset(kept) and len(set(kept)) == 10 == len(kept)
+    assert list(merge_rank_major(scores[0][:, 2:19], 4) + 2) == [7, 9, 13, 11]
+    window = select(scores, Sparsity(kind="window", budget=6, sinks=2))[0]
+    assert list(window) == [0, 1, 16, 17, 18, 19]
+    per_head = select(scores, Sparsity(kind="topk", budget=3))
+    assert per_head.shape == (1, 2, 3) and list(per_head[0, 0]) == [7, 9, 11] and list(per_head[0, 1]) == [5, 9, 13]
+
+
+def model(n_ctx=48):
+    cfg = ModelConfig(vocab_size=13, n_ctx=n_ctx, n_layer=3, n_head=2, d_model=16, positions="rope")
+    m = GPT(cfg, seed=1, dtype=np.float64)
+    for p in m.params.values():
+        p += np.random.default_rng(2).standard_normal(p.shape) * 0.3
+    return m
+
+
+@pytest.mark.parametrize("kind", ["lessismore", "topk", "window"])
+def test_a_budget_covering_every_position_is_dense_decoding_bit_for_bit(kind):
+    m = model()
+    tokens = np.random.default_rng(3).integers(0, 13, (2, 40))
+    dense, sparse = m.decoder(2), m.decoder(2, Sparsity(kind, budget=40, layers=(1,)))
+    dense.forward(tokens[:, :4])
+    sparse.forward(tokens[:, :4])
+    for t in range(4, 40):
+        np.testing.assert_array_equal(sparse.forward(tokens[:, t:t + 1]), dense.forward(tokens[:, t:t + 1]))
+
+
+@pytest.mark.parametrize("kind", ["lessismore", "topk", "window"])
+def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind):
+    """Each sparse step equals the plain forward in which, after the selection layer, the new
+    token's scores are -inf outside the kept set (float64, 1e-12)."""
+    m = model()
+    tokens = np.random.default_rng(4).integers(0, 13, (2, 44))
+    sparse = m.decoder(2, Sparsity(kind, budget=12, layers=(1,)))
+    sparse.forward(tokens[:, :4])
+    for t in range(4, 44):
+        got = sparse.forward(tokens[:, t:t + 1])[:, -1]
+        if t + 1 <= 12:
+            assert sparse.kept is None                         # nothing to thin yet
+            continue
+        want = dense_step_with_mask(m, tokens[:, :t + 1], sparse.kept)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
+
+
+def dense_step_with_mask(m, tokens, kept):
+    """The last token's logits when layers after the selection layer attend only to ``kept``:
+    the training forward written out with a -inf mask (layer 0 and layer 1 dense)."""
+    from tbp.nn.reference import layernorm_forward, mlp_forward, rope_forward, softmax
+    P, cfg = m.params, m.config
+    x = P["wte"][tokens]                                           # (B, T, C)
+    T = tokens.shape[1]
+    for i in range(cfg.n_layer):
+        h = f"h.{i}."
+        a, _ = layernorm_forward(x, P[h + "ln_1.weight"], P[h + "ln_1.bias"], cfg.ln_eps)
+        qkv = a @ P[h + "attn.c_attn.weight"] + P[h + "attn.c_attn.bias"]
+        H, Dk = cfg.n_head, cfg.d_qk
+        out = np.zeros((2, T, H * cfg.d_v))
+        for hd in range(H):
+            q = rope_forward(qkv[..., hd * Dk:(hd + 1) * Dk], cfg.rope_base)
+            k = rope_forward(qkv[..., H * Dk + hd * Dk:H * Dk + (hd + 1) * Dk], cfg.rope_base)
+            v = qkv[..., 2 * H * Dk + hd * cfg.d_v:2 * H * Dk + (hd + 1) * cfg.d_v]
+            s = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)
+            s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
+            if i > 1:                                              # the last row sees the kept set only
+                for b in range(2):
+                    keep = kept[b] if kept.ndim == 2 else kept[b, hd]
+                    row = np.full(T, -np.inf)
+                    row[keep] = s[b, -1, keep]
+                    s[b, -1] = row
+            out[..., hd * cfg.d_v:(hd + 1) * cfg.d_v] = softmax(s) @ v
+        x = x + out @ P[h + "attn.c_proj.weight"] + P[h + "attn.c_proj.bias"]
+        mm, _ = layernorm_forward(x, P[h + "ln_2.weight"], P[h + "ln_2.bias"], cfg.ln_eps)
+        mm, _ = mlp_forward(mm, P[h + "mlp.c_fc.weight"], P[h + "mlp.c_fc.bias"], P[h + "mlp.c_proj.weight"],
+                            P[h + "mlp.c_proj.bias"])
+        x = x + mm
+    xf, _ = layernorm_forward(x, P["ln_f.weight"], P["ln_f.bias"], cfg.ln_eps)
+    return xf[:, -1] @ P["wte"].T
+
+
+def test_a_selection_layer_past_the_model_is_refused():
+    with pytest.raises(ValueError, match="does not exist"):
+        model().decoder(1, Sparsity(layers=(3,)))
+
+
+def test_generate_with_sparse_decoding_from_the_cli(tmp_path, corpus_file, monkeypatch):
+    from helpers import clean_fail, run, train_tiny
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 5, "--n-layer", 2, "--n-ctx", 64)
+    for kind in ("lessismore", "topk", "window"):
+        r = run(["generate", "--checkpoint", run_dir, "--max-new-tokens", 60, "--sparse", kind, "--budget", 16,
+                 "--seed", 1])
+        assert r.exit_code == 0, r.output
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--sparse", "topk", "--no-kv-cache"]), 2, "--no-kv-cache")
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--sparse", "topk", "--sparse-layers", 5]), 2,
+               "the model has 2 layers")
