@@ -98,6 +98,7 @@ def main():
     p.add_argument("--layers", default="1", help="selection layers, comma-separated")
     p.add_argument("--speed-budgets", type=int, nargs="+", default=[128, 256])
     p.add_argument("--plot", help="also draw delta loss against the budget into this picture")
+    p.add_argument("--quality-only", action="store_true", help="skip the speed measurement")
     a = p.parse_args()
     layers = tuple(int(x) for x in a.layers.split(","))
     model = checkpoint.load_model(a.run, dtype=np.float32)[0]
@@ -105,7 +106,7 @@ def main():
     rows = []
     for n in a.lengths:
         rows += quality(model, np.asarray(val[:n], dtype=np.int64), a.budgets, layers)
-    speeds = {n: speed(n, a.speed_budgets, layers) for n in a.lengths}
+    speeds = {} if a.quality_only else {n: speed(n, a.speed_budgets, layers) for n in a.lengths}
     if a.plot:
         from tbp.plot import _figure, save
         fig = _figure(10, 4)
@@ -116,6 +117,8 @@ def main():
                 ax.plot(*zip(*pts), marker="o", label=kind)
             ax.set(xscale="log", xlabel="budget K (cached tokens attended)", ylabel="Δ loss vs dense (nats)",
                    title=f"context n = {n}")
+            ax.set_xticks(a.budgets, [str(k) for k in a.budgets])
+            ax.minorticks_off()
             ax.axhline(0, color="grey", lw=0.8)
             ax.grid(alpha=0.3)
             ax.legend()
