@@ -7,22 +7,22 @@ Python objects: a configuration that asks for 100,000 layers is measured, not al
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 _shapes_only = False
 
 
-@contextlib.contextmanager
-def shapes_only():
-    """Build layers whose parameters have the right names, shapes and dtypes but no memory."""
-    global _shapes_only
-    before, _shapes_only = _shapes_only, True
-    try:
-        yield
-    finally:
-        _shapes_only = before
+class shapes_only:
+    """``with shapes_only():`` build layers whose parameters have the right names, shapes and
+    dtypes but no memory."""
+
+    def __enter__(self) -> None:
+        global _shapes_only
+        self.before, _shapes_only = _shapes_only, True
+
+    def __exit__(self, *exc) -> None:
+        global _shapes_only
+        _shapes_only = self.before
 
 
 def abstract() -> bool:

@@ -8,7 +8,6 @@ one contiguous prefix of the buffer.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +70,8 @@ class Layout:
         """The layout of ``replica`` (a copy of the same tree that shares the parameters): the
         same entries and parameter buffer, and a gradient buffer of its own, which the
         replica's trainable gradients become views into."""
-        twin = copy.copy(self)
+        twin = object.__new__(Layout)
+        twin.__dict__.update(self.__dict__)                   # the same entries and parameters
         twin.grads = np.zeros_like(self.grads)
         leaves = {_join(prefix, k): (m, k) for prefix, m in replica.modules() for k in m._grads}
         if leaves.keys() != self.entries.keys():

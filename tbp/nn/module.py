@@ -1,8 +1,6 @@
 """Module: the parameter bookkeeping every layer shares; Stack: a numbered list of modules."""
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from . import init
@@ -85,7 +83,8 @@ class Module:
     def replica(self) -> "Module":
         """A copy of the tree that shares every parameter array and owns zeroed gradients and
         empty activation caches: what a data-parallel worker runs its share of a batch on."""
-        twin = copy.copy(self)
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)                   # a shallow copy: the same arrays
         object.__setattr__(twin, "_params", dict(self._params))
         object.__setattr__(twin, "_grads", {k: np.zeros_like(g) for k, g in self._grads.items()})
         object.__setattr__(twin, "_children", {})
