@@ -94,9 +94,11 @@ def token_label(text: str, width: int = 8) -> str:
     return shown if len(shown) <= width else shown[:width - 1] + "…"
 
 
-def attention_figure(weights: dict, tokens: list[str]):
+def attention_figure(weights: dict, tokens: list[str], title: str = "layer {layer} · head {head}",
+                     label: str = "attention weight"):
     """One heat map per head (columns) and layer (rows): row t is query token t, column j the
-    weight it gives key token j. weights: {layer: (H, T, T) array}; tokens: T strings."""
+    weight it gives key token j. weights: {layer: (H, T, T) array}; tokens: T strings.
+    ``title`` is formatted with the layer and head; ``label`` names the colour scale."""
     layers = sorted(weights)
     H, T, _ = weights[layers[0]].shape
     cell = min(0.35, 6.0 / max(T, 1))
@@ -108,8 +110,8 @@ def attention_figure(weights: dict, tokens: list[str]):
     for row, layer in zip(axes, layers):
         for h, ax in enumerate(row):
             image = ax.imshow(weights[layer][h], vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
-            ax.set_title(f"layer {layer} · head {h}", fontsize=9)
+            ax.set_title(title.format(layer=layer, head=h), fontsize=9)
             ax.set_xticks(range(0, T, step), labels[::step], rotation=90, fontsize=7, family="monospace")
             ax.set_yticks(range(0, T, step), labels[::step], fontsize=7, family="monospace")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.colorbar(image, ax=axes, shrink=0.6, label=label)
     return fig

@@ -110,3 +110,21 @@ def test_without_matplotlib_the_command_says_how_to_get_it(trained, tmp_path, mo
         return real(name, *args, **kw)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     clean_fail(run(["plot", trained, "--out", tmp_path / "c.png"]), 1, "pip install 'tbp[plot]'")
+
+
+def test_the_kept_positions_of_a_sparse_window_decoder(trained):
+    """window, K = 6: once more than 6 tokens are cached, step t keeps the 4 sinks and t-1, t."""
+    r = run(["attention", "--checkpoint", trained, "--prompt", "the cat sat", "--sparse", "window", "--budget", 6, "--sparse-layers", 0,
+             "--json"])
+    assert r.exit_code == 0, r.output
+    kept = np.array(json.loads(r.stdout)["kept"])
+    T = kept.shape[0]
+    for t in range(T):
+        want = np.zeros(T)
+        want[:t + 1] = 1 if t + 1 <= 6 else 0
+        if t + 1 > 6:
+            want[[0, 1, 2, 3, t - 1, t]] = 1
+        np.testing.assert_array_equal(kept[t], want, err_msg=str(t))
+    r = run(["attention", "--checkpoint", trained, "--prompt", "the cat sat", "--sparse", "topk", "--budget", 4, "--sparse-layers", 0,
+             "--out", "kept.png"])
+    assert r.exit_code == 0, r.output

@@ -103,7 +103,8 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     text = _prompt_text(prompt, prompt_file)
     model, tok, _ = checkpoint.load_model(run, best=best)      # checks shapes and the weights' memory
     if rule is not None and max(rule.layers) >= model.config.n_layer:
-        raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {model.config.n_layer} layers")
+        L = model.config.n_layer
+        raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
     memory.check_fits(memory.generate_bytes(model.config, num_samples, model.dtype) - memory.model_bytes(
         model.config, model.dtype), f"sampling {num_samples} sequence(s) from {run}")
     ids, note = start_tokens(tok, text)

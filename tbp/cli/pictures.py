@@ -12,6 +12,7 @@ from rich.text import Text
 from .. import checkpoint, plot
 from ..errors import TbpError
 from .common import console
+from ..nn.sparse import KINDS, Sparsity
 from .generate import start_tokens
 
 
@@ -73,7 +74,13 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
               help="Write a picture (.png or .svg, needs tbp[plot]) instead of drawing in the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON on stdout.")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-def attention(run, prompt, layer, out, as_json, best):
+@click.option("--sparse", type=click.Choice(KINDS), default=None,
+              help="Instead of weights, show which positions a sparse decoder keeps at each step of the "
+                   "prompt (rows: the token being decoded; for topk, the share of heads keeping it).")
+@click.option("--budget", type=click.IntRange(min=2), default=16, show_default=True,
+              help="With --sparse: the cached tokens each step keeps.")
+@click.option("--sparse-layers", default="1", show_default=True, help="With --sparse: the selection layers.")
+def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_layers):
     """Show what each attention head looks at, for a prompt, from the model's own forward.
 
     Row t of a head's map is query token t; its cells are the weights that token gives each
@@ -95,6 +102,13 @@ def attention(run, prompt, layer, out, as_json, best):
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
     tokens = [tok.decode([i]) for i in ids]
+    if sparse is not None:
+        try:
+            rule = Sparsity(sparse, budget, tuple(int(x) for x in sparse_layers.split(",") if x.strip()))
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        _show_kept(model, ids, tokens, rule, out, as_json, run)
+        return
     chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
     weights = {i: maps[i][0] for i in chosen}                         # layer -> (H, T, T)
     if as_json:
@@ -109,3 +123,38 @@ def attention(run, prompt, layer, out, as_json, best):
     for i, w in weights.items():
         for h in range(w.shape[0]):
             console.print(_terminal_map(w[h], labels, f"layer {i} · head {h}"))
+
+
+def kept_positions(model, ids: list[int], rule) -> np.ndarray:
+    """(T, T): row t is 1 where decoding token t (after tokens 0 .. t-1, one at a time) attends,
+    under ``rule``, in the layers after its selection layer; a share of heads for per-head top-k.
+    Rows whose cache holds no more than the budget are dense."""
+    T = len(ids)
+    kept = np.tril(np.ones((T, T)))
+    decoder = model.decoder(1, rule)
+    decoder.forward(np.array([ids[:1]]))
+    for t in range(1, T):
+        decoder.forward(np.array([ids[t:t + 1]]), check=False)
+        if decoder.kept is not None:
+            sets = decoder.kept[0]
+            kept[t] = 0
+            for s in (sets if sets.ndim == 2 else sets[None]):
+                kept[t, s] += 1.0 / (len(sets) if sets.ndim == 2 else 1)
+    return kept
+
+
+def _show_kept(model, ids, tokens, rule, out, as_json, run) -> None:
+    if max(rule.layers) >= model.config.n_layer:
+        L = model.config.n_layer
+        raise click.UsageError(f"--sparse-layers: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
+    kept = kept_positions(model, ids, rule)
+    if as_json:
+        click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids, "rule": rule.kind,
+                               "budget": rule.budget, "kept": kept.round(6).tolist()}))
+        return
+    name = f"{rule.kind}, K = {rule.budget}: kept positions"
+    if out is not None:
+        plot.save(plot.attention_figure({0: kept[None]}, tokens, title=name, label="kept (share of heads)"), out)
+        console.print(f"wrote {out} ({len(ids)} tokens)")
+        return
+    console.print(_terminal_map(kept, [plot.token_label(t) for t in tokens], name))
