@@ -108,8 +108,8 @@ def main():
         rows += quality(model, np.asarray(val[:n], dtype=np.int64), a.budgets, layers)
     speeds = {} if a.quality_only else {n: speed(n, a.speed_budgets, layers) for n in a.lengths}
     if a.plot:
-        from tbp.plot import _figure, save
-        fig = _figure(10, 4)
+        from tbp.plot import figure, save
+        fig = figure(10, 4)
         axes = fig.subplots(1, len(a.lengths), squeeze=False)[0]
         for ax, n in zip(axes, a.lengths):
             for kind in KINDS:

@@ -15,6 +15,8 @@ import numpy as np
 
 from .errors import TbpError
 from .nn import GPT, ModelConfig
+from .nn.decode import kv_cache_bytes
+from .parallel import available_cores
 
 GiB = 1 << 30
 
@@ -43,22 +45,23 @@ def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
     return parameter_count(cfg) * np.dtype(dtype).itemsize
 
 
-def train_bytes(cfg: ModelConfig, batch_size: int, dtype=np.float32, workers: int = 1) -> int:
-    """A training step: weights, gradients and two moments (4x the weights), one gradient buffer
-    per extra worker, and the activations the backward keeps: per token and layer about
-    26 C numbers plus a row of H x T attention weights, plus the logits and their softmax."""
+def train_bytes(cfg: ModelConfig, tcfg) -> int:
+    """A training step under ``tcfg`` (a TrainConfig): weights, gradients and two moments (4x
+    the weights), one gradient buffer per extra worker, and the activations the backward keeps:
+    per token and layer about 26 C numbers plus a row of H x T attention weights, plus the
+    logits and their softmax."""
     C, T, L, H, V = cfg.d_model, cfg.n_ctx, cfg.n_layer, cfg.n_head, cfg.vocab_size
     per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
-    activations = batch_size * T * per_token
-    return (model_bytes(cfg, dtype) * (4 + max(0, workers - 1))
-            + activations * np.dtype(dtype).itemsize)
+    activations = tcfg.batch_size * T * per_token
+    workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
+    return (model_bytes(cfg, tcfg.dtype) * (4 + workers - 1)
+            + activations * np.dtype(tcfg.dtype).itemsize)
 
 
-def generate_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
-    """Sampling: the weights, the folded copies of the matrices that read a layer norm (about
-    as much again), and the KV cache."""
-    cache = cfg.n_layer * batch * cfg.n_ctx * cfg.n_head * (cfg.d_qk + cfg.d_v + 1)
-    return 2 * model_bytes(cfg, dtype) + cache * np.dtype(dtype).itemsize
+def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
+    """A Decoder beside the loaded weights: the folded copies of the matrices that read a layer
+    norm (about as much as the weights) and the KV cache."""
+    return model_bytes(cfg, dtype) + kv_cache_bytes(cfg, batch, dtype)
 
 
 def check_fits(needed: int, what: str) -> None:

@@ -16,7 +16,8 @@ from .errors import TbpError
 INSTALL = "pictures need matplotlib: pip install 'tbp[plot]' (or: pip install matplotlib)"
 
 
-def _figure(width: float, height: float):
+def figure(width: float, height: float):
+    """An empty Figure on the Agg canvas (no pyplot), or the line saying how to get matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -41,7 +42,7 @@ def training_figure(runs: list[dict]):
     scale when a run is long enough for the first hundred steps to matter (more than 1,000; not
     for bits per byte, whose evaluations start late).
     """
-    fig = _figure(11, 7.5)
+    fig = figure(11, 7.5)
     grid = fig.add_gridspec(2, 3, height_ratios=[2.2, 1])
     by_step, by_tokens = fig.add_subplot(grid[0, :2]), fig.add_subplot(grid[0, 2])
     bpb, lr, gnorm = (fig.add_subplot(grid[1, i]) for i in range(3))
@@ -103,7 +104,7 @@ def attention_figure(weights: dict, tokens: list[str], title: str = "layer {laye
     H, T, _ = weights[layers[0]].shape
     cell = min(0.35, 6.0 / max(T, 1))
     side = max(2.2, T * cell)
-    fig = _figure(min(1.5 + H * side, 40), min(1 + len(layers) * (side + 0.6), 60))
+    fig = figure(min(1.5 + H * side, 40), min(1 + len(layers) * (side + 0.6), 60))
     axes = np.atleast_2d(fig.subplots(len(layers), H, squeeze=False))
     labels = [token_label(t) for t in tokens]
     step = max(1, math.ceil(T / 40))                 # at most ~40 tick labels per axis

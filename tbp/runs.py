@@ -67,12 +67,7 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
     tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
     if req.init_from is not None:
-        base_cfg = checkpoint.read_config(req.init_from)
-        base = checkpoint.read_model_config(req.init_from, base_cfg)
-        _refuse_model_changes(base, req.model, f"the base run {req.init_from}")
-        if req.lora is not None:
-            _check_lora(req.lora, base)
-        checkpoint.verify_weights(req.init_from, base_cfg, base)
+        _check_base(req.init_from, req.lora, req.model)          # before any data is prepared
     elif not req.resume:
         ModelConfig(**{"vocab_size": 1, **req.model})          # the vocabulary comes with the data
     if not req.resume and req.out is not None and not req.force:
@@ -104,12 +99,13 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
         if arg is not None and not Path(arg).exists():
             raise TbpError(f"{arg}: no such file or directory")
         text, name, source = data.read_corpus(arg)
+        sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
         out = data.default_out(data.dataset_name(name, kind, vocab_size, tokenizer))
-        ds = _reuse(out, text, tokenizer)
-        if ds is None and _holds_other_text(out, text):
+        ds = _reuse(out, sha, tokenizer)
+        if ds is None and _holds_other_text(out, sha):
             # two corpora with the same file name: never prepare one over the other's dataset
-            out = out.with_name(f"{out.name}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}")
-            ds = _reuse(out, text, tokenizer)
+            out = out.with_name(f"{out.name}-{sha[:8]}")
+            ds = _reuse(out, sha, tokenizer)
         if ds is None:
             data.prepare(text, name, source, out, kind, vocab_size, force=out.exists(),
                          tokenizer=tokenizer, report=report)
@@ -121,24 +117,24 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
     return ds
 
 
-def _holds_other_text(out: Path, text: str) -> bool:
+def _holds_other_text(out: Path, sha: str) -> bool:
     """Whether ``out`` is a dataset prepared from some other text (whatever its state)."""
     try:
         recorded = checkpoint.read_json(out / "meta.json").get("source_sha256")
     except TbpError:
         return out.exists()            # damaged or foreign: not ours to overwrite either
-    return recorded != hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return recorded != sha
 
 
-def _reuse(out: Path, text: str, tokenizer: Tokenizer | None) -> Dataset | None:
-    """The dataset already prepared at ``out`` from the same text, if there is one."""
+def _reuse(out: Path, sha: str, tokenizer: Tokenizer | None) -> Dataset | None:
+    """The dataset already prepared at ``out`` from the text with SHA-256 ``sha``, if there is one."""
     if not (out / "meta.json").is_file():
         return None
     try:
         ds = Dataset.load(out)
     except TbpError:
         return None
-    if ds.meta.get("source_sha256") != hashlib.sha256(text.encode("utf-8")).hexdigest():
+    if ds.meta.get("source_sha256") != sha:
         return None
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
         return None
@@ -187,7 +183,7 @@ def _record(mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, lora: LoraSpec | 
 def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force: bool,
             callbacks=None) -> Trainer:
     """A fresh model on ``ds``. Nothing is written into ``out`` before the first checkpoint."""
-    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+    memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       "training this model")
     lock = claim_run_dir(out, force, inputs=(ds.path,))
     with _released_on_failure(lock):
@@ -210,17 +206,10 @@ def _released_on_failure(lock: RunLock):
 def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: bool,
               lora: LoraSpec | None, model_overrides: dict, callbacks=None) -> Trainer:
     """Fine-tune a copy of ``base_run``'s weights: all of them, or LoRA adapters only."""
-    base_cfg = checkpoint.read_config(base_run)
-    if base_cfg.get("lora"):
-        raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
     if Path(out).resolve() == Path(base_run).resolve():
         raise ConfigError("--out must differ from --init-from: the base run is never modified")
-    mcfg = checkpoint.read_model_config(base_run, base_cfg)
-    _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
-    if lora:
-        _check_lora(lora, mcfg)
-    checkpoint.verify_weights(base_run, base_cfg, mcfg)
-    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+    mcfg = _check_base(base_run, lora, model_overrides)
+    memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       f"fine-tuning {base_run}")
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
@@ -282,7 +271,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     mcfg = checkpoint.read_model_config(out, cfg)
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
     checkpoint.verify_weights(out, cfg, mcfg)
-    memory.check_fits(memory.train_bytes(mcfg, tcfg.batch_size, tcfg.dtype, max(1, tcfg.threads)),
+    memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       f"resuming {out}")
     model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))
     if ds is None:
@@ -314,6 +303,20 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     trainer.last_saved_step = state.step
     trim_metrics(out, state.step)
     return trainer
+
+
+def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) -> ModelConfig:
+    """The model config of a run to fine-tune, after refusing what cannot be: an adapter run,
+    options that contradict its shape, a bad LoRA request, weights that do not match (headers)."""
+    base_cfg = checkpoint.read_config(base_run)
+    if base_cfg.get("lora"):
+        raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
+    mcfg = checkpoint.read_model_config(base_run, base_cfg)
+    _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
+    if lora:
+        _check_lora(lora, mcfg)
+    checkpoint.verify_weights(base_run, base_cfg, mcfg)
+    return mcfg
 
 
 def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:

@@ -57,8 +57,9 @@ class Trainer:
     """Trains ``model`` on ``dataset`` into the run directory ``run``.
 
     Nothing is written into ``run`` before the first checkpoint: the header (config.json,
-    tokenizer.json) is written with every save, and metrics lines logged before the first save
-    are kept until it, so a run that fails early leaves nothing behind. ``lock`` (a RunLock
+    tokenizer.json) is written with this trainer's first save (a resume may have changed the
+    training config), and metrics lines logged before the first save are kept until it, so a
+    run that fails early leaves nothing behind. ``lock`` (a RunLock
     held on ``run``) is released when the loop ends.
     """
 
@@ -93,6 +94,7 @@ class Trainer:
         self.interrupted = False
         self.last_saved_step: int | None = None
         self.pending_metrics: list[str] = []     # lines logged before the run's first save
+        self.header_written = False
 
     # --- public -----------------------------------------------------------------------------
     def run_loop(self) -> State:
@@ -165,7 +167,9 @@ class Trainer:
         st.data_rng = self.data_rng.bit_generator.state
         self.saving = True
         try:
-            checkpoint.write_run_header(self.run, self.config_record, self.tokenizer)
+            if not self.header_written:
+                checkpoint.write_run_header(self.run, self.config_record, self.tokenizer)
+                self.header_written = True
             for line in self.pending_metrics:
                 append_line(self.run / "metrics.jsonl", line)
             self.pending_metrics = []

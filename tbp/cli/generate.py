@@ -105,8 +105,8 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     if rule is not None and max(rule.layers) >= model.config.n_layer:
         L = model.config.n_layer
         raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
-    memory.check_fits(memory.generate_bytes(model.config, num_samples, model.dtype) - memory.model_bytes(
-        model.config, model.dtype), f"sampling {num_samples} sequence(s) from {run}")
+    memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
+                      f"sampling {num_samples} sequence(s) from {run}")
     ids, note = start_tokens(tok, text)
     n_ctx = model.config.n_ctx
     if len(ids) > n_ctx:

@@ -26,6 +26,11 @@ from .linear import weight_of
 from .sparse import select
 
 
+def kv_cache_bytes(cfg, batch: int, dtype) -> int:
+    """Bytes of the cache: keys (L, B, H, Dk, n_ctx) and values (L, B, H, n_ctx, Dv + 1)."""
+    return cfg.n_layer * batch * cfg.n_ctx * cfg.n_head * (cfg.d_qk + cfg.d_v + 1) * np.dtype(dtype).itemsize
+
+
 class _Buffers:
     """Every intermediate of one forward over N = B * Tn new rows, with the views into them.
     The layers' ``decode`` methods read and write these fields by name."""
@@ -125,9 +130,7 @@ class Decoder:
     @staticmethod
     def cache_size(model, batch: int = 1) -> int:
         """Bytes of KV cache a Decoder for ``batch`` sequences allocates."""
-        cfg = model.config
-        return (cfg.n_layer * batch * cfg.n_ctx * cfg.n_head * (cfg.d_qk + cfg.d_v + 1)
-                * model.dtype.itemsize)
+        return kv_cache_bytes(model.config, batch, model.dtype)
 
     @property
     def cache_bytes(self) -> int:
