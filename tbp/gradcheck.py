@@ -24,8 +24,9 @@ from typing import Callable
 
 import numpy as np
 
-from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossEntropy, Embedding,
-                 LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
+                 DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+from .nn.attention import padding_mask
 from .nn.rope import Rotary
 
 DEFAULT_EPS = 1e-5
@@ -58,6 +59,7 @@ class Target:
     value: np.ndarray
     grad: np.ndarray
     expect_zero: bool = False
+    why_zero: str = "softmax shift invariance"
 
 
 @dataclass
@@ -108,7 +110,7 @@ def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
     if t.expect_zero:
         biggest = float(max(np.abs(ana).max(), np.abs(num).max(), abs(ana_d), abs(num_d)))
         return Row(case.layer, t.name, t.value.shape, len(probe), max_abs, biggest,
-                   biggest < ZERO_ATOL, "zero, as expected (softmax shift invariance)")
+                   biggest < ZERO_ATOL, f"zero, as expected ({t.why_zero})")
     scale = float((np.abs(ana) + np.abs(num)).max())
     rel_e = float(np.abs(ana - num).max() / scale) if scale > 0 else 0.0
     # a random direction can be nearly orthogonal to the gradient, making <grad, d> tiny by
@@ -134,7 +136,12 @@ def _targets(module, x=None, dx=None, H=None, Dk=None, rotary: bool = False) -> 
         if name not in module.grads:
             continue   # frozen
         grad = module.grads[name]
-        if name.endswith("c_attn.bias") and H is not None:
+        if name.endswith("c_kv.bias") and H is not None:
+            # keys | values: the key part is exactly zero, as for self-attention
+            gk, gv = grad[:H * Dk], grad[H * Dk:]
+            out += [Target(name + "[k]", value[:H * Dk], gk, expect_zero=True),
+                    Target(name + "[v]", value[H * Dk:], gv)]
+        elif name.endswith("c_attn.bias") and H is not None:
             # split the fused bias so the key part's exact zero shows on its own row
             q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
             gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
@@ -156,7 +163,7 @@ def _randomize(module, rng, scale: float = 0.3) -> None:
     """
     for name, p in module.params.items():
         noise = rng.standard_normal(p.shape) * scale
-        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) \
+        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_cross.weight", "ln_f.weight")) \
             or (name == "weight" and isinstance(module, LayerNorm)) else noise
 
 
@@ -230,7 +237,102 @@ def _loss_case(rng) -> Case:
     return Case("cross_entropy", f, prepare)
 
 
-def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
+def _weighted_loss_case(rng) -> Case:
+    """The masked loss sum(w CE) / sum(w) with random weights, some exactly zero."""
+    V = 7
+    logits = rng.standard_normal((B, T, V)) * 2
+    targets = rng.integers(0, V, (B, T))
+    weights = rng.random((B, T)) * (rng.random((B, T)) > 0.3)
+    weights[0, 0] = 1.0
+    ce = CrossEntropy()
+
+    def f():
+        return ce.forward(logits, targets, weights)
+
+    def prepare():
+        ce.forward(logits, targets, weights)
+        return [Target("logits (input)", logits, ce.backward())]
+
+    return Case("cross_entropy [weights]", f, prepare)
+
+
+S_SRC = 7           # source length != target length T, the last position padded in row 0
+
+
+def _padded(rng, C: int):
+    """A source (B, S_SRC, C) whose last position in row 0 is padding, and its key mask."""
+    pad = np.zeros((B, S_SRC), bool)
+    pad[0, -1] = True
+    return rng.standard_normal((B, S_SRC, C)), padding_mask(pad, np.float64)
+
+
+def _encoder_attention_case(rng, C: int, H: int) -> Case:
+    """Non-causal self-attention over a padded source: f = sum(attn(x, mask) * w)."""
+    attn = CausalSelfAttention(C, H, 4, C // H, rng, np.float64, True, causal=False)
+    x, mask = _padded(rng, C)
+    _randomize(attn, rng)
+    w = rng.standard_normal(x.shape)
+    w[0, -1] = 0         # a padded position's own output is ignored downstream
+
+    def f():
+        return float(np.sum(attn.forward(x, mask) * w))
+
+    def prepare():
+        attn.zero_grad()
+        attn.forward(x, mask)
+        dx = attn.backward(w.copy())
+        return _targets(attn, x, dx, H, 4) + [
+            Target("x[padded] (input)", x[0, -1], dx[0, -1], expect_zero=True, why_zero="a masked key")]
+
+    return Case("attention [non-causal, key padding]", f, prepare)
+
+
+def _cross_case(layer: str, module, rng, C: int, H: int, Dk: int) -> Case:
+    """f = sum(module(x, m, mask) * w) for the cross-attention layer or a decoder block: the
+    gradient reaches the decoder's stream x (B, T, C) and the memory m (B, S, C), whose padded
+    position gets exactly zero."""
+    x = rng.standard_normal((B, T, C))
+    m, mask = _padded(rng, C)
+    _randomize(module, rng)
+    w = rng.standard_normal(module.forward(x, m, mask).shape)
+
+    def f():
+        return float(np.sum(module.forward(x, m, mask) * w))
+
+    def prepare():
+        module.zero_grad()
+        module.forward(x, m, mask)
+        dx, dm = module.backward(w.copy())
+        return _targets(module, x, dx, H, Dk) + [
+            Target("m (memory)", m, dm),
+            Target("m[padded] (memory)", m[0, -1], dm[0, -1], expect_zero=True, why_zero="a masked key")]
+
+    return Case(layer, f, prepare)
+
+
+def _seq2seq_case(layer: str, cfg: ModelConfig, rng) -> Case:
+    """The whole encoder-decoder's loss: every decoder layer reads the same memory, so the
+    encoder's gradients check the sum over layers; row 0's source and target are padded."""
+    model = EncoderDecoder(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
+    pad = cfg.pad_id
+    src = rng.integers(1, cfg.vocab_size, (B, S_SRC))
+    tgt_in = rng.integers(1, cfg.vocab_size, (B, T))
+    tgt_out = rng.integers(1, cfg.vocab_size, (B, T))
+    src[0, -2:] = pad
+    tgt_out[0, -1] = pad
+    _randomize_away_from_kinks(model, rng, lambda: model.forward(src, tgt_in))
+
+    def f():
+        return model.loss(src, tgt_in, tgt_out)
+
+    def prepare():
+        model.loss_and_backward(src, tgt_in, tgt_out)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
+
+    return Case(layer, f, prepare)
+
+
+def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted: bool = False) -> Case:
     model = GPT(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
     if lora_rank:
         add_lora(model, lora_rank, 1.5 * lora_rank, LORA_TARGETS, seed=int(rng.integers(1 << 31)))
@@ -239,12 +341,14 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0) -> Case:
     # random O(1) values everywhere; for LoRA that makes lora_up nonzero, without which
     # dlora_down = 0 and its check would prove nothing
     _randomize_away_from_kinks(model, rng, lambda: model.forward(idx))
+    # completion-only training: no loss on a prompt (weight 0), random positive weights elsewhere
+    weights = (rng.random((B, T)) + 0.5) * (np.arange(T) >= 2) if weighted else None
 
     def f():
-        return model.loss(idx, targets)
+        return model.loss(idx, targets, weights)
 
     def prepare():
-        model.loss_and_backward(idx, targets)
+        model.loss_and_backward(idx, targets, weights)
         return _targets(model, H=cfg.n_head, Dk=cfg.d_qk, rotary=cfg.positions == "rope")
 
     return Case(layer, f, prepare)
@@ -281,7 +385,14 @@ def cases(rng: np.random.Generator) -> list[Case]:
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
     out.append(_projected_case("block [pre-LN]", Block(blk_cfg, rng, f64), x(), rng, H=H, Dk=4))
+    out.append(_encoder_attention_case(rng, C, H))
+    out.append(_cross_case("cross-attention [Tq=5, Tk=7, padded key]",
+                           CrossAttention(C, H, 4, C // H, rng, f64), rng, C, H, 4))
+    out.append(_cross_case("cross-attention [d_qk=3 != d_v=4]",
+                           CrossAttention(C, H, 3, C // H, rng, f64), rng, C, H, 3))
+    out.append(_cross_case("decoder block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
     out.append(_loss_case(rng))
+    out.append(_weighted_loss_case(rng))
     base = dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
     for label, extra in (("tied head", {}),
                          ("untied head + bias", {"tie_head": False}),
@@ -294,6 +405,12 @@ def cases(rng: np.random.Generator) -> list[Case]:
         out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))
+    out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
+    s2s = dict(base, arch="encoder-decoder", pad_id=0)
+    for label, extra in (("tied head, padding", {}),
+                         ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),
+                         ("d_qk=2, no biases", {"d_qk": 2, "bias": False})):
+        out.append(_seq2seq_case(f"encoder-decoder [{label}]", ModelConfig(**s2s, **extra), rng))
     return out
 
 
@@ -310,4 +427,5 @@ def run(seed: int = 0, eps: float = DEFAULT_EPS, rtol: float = DEFAULT_RTOL,
     return rows
 
 
-LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "mlp", "block", "cross_entropy", "gpt")
+LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "cross-attention", "mlp", "block",
+          "decoder block", "cross_entropy", "gpt", "encoder-decoder")

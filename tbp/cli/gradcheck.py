@@ -45,8 +45,8 @@ def gradcheck(layer, seed, eps, rtol, as_json):
     else:
         table = Table(title=f"gradcheck: float64, centred differences, eps {eps:g}, rtol {rtol:g}",
                       caption="probed: entries checked one by one; every tensor also along one random "
-                              "direction.\nzero: the key bias, whose gradient is exactly 0 by "
-                              "softmax shift invariance (paper §3.2).",
+                              "direction.\nzero: exactly 0 by design: the key bias (softmax shift invariance, "
+                              "paper §3.2) and a padded position read as a key (masked).",
                       caption_justify="left", box=box.SIMPLE_HEAD)
         for col, width in (("tensor", 20), ("shape", 7), ("probed", 6), ("abs err", 7), ("rel err", 7),
                            ("verdict", 7)):

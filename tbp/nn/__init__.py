@@ -20,14 +20,16 @@ from .layout import Layout
 from .embedding import Embedding
 from .linear import Linear, LoRA
 from .layernorm import LayerNorm
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, CrossAttention
 from .mlp import MLP
 from .loss import cross_entropy, CrossEntropy
-from .gpt import Block, GPT, LORA_TARGETS, add_lora, merge_lora
+from .gpt import Block, GPT, LanguageModel, LORA_TARGETS, add_lora, merge_lora
+from .seq2seq import DecoderBlock, Encoder, EncoderDecoder, build_model, model_class
 from .decode import Decoder
 
 __all__ = [
     "ConfigError", "ModelConfig", "Module", "Stack", "Layout", "Embedding", "Linear", "LoRA", "LayerNorm",
-    "CausalSelfAttention", "Decoder", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
+    "CausalSelfAttention", "CrossAttention", "Decoder", "DecoderBlock", "Encoder", "EncoderDecoder",
+    "LanguageModel", "build_model", "model_class", "MLP", "cross_entropy", "CrossEntropy", "Block", "GPT",
     "LORA_TARGETS", "add_lora", "merge_lora",
 ]

@@ -31,6 +31,48 @@ def causal_mask(Tq: int, q_pos0: int, dtype, window: int | None = None) -> np.nd
     return mask
 
 
+def attend(att: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """y = softmax(S + mask) v, the dense core every attention layer shares.   [paper §3.2]
+
+    att: the scores S (B, H, Tq, Tk), already scaled and causally masked where that applies,
+    turned into the probabilities P in place and returned; v (B, H, Tk, Dv); key_mask: an
+    additive (B, 1, 1, Tk) mask, -inf on keys no query may read (padding); y is written to
+    ``out`` (B, H, Tq, Dv). A row must keep at least one key.
+    """
+    if key_mask is not None:
+        att += key_mask
+    # ufunc reductions directly: .max()/.sum() add a Python wrapper per call
+    att -= np.maximum.reduce(att, axis=-1, keepdims=True)
+    np.exp(att, out=att)
+    att /= np.add.reduce(att, axis=-1, keepdims=True)
+    np.matmul(att, v, out=out)
+    return att
+
+
+def attend_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray, att: np.ndarray,
+                    y: np.ndarray, out: tuple) -> None:
+    """The backward of S = qs k^T, y = softmax(S) v, into out = (dqs, dk, dv).   [paper §3.2, §4]
+
+    dv = P^T dy;  dP = dy v^T;  dS = P * (dP - rowsum(dP * P));  dqs = dS k;  dk = dS^T qs.
+    rowsum(dP * P) = rowsum(dy * y), since y = P v: a (Tq, Dv) product instead of (Tq, Tk).
+    A masked key has P = 0 in every row, so its dk and dv rows are exactly zero, and dS
+    vanishes wherever a mask is, with no special case. qs (B, H, Tq, Dk), k (B, H, Tk, Dk).
+    """
+    dq, dk, dv = out
+    np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)                       # (B, H, Tk, Dv)
+    datt = dy @ v.transpose(0, 1, 3, 2)                                    # (B, H, Tq, Tk)
+    datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)                 # (B, H, Tq, 1) broadcast
+    datt *= att                                                            # dS w.r.t. qs k^T
+    np.matmul(datt, k, out=dq)                                             # (B, H, Tq, Dk)
+    np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                      # (B, H, Tk, Dk)
+
+
+def padding_mask(pad: np.ndarray, dtype) -> np.ndarray:
+    """(B, 1, 1, T) additive key mask from a boolean (B, T) ``pad`` (True: a padded position)."""
+    return np.where(pad, -np.inf, 0).astype(dtype)[:, None, None, :]
+
+
 class CausalSelfAttention(Module):
     """y = c_proj(concat_h softmax(mask(q_h k_h^T / sqrt(Dk))) v_h),  [q | k | v] = c_attn(x).
 
@@ -67,23 +109,14 @@ class CausalSelfAttention(Module):
         v = qkv[..., 2 * H * Dk:].reshape(B, T, H, Dv).transpose(0, 2, 1, 3)
         return q, k, v
 
-    def _softmax_rows(self, att: np.ndarray) -> np.ndarray:
-        """In place: mask keys after each query (when causal), then softmax over keys.  att: (B, H, T, T)."""
-        if self.causal:
-            T = att.shape[-2]
-            att += causal_mask(T, 0, att.dtype, self.window if self.window and T > self.window else None)
-        # ufunc reductions directly: .max()/.sum() add a Python wrapper per call
-        att -= np.maximum.reduce(att, axis=-1, keepdims=True)
-        np.exp(att, out=att)
-        att /= np.add.reduce(att, axis=-1, keepdims=True)
-        return att
-
     def _heads_view(self, merged: np.ndarray, D: int) -> np.ndarray:
         """(B, T, H*D) -> (B, H, T, D) view: heads side by side is the layout c_proj reads."""
         B, T, _ = merged.shape
         return merged.reshape(B, T, self.n_head, D).transpose(0, 2, 1, 3)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+        """x (B, T, C) -> (B, T, C). ``key_mask``: an additive (B, 1, 1, T) mask, -inf on padded
+        keys (an encoder's padded source positions), 0 elsewhere; dense kernel only."""
         q, k, v = self._heads(self.c_attn.forward(x))
         if self.rotary is not None:
             q, k = self.rotary.forward(q), self.rotary.forward(k)          # (B, H, T, Dk) rotated
@@ -92,12 +125,15 @@ class CausalSelfAttention(Module):
         merged = np.empty((B, T, H * self.d_v), dtype=qs.dtype)            # heads side by side
         y = self._heads_view(merged, self.d_v)                             # (B, H, T, Dv) view
         if self.impl == "flash":
+            if key_mask is not None:
+                raise ValueError("flash attention takes no key padding mask; use the dense kernel")
             _, lse = flash_forward(qs, k, v, self.causal, *self.tiles, out=y, window=self.window)
             self.cache = qs, k, v, lse, y                                  # lse: (B, H, T)
         else:
             att = qs @ k.transpose(0, 1, 3, 2)                             # (B, H, T, T)
-            att = self._softmax_rows(att)                                  # (B, H, T, T)
-            np.matmul(att, v, out=y)
+            if self.causal:
+                att += causal_mask(T, 0, att.dtype, self.window if self.window and T > self.window else None)
+            att = attend(att, v, key_mask, out=y)                          # (B, H, T, T)
             self.cache = qs, k, v, att, y
         return self.c_proj.forward(merged)                                 # (B, T, C)
 
@@ -122,13 +158,7 @@ class CausalSelfAttention(Module):
         if self.impl == "flash":
             flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=(dq, dk, dv), window=self.window)
         else:
-            att = saved
-            np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)               # (B, H, T, Dv)
-            datt = dy @ v.transpose(0, 1, 3, 2)                            # (B, H, T, T)
-            datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)         # (B, H, T, 1) broadcast
-            datt *= att                                                    # dS w.r.t. qs k^T
-            np.matmul(datt, k, out=dq)                                     # (B, H, T, Dk)
-            np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)              # (B, H, T, Dk)
+            attend_backward(dy, qs, k, v, saved, y, out=(dq, dk, dv))
         dq *= self.scale
         if self.rotary is not None:
             dq[...] = self.rotary.backward(dq)
@@ -200,13 +230,118 @@ class CausalSelfAttention(Module):
             scores[...] = att
         if t1 - t0 > 1:
             att += causal_mask(t1 - t0, t0, att.dtype)
-        np.maximum.reduce(att, axis=-1, keepdims=True, out=buf.rowmax)
-        att -= buf.rowmax
-        np.exp(att, out=att)
-        # normalise the (Tn, Dv) output rather than the (Tn, t1) probabilities: fewer numbers
-        np.matmul(att, cached_v, out=buf.ysum)
-        np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
-        np.dot(buf.ya, proj, out=buf.out)
-        if proj_b is not None:
-            buf.out += proj_b
-        buf.x += buf.out
+        decode_attend(buf, att, cached_v, proj, proj_b)
+
+
+def decode_attend(buf, att: np.ndarray, values: np.ndarray, proj: np.ndarray, proj_b) -> None:
+    """The end of a decoding attention step, self or cross: buf.x += c_proj(softmax(att) v).
+
+    att (B, H, Tn, S): the masked scores, a view into buf.att, exponentiated in place;
+    values (B, H, S, Dv + 1) with a trailing column of ones, so that p @ [v, 1] gives both the
+    weighted sum and the softmax's normaliser: the (Tn, Dv) output is normalised rather than
+    the (Tn, S) probabilities, fewer numbers.
+    """
+    np.maximum.reduce(att, axis=-1, keepdims=True, out=buf.rowmax)
+    att -= buf.rowmax
+    np.exp(att, out=att)
+    np.matmul(att, values, out=buf.ysum)
+    np.divide(buf.ysum_v, buf.ysum_p, out=buf.y)
+    np.dot(buf.ya, proj, out=buf.out)
+    if proj_b is not None:
+        buf.out += proj_b
+    buf.x += buf.out
+
+
+class CrossAttention(Module):
+    """y = c_proj(concat_h softmax(q_h k_h^T / sqrt(Dk) + pad) v_h),  q = c_q(x), [k | v] = c_kv(m).
+    [Vaswani et al. 2017, §3.2.3: encoder-decoder attention]
+
+    x (B, Tq, C): the decoder's stream, which asks; m (B, Tk, C): the encoder's output, which
+    answers, Tk != Tq in general. No causal mask: every target position may read the whole
+    source. ``key_mask`` (B, 1, 1, Tk), -inf on padded source positions. c_q.weight:
+    (C, H*Dk); c_kv.weight: (C, H*(Dk+Dv)), columns [all keys | all values], head-major;
+    c_proj.weight: (H*Dv, C). The dense core is self-attention's (``attend``).
+    """
+
+    def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
+                 dtype=np.float32, bias: bool = True, proj_std: float = 0.02):
+        super().__init__()
+        self.n_head, self.d_qk, self.d_v = n_head, d_qk, d_v
+        self.c_q = Linear(d_model, n_head * d_qk, rng, dtype, bias)
+        self.c_kv = Linear(d_model, n_head * (d_qk + d_v), rng, dtype, bias)
+        self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
+        self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))
+
+    def _split(self, a: np.ndarray, D: int) -> np.ndarray:
+        """(B, T, H*D) -> (B, H, T, D) view."""
+        B, T, _ = a.shape
+        return a.reshape(B, T, self.n_head, D).transpose(0, 2, 1, 3)
+
+    def _kv(self, kv: np.ndarray):
+        """(B, Tk, H*(Dk+Dv)) -> k (B, H, Tk, Dk), v (B, H, Tk, Dv) views."""
+        split = self.n_head * self.d_qk
+        return self._split(kv[..., :split], self.d_qk), self._split(kv[..., split:], self.d_v)
+
+    def forward(self, x: np.ndarray, memory: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+        q = self._split(self.c_q.forward(x), self.d_qk)                    # (B, H, Tq, Dk)
+        k, v = self._kv(self.c_kv.forward(memory))                         # (B, H, Tk, Dk|Dv)
+        qs = q * self.scale
+        B, H, Tq, _ = qs.shape
+        merged = np.empty((B, Tq, H * self.d_v), dtype=qs.dtype)
+        y = self._split(merged, self.d_v)                                  # (B, H, Tq, Dv) view
+        att = attend(qs @ k.transpose(0, 1, 3, 2), v, key_mask, out=y)   # (B, H, Tq, Tk)
+        self.cache = qs, k, v, att, y
+        return self.c_proj.forward(merged)                                 # (B, Tq, C)
+
+    def backward(self, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (dx, dm): the gradient reaches both streams.   [Vaswani §3.2.3; paper §3.2]
+
+        With dS from ``attend_backward``: dq = scale dS k into the decoder, dx = dq c_q^T;
+        dk = scale dS^T q and dv = P^T dy into the encoder, dm = [dk | dv] c_kv^T. A padded
+        source key has P = 0 in every row, so its dk and dv rows, and its share of dm through
+        them, are exactly zero.
+        """
+        qs, k, v, att, y = self.cache
+        B, H, Tq, _ = qs.shape
+        Tk = k.shape[2]
+        dy = self._split(self.c_proj.backward(dout), self.d_v)             # (B, H, Tq, Dv)
+        dq_flat = np.empty((B, Tq, H * self.d_qk), dtype=dout.dtype)
+        dkv = np.empty((B, Tk, H * (self.d_qk + self.d_v)), dtype=dout.dtype)
+        dq = self._split(dq_flat, self.d_qk)
+        dk, dv = self._kv(dkv)
+        attend_backward(dy, qs, k, v, att, y, out=(dq, dk, dv))
+        dq *= self.scale
+        return self.c_q.backward(dq_flat), self.c_kv.backward(dkv)
+
+    def weights(self) -> np.ndarray:
+        """P (B, H, Tq, Tk) of the last forward: what each target position read in the source."""
+        return self.cache[3].copy()
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(c_q with ``ln`` folded in and the scale 1/sqrt(Dk) applied, (C+1, H Dk); c_proj's
+        weight (H Dv, C); its bias or None)."""
+        q = ln.fold(weight_of(self.c_q), self.c_q.params.get("bias"),
+                    col_scale=np.full(self.c_q.d_out, 1.0 / np.sqrt(self.d_qk)))
+        return q, weight_of(self.c_proj), self.c_proj.params.get("bias")
+
+    def memory(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The cross-attention cache of one layer, computed once per source: keys (B, H, Dk, Tk)
+        (transposed, as the self-attention cache) and values (B, H, Tk, Dv + 1), last column ones."""
+        kv = m @ weight_of(self.c_kv)                                     # (B, Tk, H(Dk+Dv))
+        if "bias" in self.c_kv.params:
+            kv += self.c_kv.params["bias"]
+        k, v = self._kv(kv)
+        values = np.ones(v.shape[:-1] + (self.d_v + 1,), v.dtype)
+        values[..., :-1] = v
+        return np.ascontiguousarray(k.transpose(0, 1, 3, 2)), values
+
+    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, key_mask: np.ndarray | None) -> None:
+        """buf.x += c_proj(attention of the new rows to the whole source).   [Vaswani §3.2.3]"""
+        q_w, proj, proj_b = weights
+        np.dot(buf.xa, q_w, out=buf.cq)                             # (N, H Dk), scaled queries
+        att = buf.att[..., :keys.shape[-1]]                         # (B, H, Tn, Tk)
+        np.matmul(buf.cq_h, keys, out=att)
+        if key_mask is not None:
+            att += key_mask
+        decode_attend(buf, att, values, proj, proj_b)

@@ -95,15 +95,21 @@ ACTIVATIONS = ("gelu", "relu")
 ATTN_IMPLS = ("auto", "dense", "flash")
 FLASH_FROM_T = 512     # auto: flash from this context on (measured: benchmarks/long_context.py, README)
 POSITIONS = ("learned", "rope")
+ARCHS = ("gpt", "encoder-decoder")
 
 
 @dataclass
 class ModelConfig(DictConfig):
+    arch: str = option("gpt", "gpt: a decoder-only language model; encoder-decoder: a non-causal encoder reads "
+                              "the source, the decoder cross-attends to it (paired datasets).",
+                       choices=ARCHS, gpt2="gpt")
     vocab_size: int = option(65, "V: tokens the model reads and predicts (set by the tokenizer).",
                              min=1, cli=False)
     n_ctx: int = option(128, "Context length: tokens per training sequence (learned positions).",
                         min=2, max=65536)
     n_layer: int = option(4, "L: transformer blocks.", min=1, max=96)
+    n_enc_layer: int | None = option(None, "Encoder blocks of an encoder-decoder (default: --n-layer, the "
+                                           "decoder's).", min=1, max=96)
     n_head: int = option(4, "H: attention heads per block.", min=1, max=128)
     d_model: int = option(128, "C: width of the residual stream (divisible by --n-head).", min=1, max=16384)
     d_qk: int | None = option(None, "Dk: query/key width per head, the paper's d_rho "
@@ -125,6 +131,8 @@ class ModelConfig(DictConfig):
                                        "context).", choices=POSITIONS, gpt2="learned")
     rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
                               min=1.0, min_open=True)
+    pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
+                                      "targets (set from the tokenizer).", min=0, cli=False)
     KIND = "model config"
 
     def __post_init__(self) -> None:
@@ -135,12 +143,26 @@ class ModelConfig(DictConfig):
             self.d_qk = self.d_v
         if self.positions == "rope" and self.d_qk % 2:
             raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {self.d_qk}")
+        if self.arch == "encoder-decoder":
+            if self.n_enc_layer is None:
+                self.n_enc_layer = self.n_layer
+            if self.positions != "learned":
+                raise ConfigError("an encoder-decoder uses learned positions (rope is for the decoder-only GPT)")
+            if self.attn_impl == "flash":
+                raise ConfigError("an encoder-decoder's attention is dense: its padding masks are not in the "
+                                  "flash kernel (attn_impl auto or dense)")
+            if not self.causal:
+                raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
+        elif self.n_enc_layer is not None:
+            raise ConfigError("n_enc_layer is an encoder-decoder option (pass --arch encoder-decoder)")
+        if self.pad_id is not None and self.pad_id >= self.vocab_size:
+            raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary ({self.vocab_size})")
 
     @property
     def attn_kernel(self) -> str:
         """The kernel attn_impl stands for at this context: "dense" or "flash" (same results)."""
         if self.attn_impl == "auto":
-            return "flash" if self.n_ctx >= FLASH_FROM_T else "dense"
+            return "flash" if self.n_ctx >= FLASH_FROM_T and self.arch == "gpt" else "dense"
         return self.attn_impl
 
     @property

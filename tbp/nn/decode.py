@@ -64,6 +64,9 @@ class _Buffers:
         self.qk = heads[..., :2 * H * Dk].reshape(B, Tn, 2 * H, Dk)
         self.qk_rotated = np.empty_like(self.qk)
         self.cos = self.sin = None                       # (Tn, 1, Dk/2), set per forward
+        # an encoder-decoder's cross-attention queries, scaled (its keys and values are cached)
+        self.cq = np.empty((N, H * Dk), dtype)
+        self.cq_h = self.cq.reshape(B, Tn, H, Dk).transpose(0, 2, 1, 3)            # (B, H, Tn, Dk)
 
 
 class Decoder:
@@ -105,8 +108,13 @@ class Decoder:
         self._shape = (cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, d_hidden, cfg.vocab_size, cfg.n_ctx)
         dt = self.dtype
         self.layers = [(block, block.attn.fold(block.ln_1), block.mlp.fold(block.ln_2),
-                        block.ln_1.decode_vectors(dt), block.ln_2.decode_vectors(dt))
+                        block.ln_1.decode_vectors(dt), block.ln_2.decode_vectors(dt),
+                        (block.cross.fold(block.ln_cross), block.ln_cross.decode_vectors(dt))
+                        if hasattr(block, "cross") else None)
                        for block in model.blocks]
+        self.seq2seq = self.layers[0][-1] is not None
+        self.memory = None                        # per layer: the encoder output's cross keys, values
+        self.memory_mask = None                   # (B, 1, 1, S): the source's padding
         if model.lm_head is None:
             self.head = model.ln_f.fold(model.embed.params["wte"].T)
         else:
@@ -121,6 +129,8 @@ class Decoder:
         self.sparse = sparse                      # a sparse.Sparsity, or None: dense attention
         self.kept = None                          # the positions the last sparse step kept
         self.kept_scores = None                   # (B, H, t) the scores they were chosen from
+        if sparse is not None and self.seq2seq:
+            raise ValueError("sparse decoding is for the decoder-only GPT's long self-attention cache")
         if sparse is not None and max(sparse.layers) >= L:
             raise ValueError(f"selection layer {max(sparse.layers)} does not exist: the model has {L} layers")
         # query rows per prefill chunk, so that its scores stay under max_scores numbers
@@ -140,6 +150,24 @@ class Decoder:
         """Forget every cached position (the memory stays allocated)."""
         self.length = 0
 
+    def encode(self, src: np.ndarray) -> None:
+        """An encoder-decoder's source, once: run the encoder on src (B, S) (one row is shared by
+        all B sequences), compute every layer's cross-attention keys and values from its output,
+        and start the target afresh. Each decoding step then costs one row of attention against
+        them per layer: the source is never read again."""
+        if not self.seq2seq:
+            raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
+        src = self.model.check_tokens(src)
+        if src.shape[0] not in (1, self.B):
+            raise ValueError(f"this decoder holds {self.B} sequences, got {src.shape[0]} sources")
+        m, key_mask = self.model.encode(src)                                 # (b, S, C)
+        if src.shape[0] != self.B:
+            m = np.repeat(m, self.B, axis=0)
+            key_mask = None if key_mask is None else np.repeat(key_mask, self.B, axis=0)
+        self.memory = [block.cross.memory(m) for block in self.model.blocks]
+        self.memory_mask = key_mask
+        self.reset()
+
     def _buffers(self, Tn: int) -> _Buffers:
         return _Buffers(self.B, Tn, *self._shape, self.dtype)
 
@@ -150,6 +178,8 @@ class Decoder:
         The returned array is a buffer the next call overwrites: copy it to keep it.
         """
         t0 = self.length
+        if self.seq2seq and self.memory is None:
+            raise ValueError("encode a source first: an encoder-decoder's decoder reads it at every step")
         if check:
             idx = self.model.check_tokens(idx, 0 if self.slides and idx.shape[-1] == 1 else t0)
             if idx.shape[0] != self.B:
@@ -175,7 +205,7 @@ class Decoder:
         rule = self.sparse
         thin = rule is not None and Tn == 1 and rule.budget < t1 <= self.n_ctx    # within the cache
         keep = None
-        for i, ((block, attn_w, mlp_w, norm_1, norm_2), keys, values) in enumerate(
+        for i, ((block, attn_w, mlp_w, norm_1, norm_2, cross), keys, values) in enumerate(
                 zip(self.layers, self.keys, self.values)):
             block.ln_1.decode(buf, norm_1)
             if thin and i in rule.layers:                           # dense, and choose the set
@@ -185,6 +215,9 @@ class Decoder:
                 self.kept_scores = scores[:, :, 0]
             else:
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, keep=keep if thin else None)
+            if cross is not None:                                   # the encoder-decoder's third sublayer
+                block.ln_cross.decode(buf, cross[1])
+                block.cross.decode(buf, cross[0], *self.memory[i], self.memory_mask)
             block.ln_2.decode(buf, norm_2)
             block.mlp.decode(buf, mlp_w)
         self.kept = keep

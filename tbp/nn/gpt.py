@@ -37,9 +37,9 @@ class Block(Module):
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
         # each sublayer returns a new array: the residual is added into it, in place
-        h = self.attn.forward(self.ln_1.forward(x))
+        h = self.attn.forward(self.ln_1.forward(x), key_mask)
         h += x
         y = self.mlp.forward(self.ln_2.forward(h))
         y += h
@@ -55,39 +55,22 @@ class Block(Module):
         return dx
 
 
-class GPT(Module):
-    """GPT-2-shaped language model: embeddings -> L blocks -> ln_f -> logits.   [paper §7]
+class LanguageModel(Module):
+    """What every tbp model shares: token embeddings, blocks, a final norm and a head that gives
+    next-token logits; one flat layout of its trainable parameters; a masked loss.
 
-    idx: (B, T) token ids, T <= n_ctx; logits: (B, T, V). The head is ``wte`` itself
-    (logits = x @ wte^T, GPT-2's tied head) or, with ``tie_head=False``, an untied
-    ``lm_head`` Linear(C, V) with a bias (the paper's FC_logits).
-
-    >>> model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8), seed=0)
-    >>> model.forward(np.array([[1, 2, 3]])).shape
-    (1, 3, 11)
-
-    ``layout`` packs the trainable parameters into one buffer (see :class:`Layout`); call
-    :meth:`pack` again after changing which parameters train (``add_lora`` does).
+    Subclasses build ``embed``, ``blocks``, ``ln_f`` and ``lm_head`` (None: tied to ``wte``),
+    then call :meth:`pack`; they define ``forward``/``backward`` and the loss's inputs.
     """
 
     CHILD_NAMES = {"embed": "", "blocks": "h"}      # GPT-2's names: wte, wpe, h.0, ...
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
-        super().__init__()
+    def _setup(self, cfg: ModelConfig, dtype) -> None:
         self.config = cfg
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
-        rng = np.random.default_rng(seed)
-        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
-                               learned_positions=cfg.positions == "learned")
-        self.blocks = Stack(Block(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
-        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
-        self.lm_head = None
-        if not cfg.tie_head:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
         self.loss_fn = CrossEntropy()
-        self.pack()
 
     def pack(self) -> Layout | None:
         """Lay the trainable parameters out in one flat buffer (and their gradients in another)."""
@@ -100,12 +83,15 @@ class GPT(Module):
         with init.shapes_only():
             return {k: v.shape for k, v in cls(cfg).params.items()}
 
-    def replica(self) -> "GPT":
+    def replica(self) -> "LanguageModel":
         """A data-parallel worker's copy: shared parameters, its own gradient buffer."""
         twin = super().replica()
         twin.loss_fn = CrossEntropy()
         twin.layout = self.layout.with_grads(twin)
         return twin
+
+    def zero_grad(self) -> None:
+        self.layout.grads.fill(0)       # every gradient is a view into it
 
     # --- checks -----------------------------------------------------------------------------
     def check_tokens(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
@@ -126,6 +112,78 @@ class GPT(Module):
                 f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context ({self.config.n_ctx})")
         return idx
 
+    def _check_targets(self, targets: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        targets = self.check_tokens(targets)
+        if targets.shape != np.shape(np.atleast_2d(idx)):
+            raise ValueError(f"targets shape {targets.shape} differs from inputs {np.shape(idx)}")
+        return targets
+
+    # --- the head ---------------------------------------------------------------------------
+    def _head(self, xf: np.ndarray) -> np.ndarray:
+        """logits (B, T, V) of the final-norm output xf (B, T, C)."""
+        self.cache = xf
+        if self.lm_head is not None:
+            return self.lm_head.forward(xf)
+        wte = self.embed.params["wte"]
+        V, C = wte.shape
+        return np.dot(xf.reshape(-1, C), wte.T).reshape(xf.shape[:-1] + (V,))
+
+    def _head_backward(self, dlogits: np.ndarray) -> np.ndarray:
+        """[paper §7, Table 3]  Tied head: logits = xf wte^T gives dwte += dlogits^T xf and
+        dxf = dlogits wte; the embedding's scatter adds to the same dwte. Returns dxf."""
+        xf = self.cache
+        C = xf.shape[-1]
+        if self.lm_head is not None:
+            return self.lm_head.backward(dlogits)
+        emb = self.embed
+        dlogits2 = dlogits.reshape(-1, dlogits.shape[-1])                 # (N, V)
+        if "wte" in emb.grads:
+            emb.grads["wte"] += np.dot(dlogits2.T, xf.reshape(-1, C))
+        return np.dot(dlogits2, emb.params["wte"]).reshape(xf.shape)
+
+    def _backward_from_loss(self, scale: float) -> None:
+        dlogits = self.loss_fn.backward()
+        if scale != 1.0:
+            dlogits *= dlogits.dtype.type(scale)
+        self.backward(dlogits)
+
+    # --- inference path (KV cache) ----------------------------------------------------------
+    def decoder(self, batch: int = 1, sparse=None):
+        """``Decoder(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
+        from .decode import Decoder        # the inference engine builds on this module, not the reverse
+        return Decoder(self, batch, sparse)
+
+
+class GPT(LanguageModel):
+    """GPT-2-shaped language model: embeddings -> L blocks -> ln_f -> logits.   [paper §7]
+
+    idx: (B, T) token ids, T <= n_ctx; logits: (B, T, V). The head is ``wte`` itself
+    (logits = x @ wte^T, GPT-2's tied head) or, with ``tie_head=False``, an untied
+    ``lm_head`` Linear(C, V) with a bias (the paper's FC_logits).
+
+    >>> model = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8), seed=0)
+    >>> model.forward(np.array([[1, 2, 3]])).shape
+    (1, 3, 11)
+
+    ``layout`` packs the trainable parameters into one buffer (see :class:`Layout`); call
+    :meth:`pack` again after changing which parameters train (``add_lora`` does).
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+        super().__init__()
+        if cfg.arch != "gpt":
+            raise ValueError(f"GPT builds arch 'gpt', the config says {cfg.arch!r} (use build_model)")
+        self._setup(cfg, dtype)
+        rng = np.random.default_rng(seed)
+        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
+                               learned_positions=cfg.positions == "learned")
+        self.blocks = Stack(Block(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
+        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
+        self.lm_head = None
+        if not cfg.tie_head:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
+        self.pack()
+
     # --- training path ----------------------------------------------------------------------
     def forward(self, idx: np.ndarray) -> np.ndarray:
         idx = self.check_tokens(idx)
@@ -134,29 +192,9 @@ class GPT(Module):
             x = block.forward(x)
         return self._head(self.ln_f.forward(x))                            # (B, T, V)
 
-    def _head(self, xf: np.ndarray) -> np.ndarray:
-        self.cache = xf
-        if self.lm_head is not None:
-            return self.lm_head.forward(xf)
-        wte = self.embed.params["wte"]
-        V, C = wte.shape
-        return np.dot(xf.reshape(-1, C), wte.T).reshape(xf.shape[:-1] + (V,))
-
     def backward(self, dlogits: np.ndarray) -> None:
-        """[paper §7, Table 3]  The forward's calls read bottom-up. Tied head: logits = xf wte^T gives
-        dwte += dlogits^T xf and dxf = dlogits wte; the embedding's scatter adds to the same dwte.
-        """
-        xf = self.cache
-        C = xf.shape[-1]
-        if self.lm_head is not None:
-            dxf = self.lm_head.backward(dlogits)
-        else:
-            emb = self.embed
-            dlogits2 = dlogits.reshape(-1, dlogits.shape[-1])                 # (N, V)
-            if "wte" in emb.grads:
-                emb.grads["wte"] += np.dot(dlogits2.T, xf.reshape(-1, C))
-            dxf = np.dot(dlogits2, emb.params["wte"]).reshape(xf.shape)
-        dx = self.ln_f.backward(dxf)
+        """[paper §7, Table 3]  The forward's calls read bottom-up."""
+        dx = self.ln_f.backward(self._head_backward(dlogits))
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         self.embed.backward(dx)
@@ -167,40 +205,24 @@ class GPT(Module):
         self.forward(idx)
         return [block.attn.weights() for block in self.blocks]
 
-    def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
-        """Mean cross-entropy of the next-token predictions; forward only."""
-        return self.loss_fn.forward(self.forward(idx), self._check_targets(targets, idx))
+    def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+        """Mean cross-entropy of the next-token predictions (weighted by ``weights`` (B, T),
+        e.g. 0 on a prompt and 1 on its completion); forward only."""
+        return self.loss_fn.forward(self.forward(idx), self._check_targets(targets, idx), weights)
 
-    def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray) -> float:
+    def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
         """Zero the gradients, then fill ``grads`` for the mean cross-entropy; returns the loss."""
         self.zero_grad()
-        return self.accumulate(idx, targets)
+        return self.accumulate(idx, targets, weights=weights)
 
-    def accumulate(self, idx: np.ndarray, targets: np.ndarray, scale: float = 1.0) -> float:
+    def accumulate(self, idx: np.ndarray, targets: np.ndarray, scale: float = 1.0,
+                   weights: np.ndarray | None = None) -> float:
         """*Add* ``scale`` times the gradient of the mean cross-entropy into ``grads``; returns
         the loss. The one gradient entry point: gradient accumulation over micro-batches and
         the data-parallel workers' shares of a batch are both a scale."""
-        loss = self.loss(idx, targets)
-        dlogits = self.loss_fn.backward()
-        if scale != 1.0:
-            dlogits *= dlogits.dtype.type(scale)
-        self.backward(dlogits)
+        loss = self.loss(idx, targets, weights)
+        self._backward_from_loss(scale)
         return loss
-
-    def zero_grad(self) -> None:
-        self.layout.grads.fill(0)       # every gradient is a view into it
-
-    def _check_targets(self, targets: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        targets = self.check_tokens(targets)
-        if targets.shape != np.shape(np.atleast_2d(idx)):
-            raise ValueError(f"targets shape {targets.shape} differs from inputs {np.shape(idx)}")
-        return targets
-
-    # --- inference path (KV cache) ----------------------------------------------------------
-    def decoder(self, batch: int = 1, sparse=None):
-        """``Decoder(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
-        from .decode import Decoder        # the inference engine builds on this module, not the reverse
-        return Decoder(self, batch, sparse)
 
 
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")

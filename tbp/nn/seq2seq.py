@@ -1,0 +1,204 @@
+"""The encoder-decoder transformer: composition only.   [Vaswani et al. 2017, §3.1; paper §7]
+
+The encoder reads the source with non-causal self-attention (every position sees every
+other, padded positions excepted); the decoder is a GPT whose blocks also cross-attend to
+the encoder's output m. Every decoder layer reads the same m, so m's gradient is the sum of
+what each layer's cross-attention sends back -- the add-into contract, as for the tied
+embedding.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .attention import CrossAttention, padding_mask
+from .config import ModelConfig
+from .embedding import Embedding
+from .gpt import Block, LanguageModel
+from .layernorm import LayerNorm
+from .linear import Linear
+from .module import Module, Stack
+
+
+class DecoderBlock(Block):
+    """Pre-LN decoder block.  x, y: (B, T, C); m: (B, S, C), the encoder's output.
+
+    h = x + attn(ln_1(x));  c = h + cross(ln_cross(h), m);  y = c + mlp(ln_2(c)).
+    """
+
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
+        super().__init__(cfg, rng, dtype)
+        self.ln_cross = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+        self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias)
+
+    def forward(self, x: np.ndarray, memory: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+        h = self.attn.forward(self.ln_1.forward(x))
+        h += x
+        c = self.cross.forward(self.ln_cross.forward(h), memory, key_mask)
+        c += h
+        y = self.mlp.forward(self.ln_2.forward(c))
+        y += c
+        return y
+
+    def backward(self, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (dx, dm): the input's gradient and this layer's share of the memory's."""
+        dc = self.ln_2.backward(self.mlp.backward(dout))
+        dc += dout
+        dq, dm = self.cross.backward(dc)
+        dh = self.ln_cross.backward(dq)
+        dh += dc
+        dx = self.ln_1.backward(self.attn.backward(dh))
+        dx += dh
+        return dx, dm
+
+
+class Encoder(Module):
+    """Embeddings -> n_enc_layer non-causal blocks -> ln_f.  src (B, S) -> m (B, S, C).
+
+    ``key_mask`` (B, 1, 1, S), -inf on padded source positions: no position reads them. A padded
+    position's own output is computed (and ignored: the decoder masks it too).
+    """
+
+    CHILD_NAMES = {"embed": "", "blocks": "h"}
+
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
+        super().__init__()
+        bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", n_enc_layer=None)
+        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, dtype)
+        self.blocks = Stack(Block(bidirectional, rng, dtype) for _ in range(cfg.n_enc_layer))
+        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+
+    def forward(self, src: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+        x = self.embed.forward(src)
+        for block in self.blocks:
+            x = block.forward(x, key_mask)
+        return self.ln_f.forward(x)
+
+    def backward(self, dm: np.ndarray) -> None:
+        dx = self.ln_f.backward(dm)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        self.embed.backward(dx)
+
+
+class EncoderDecoder(LanguageModel):
+    """Encoder-decoder transformer: src (B, S) and tgt_in (B, T) -> logits (B, T, V).
+    [Vaswani et al. 2017, Figure 1, pre-LN]
+
+    The decoder is GPT-shaped (``wte``, ``wpe``, ``h.*``, ``ln_f``, tied or untied head) with
+    a cross-attention in every block; the encoder's parameters are under ``enc.``. Source and
+    target share the tokenizer but not the embedding tables. ``pad_id`` (config): padded
+    source positions are masked as keys everywhere, and ``tgt_out == pad_id`` carries no loss.
+
+    >>> cfg = ModelConfig(arch="encoder-decoder", vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8)
+    >>> EncoderDecoder(cfg).forward(np.array([[1, 2, 3, 4]]), np.array([[5, 6]])).shape
+    (1, 2, 11)
+    """
+
+    CHILD_NAMES = {"embed": "", "blocks": "h", "encoder": "enc"}
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+        super().__init__()
+        if cfg.arch != "encoder-decoder":
+            raise ValueError(f"EncoderDecoder builds arch 'encoder-decoder', the config says {cfg.arch!r}")
+        self._setup(cfg, dtype)
+        rng = np.random.default_rng(seed)
+        self.encoder = Encoder(cfg, rng, self.dtype)
+        self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
+        self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
+        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
+        self.lm_head = None
+        if not cfg.tie_head:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
+        self.memory_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
+        self.pack()
+
+    def source_mask(self, src: np.ndarray) -> np.ndarray | None:
+        """(B, 1, 1, S) additive mask of src's padded positions, or None when nothing is padded."""
+        if self.config.pad_id is None:
+            return None
+        pad = src == self.config.pad_id
+        if pad.all(axis=1).any():
+            raise ValueError("a source sequence is all padding: nothing to attend to")
+        return padding_mask(pad, self.dtype) if pad.any() else None
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(m (B, S, C), key mask) for source ids src (B, S)."""
+        src = self.check_tokens(src)
+        key_mask = self.source_mask(src)
+        m = self.encoder.forward(src, key_mask)
+        if self.memory_scale != 1.0:
+            m *= self.dtype.type(self.memory_scale)
+        return m, key_mask
+
+    # --- training path ----------------------------------------------------------------------
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
+        m, key_mask = self.encode(src)
+        tgt_in = self.check_tokens(tgt_in)
+        if m.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"{m.shape[0]} sources but {tgt_in.shape[0]} targets")
+        x = self.embed.forward(tgt_in)                                     # (B, T, C)
+        for block in self.blocks:
+            x = block.forward(x, m, key_mask)
+        return self._head(self.ln_f.forward(x))                            # (B, T, V)
+
+    def backward(self, dlogits: np.ndarray) -> None:
+        """The decoder bottom-up, summing each layer's dm; then the encoder from dm."""
+        dx = self.ln_f.backward(self._head_backward(dlogits))
+        dm = None
+        for block in reversed(self.blocks):
+            dx, dm_layer = block.backward(dx)
+            if dm is None:
+                dm = dm_layer
+            else:
+                dm += dm_layer
+        self.embed.backward(dx)
+        if self.memory_scale != 1.0:
+            dm *= self.dtype.type(self.memory_scale)
+        self.encoder.backward(dm)
+
+    def attention_weights(self, src: np.ndarray, tgt_in: np.ndarray) -> dict[str, list[np.ndarray]]:
+        """Each layer's attention weights after a forward: "encoder" (B, H, S, S), "self"
+        (B, H, T, T), "cross" (B, H, T, S) -- row t of cross is what target position t read."""
+        self.forward(src, tgt_in)
+        return {"encoder": [b.attn.weights() for b in self.encoder.blocks],
+                "self": [b.attn.weights() for b in self.blocks],
+                "cross": [b.cross.weights() for b in self.blocks]}
+
+    def _weights(self, tgt_out: np.ndarray, weights: np.ndarray | None) -> np.ndarray | None:
+        if weights is None and self.config.pad_id is not None:
+            return (tgt_out != self.config.pad_id).astype(self.dtype)
+        return weights
+
+    def loss(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray,
+             weights: np.ndarray | None = None) -> float:
+        """Mean cross-entropy of tgt_out (B, T) given src and tgt_in; padded targets (or
+        ``weights`` (B, T), when given) weigh nothing. Forward only."""
+        logits = self.forward(src, tgt_in)
+        tgt_out = self._check_targets(tgt_out, tgt_in)
+        return self.loss_fn.forward(logits, tgt_out, self._weights(tgt_out, weights))
+
+    def loss_and_backward(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray,
+                          weights: np.ndarray | None = None) -> float:
+        """Zero the gradients, then fill ``grads`` for the mean cross-entropy; returns the loss."""
+        self.zero_grad()
+        return self.accumulate(src, tgt_in, tgt_out, weights=weights)
+
+    def accumulate(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, scale: float = 1.0,
+                   weights: np.ndarray | None = None) -> float:
+        """*Add* ``scale`` times the loss's gradient into ``grads`` (as GPT.accumulate)."""
+        loss = self.loss(src, tgt_in, tgt_out, weights)
+        self._backward_from_loss(scale)
+        return loss
+
+
+def model_class(cfg: ModelConfig) -> type[LanguageModel]:
+    """The class that builds ``cfg.arch``."""
+    from .gpt import GPT
+    return EncoderDecoder if cfg.arch == "encoder-decoder" else GPT
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> LanguageModel:
+    """A GPT or an EncoderDecoder, as ``cfg.arch`` says."""
+    return model_class(cfg)(cfg, seed=seed, dtype=dtype)
