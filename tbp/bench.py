@@ -59,7 +59,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
             y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             t = time.perf_counter()
             model.zero_grad()
-            workers.accumulate(x, y)
+            workers.accumulate({"idx": x, "targets": y})
             clip_grads(model.layout.grads, 1.0)
             opt.step(1e-4)
             if i >= warmup:

@@ -32,7 +32,7 @@ from . import memory, schema
 from .errors import TbpError
 from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
                      staged_dir, sweep_temporaries)
-from .nn import GPT, ModelConfig, add_lora
+from .nn import ModelConfig, add_lora, build_model, model_class
 from .tokenizer import Tokenizer
 
 FORMAT = 1
@@ -70,7 +70,7 @@ def write_run_header(run: Path, config: dict, tokenizer: Tokenizer) -> None:
     atomic_write_text(run / "tokenizer.json", tokenizer.to_str())
 
 
-def save(run: Path, model: GPT, optimizer, state: dict, adapter: bool, best: bool) -> None:
+def save(run: Path, model, optimizer, state: dict, adapter: bool, best: bool) -> None:
     """Commit one checkpoint: step-stamped weights (and best weights, a hard link to the same
     bytes) and moments, then state.json naming them, then remove the previous set.
 
@@ -232,7 +232,7 @@ def read_model_config(run: Path, cfg: dict | None = None) -> ModelConfig:
         raise TbpError(f"{Path(run) / 'config.json'}: bad model config ({e})") from None
 
 
-def load_into(model: GPT, arrays: dict[str, np.ndarray], source: Path, names: list[str] | None = None) -> None:
+def load_into(model, arrays: dict[str, np.ndarray], source: Path, names: list[str] | None = None) -> None:
     """Copy ``arrays`` into the model's parameters after checking names, shapes, dtypes, values."""
     want = names if names is not None else list(model.params)
     check_shapes({k: a.shape for k, a in arrays.items()}, {k: model.params[k].shape for k in want}, source)
@@ -273,7 +273,7 @@ def _load_model(run: Path, dtype, best: bool):
     memory.check_fits(memory.model_bytes(mcfg, dtype or np.float32), f"the model in {run}")
     arrays, _ = read_arrays(path)
     file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
-    model = GPT(mcfg, seed=0, dtype=dtype or file_dtype)
+    model = build_model(mcfg, seed=0, dtype=dtype or file_dtype)
     if lora:
         load_into(model, read_arrays(base_weights)[0], base_weights)
         try:
@@ -290,7 +290,7 @@ def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) 
     """(weights, base weights or None) of a run, after checking every tensor's name and shape in
     the files' headers against the config: nothing is read or allocated for a mismatch."""
     path = weights_path(run, best)
-    want = GPT.shapes(mcfg)
+    want = model_class(mcfg).shapes(mcfg)
     if cfg.get("lora"):
         base_weights = _base_weights(run, cfg.get("base") or {})
         check_shapes(read_shapes(base_weights), want, base_weights)
@@ -337,7 +337,7 @@ def claim_run_output(out: Path, force: bool, inputs: tuple = ()) -> None:
     claim_output(out, force, RUN_FILES, "config.json", "a tbp run", inputs)
 
 
-def save_plain(out: Path, model: GPT, tokenizer: Tokenizer, record: dict, force: bool = False,
+def save_plain(out: Path, model, tokenizer: Tokenizer, record: dict, force: bool = False,
                inputs: tuple = ()) -> None:
     """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder."""
     claim_run_output(out, force, inputs)

@@ -110,7 +110,8 @@ def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = N
 
 # --- preparing ------------------------------------------------------------------------------
 DEFAULT_BPE_VOCAB = 1024
-DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin")     # what --force may replace
+DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # what --force may replace
+                 "train.idx", "val.idx")
 
 
 class PrepareReport:
@@ -219,27 +220,44 @@ def _versions() -> dict:
 # --- loading --------------------------------------------------------------------------------
 @dataclass
 class Dataset:
-    """A prepared folder: memmapped splits, the tokenizer and meta.json."""
+    """A prepared folder: memmapped splits, the tokenizer and meta.json. A text dataset's
+    splits are flat token arrays; a pairs dataset's are ``tbp.pairs.PairSplit`` objects."""
     path: Path
     meta: dict
     tokenizer: Tokenizer
     train: np.ndarray
     val: np.ndarray
 
+    @property
+    def kind(self) -> str:
+        """"text" or "pairs"."""
+        return self.meta.get("kind", "text")
+
+    @property
+    def bytes_per_loss_token(self) -> float:
+        """Validation bytes per token the loss is on: every token of text; a pair's target
+        tokens and its <|endoftext|>. Converts a loss in nats per token to bits per byte."""
+        if self.kind == "pairs":
+            return self.meta["val_target_bytes"] / max(1, self.meta["val_target_tokens"])
+        return self.meta["val_bytes"] / max(1, self.meta["val_tokens"])
+
     @classmethod
     def load(cls, path: str | Path) -> "Dataset":
         path = Path(path)
         if not path.is_dir():
             raise TbpError(f"{path}: not a prepared dataset folder (run tbp prepare)")
-        for f in ("meta.json", "tokenizer.json", "train.bin", "val.bin"):
-            if not (path / f).is_file():
-                raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
         where = path / "meta.json"
+        if not where.is_file():
+            raise TbpError(f"{path}: missing meta.json; prepare it again with tbp prepare --force")
         try:
             meta = json.loads(where.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise TbpError(f"{where}: damaged JSON ({e})") from None
         schema.check(meta, schema.DATASET_META, str(where))
+        pairs = meta.get("kind") == "pairs"
+        for f in ("tokenizer.json", "train.bin", "val.bin") + (("train.idx", "val.idx") if pairs else ()):
+            if not (path / f).is_file():
+                raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
         if meta["dtype"] not in ("uint16", "uint32"):
             raise TbpError(f"{where}: dtype {meta['dtype']!r} is not a token dtype (uint16 or uint32)")
         dtype = np.dtype(meta["dtype"])
@@ -248,6 +266,10 @@ class Dataset:
             raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta['vocab_size']}")
         splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size)
                   for split in ("train", "val")]
+        if pairs:
+            from .pairs import check_meta, load_split
+            check_meta(meta, str(where))
+            splits = [load_split(path, split, ids, meta) for split, ids in zip(("train", "val"), splits)]
         return cls(path, meta, tok, *splits)
 
 

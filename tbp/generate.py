@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .nn import GPT, Decoder
+from .nn import GPT, Decoder, EncoderDecoder
 from .tokenizer import Tokenizer
 
 
@@ -32,6 +32,7 @@ class Sampling:
     temperature: float = 1.0       # 0: greedy (argmax)
     top_k: int | None = None       # keep the k most likely tokens (clamped to V)
     top_p: float | None = None     # keep the smallest set whose probability reaches p
+    banned: tuple[int, ...] = ()   # tokens never drawn (a completion's <|sep|> and <|pad|>)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -51,6 +52,9 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     (no top-k / top-p) is kept to a handful of NumPy calls.
     """
     u = rng.random(logits.shape[0])                                        # (B,)
+    if s.banned:
+        logits = logits.copy()
+        logits[:, list(s.banned)] = -np.inf
     if s.temperature == 0:
         return logits.argmax(-1).astype(np.int64)
     z = logits.astype(np.float64)                                          # (B, V), float64 for the CDF
@@ -81,12 +85,19 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
                  rng: np.random.Generator, num_samples: int = 1,
-                 use_cache: bool = True, sparse=None) -> Iterator[np.ndarray]:
+                 use_cache: bool = True, sparse=None, start: int | None = None) -> Iterator[np.ndarray]:
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
 
     ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
     ``sparse``: a tbp.nn.sparse.Sparsity for the cached decoder (sparse decoding), or None.
+    An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
+    (the <|sep|> token); its target ends at n_ctx tokens.
     """
+    if isinstance(model, EncoderDecoder):
+        if sparse is not None:
+            raise ValueError("sparse decoding is for the decoder-only GPT")
+        yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start)
+        return
     if sparse is not None and not use_cache:
         raise ValueError("sparse decoding thins the KV cache's attention: it needs the cache")
     n_ctx = model.config.n_ctx
@@ -131,6 +142,41 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
             logits = decoder.forward(nxt[:, None], check=False)[:, -1]
         else:
             logits = model.forward(buf[:, :n])[:, -1]
+
+
+def _target_ids(model: EncoderDecoder, source: list[int], max_new_tokens: int, sampling: Sampling,
+                rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None):
+    """An encoder-decoder's target, token by token. Cached: the source is encoded once, each
+    layer's cross-attention keys and values computed once (Decoder.encode), and every step is
+    one row of self-attention against the target's cache. Uncached: the whole model runs on
+    the source and the target so far at every step (the baseline; same tokens, same draws)."""
+    n_ctx = model.config.n_ctx
+    if not 1 <= len(source) <= n_ctx:
+        raise ValueError(f"source must have 1..{n_ctx} tokens, got {len(source)}")
+    if start is None:
+        raise ValueError("an encoder-decoder's target needs a start token (the tokenizer's <|sep|>)")
+    src = np.asarray(source, dtype=np.int64)[None, :]
+    buf = np.empty((num_samples, n_ctx), dtype=np.int64)            # the target's inputs so far
+    buf[:, 0] = start
+    n = 1
+    if use_cache:
+        decoder = model.decoder(num_samples)
+        decoder.encode(src)
+        logits = decoder.forward(buf[:, :1])[:, -1]
+    else:
+        srcs = np.repeat(src, num_samples, axis=0)
+        logits = model.forward(srcs, buf[:, :1])[:, -1]
+    for _ in range(max_new_tokens):
+        nxt = sample(logits, sampling, rng)
+        yield nxt
+        if n == n_ctx:                    # no position left to read it back: the target ends
+            return
+        buf[:, n] = nxt
+        n += 1
+        if use_cache:
+            logits = decoder.forward(nxt[:, None], check=False)[:, -1]
+        else:
+            logits = model.forward(srcs, buf[:, :n])[:, -1]
 
 
 class TextStream:
@@ -198,7 +244,8 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     if use_cache:
         stats.cache_bytes = Decoder.cache_size(model, num_samples)
     t0 = time.perf_counter()
-    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, sparse)
+    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, sparse,
+                       start=tok.sep_id)
     first = True
     for nxt in gen:
         if first:

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from .errors import TbpError
-from .nn import GPT, ModelConfig
+from .nn import ModelConfig, model_class
 from .nn.decode import kv_cache_bytes
 from .parallel import available_cores
 
@@ -37,7 +37,7 @@ def available_bytes() -> int | None:
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    return sum(int(np.prod(s, dtype=np.int64)) for s in GPT.shapes(cfg).values())
+    return sum(int(np.prod(s, dtype=np.int64)) for s in model_class(cfg).shapes(cfg).values())
 
 
 def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
@@ -50,7 +50,8 @@ def train_bytes(cfg: ModelConfig, tcfg) -> int:
     the weights), one gradient buffer per extra worker, and the activations the backward keeps:
     per token and layer about 26 C numbers plus a row of H x T attention weights, plus the
     logits and their softmax."""
-    C, T, L, H, V = cfg.d_model, cfg.n_ctx, cfg.n_layer, cfg.n_head, cfg.vocab_size
+    C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
+    L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
     per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
     activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses

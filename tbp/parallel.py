@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .nn import GPT
+from .nn import LanguageModel
 
 
 def available_cores() -> int:
@@ -79,7 +79,7 @@ class Serial:
 
     workers = 1
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: LanguageModel):
         self.model = model
 
     def __enter__(self) -> "Serial":
@@ -90,29 +90,33 @@ class Serial:
     def __exit__(self, *exc) -> None:
         self._blas.__exit__(*exc)
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
-        return self.model.accumulate(x, y, scale)
+    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+        return self.model.accumulate(**batch, scale=scale)
 
     def each(self, fn) -> None:
         fn(0)
 
     def losses(self, batches: list) -> list[float]:
-        return [self.model.loss(x, y) for x, y in batches]
+        return [self.model.loss(**batch) for batch in batches]
 
 
 class DataParallel:
     """Loss and gradients of one batch, its rows split over ``workers`` threads.
 
-    ``accumulate(x, y, scale)`` *adds* ``scale`` times the gradient of the mean loss
-    over all rows of x (B, T) into ``model.grads`` (like ``GPT.backward``, so gradient
-    accumulation works unchanged) and returns the mean loss. ``losses(batches)`` evaluates
-    a list of (x, y) batches, spread over the threads; ``each(fn)`` runs fn(k) on every
+    A batch is a dict of the model's loss arguments, every array (B, ...) with one row per
+    example (a GPT's ``idx``, ``targets`` and maybe ``weights``; an encoder-decoder's ``src``,
+    ``tgt_in``, ``tgt_out``, ``weights``). ``accumulate(batch, scale)`` *adds* ``scale`` times
+    the gradient of the mean loss over all rows into ``model.grads`` (like ``GPT.accumulate``,
+    so gradient accumulation works unchanged) and returns the mean loss. A worker's share of
+    the gradient is its share of the rows, or with ``weights`` its share of the total weight,
+    so the sum is exactly the gradient of the batch's (weighted) mean. ``losses(batches)``
+    evaluates a list of batches, spread over the threads; ``each(fn)`` runs fn(k) on every
     worker k (AdamW uses it to share its update).
     Use it as a context manager: inside, BLAS runs one thread (each worker is a core's worth
     of work already); on leaving, BLAS is restored and the worker threads stop.
     """
 
-    def __init__(self, model: GPT, workers: int):
+    def __init__(self, model: LanguageModel, workers: int):
         if workers < 2:
             raise ValueError(f"data parallelism needs 2 or more workers, got {workers}")
         self.model, self.workers = model, workers
@@ -147,20 +151,27 @@ class DataParallel:
                 return fn(*args)
         return self.pool.submit(run)
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> float:
-        B = x.shape[0]
+    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+        B = len(next(iter(batch.values())))
         n = min(self.workers, B)
         bounds = [B * i // n for i in range(n + 1)]          # rows of each worker, in order
+        w = batch.get("weights")
+        if w is None:
+            shares = [(b - a) / B for a, b in zip(bounds, bounds[1:])]
+        else:                                                # a slice's share of the total weight
+            total_w = float(np.sum(w, dtype=np.float64))
+            shares = [float(np.sum(w[a:b], dtype=np.float64)) / total_w for a, b in zip(bounds, bounds[1:])]
+        parts = [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds, bounds[1:])]
         for r in self.replicas[1:n]:
             r.zero_grad()
-        futures = [self._submit(r.accumulate, x[a:b], y[a:b], scale * (b - a) / B)
-                   for r, a, b in zip(self.replicas[1:n], bounds[1:], bounds[2:])]
-        losses = [self.model.accumulate(x[:bounds[1]], y[:bounds[1]], scale * bounds[1] / B)]
+        futures = [self._submit(lambda r, part, share: r.accumulate(**part, scale=scale * share), r, part, share)
+                   for r, part, share in zip(self.replicas[1:n], parts[1:], shares[1:])]
+        losses = [self.model.accumulate(**parts[0], scale=scale * shares[0])]
         losses += [f.result() for f in futures]
         total = self.model.layout.grads
         for r in self.replicas[1:n]:
             total += r.layout.grads                 # in worker order: the same sum every run
-        return sum(l * (b - a) for l, a, b in zip(losses, bounds, bounds[1:])) / B
+        return sum(loss * share for loss, share in zip(losses, shares))
 
     loss_and_backward = accumulate      # the name earlier releases documented
 
@@ -172,17 +183,17 @@ class DataParallel:
             f.result()
 
     def losses(self, batches: list) -> list[float]:
-        """Mean loss of each (x, y) batch, forward only; the batches are shared out in turn."""
+        """Mean loss of each batch, forward only; the batches are shared out in turn."""
         out: list = [None] * len(batches)
 
         def run(k: int) -> None:
             for i in range(k, len(batches), self.workers):
-                out[i] = self.replicas[k].loss(*batches[i])
+                out[i] = self.replicas[k].loss(**batches[i])
         self.each(run)
         return out
 
 
-def data_parallel(model: GPT, threads: int, batch_size: int) -> Serial | DataParallel:
+def data_parallel(model: LanguageModel, threads: int, batch_size: int) -> Serial | DataParallel:
     """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
     with: a DataParallel over that many workers (at most one per row), or Serial for one."""
     workers = min(threads or available_cores(), batch_size)

@@ -20,7 +20,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport
 from .errors import ConfigError, TbpError
 from .fsutil import RunLock, check_replaceable, sweep_temporaries
-from .nn import GPT, LORA_TARGETS, add_lora
+from .nn import LORA_TARGETS, add_lora, build_model
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
 
@@ -83,7 +83,10 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         out = req.out or Path("checkpoints") / f"{Path(req.init_from).name}-{'lora' if req.lora else 'ft'}"
         return init_from(out, req.init_from, tcfg, ds, req.force, req.lora, req.model, callbacks)
     ds = resolve_dataset(req.data, None, req.tokenizer, req.vocab_size, report=report)
-    mcfg = ModelConfig(vocab_size=ds.tokenizer.vocab_size, **req.model)
+    derived = {"vocab_size": ds.tokenizer.vocab_size}
+    if req.model.get("arch") == "encoder-decoder" and ds.kind == "pairs":
+        derived["pad_id"] = ds.meta["pad_id"]                  # padded sources are masked
+    mcfg = ModelConfig(**derived, **req.model)
     out = req.out or Path("checkpoints") / ds.path.name
     return new_run(out, mcfg, tcfg, ds, req.force, callbacks)
 
@@ -176,8 +179,8 @@ def _refuse_a_committed_run(out: Path) -> None:
 def _record(mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, lora: LoraSpec | None,
             base: dict | None) -> dict:
     return {"model": mcfg.to_dict(), "train": tcfg.to_dict(), "data": str(ds.path),
-            "data_source_sha256": ds.meta["source_sha256"], "lora": lora.to_dict() if lora else None,
-            "base": base}
+            "data_source_sha256": ds.meta["source_sha256"], "data_kind": ds.kind,
+            "lora": lora.to_dict() if lora else None, "base": base}
 
 
 def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force: bool,
@@ -187,7 +190,7 @@ def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force:
                       "training this model")
     lock = claim_run_dir(out, force, inputs=(ds.path,))
     with _released_on_failure(lock):
-        model = GPT(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
+        model = build_model(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
         record = _record(mcfg, tcfg, ds, None, None)
         return Trainer(model, ds, tcfg, out, record, adapter=False, callbacks=callbacks, lock=lock)
 
@@ -292,7 +295,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     if len({str(v) for v in steps.values()}) != 1:
         raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
     record = {**{k: v for k, v in cfg.items() if k != "format"}, "train": tcfg.to_dict(), "data": str(ds.path),
-              "data_source_sha256": ds.meta["source_sha256"]}
+              "data_source_sha256": ds.meta["source_sha256"], "data_kind": ds.kind}
     trainer = Trainer(model, ds, tcfg, out, record, adapter=adapter, callbacks=callbacks, state=state,
                       lock=lock, tokenizer=tok)
     try:
@@ -329,6 +332,9 @@ def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
 
 def _check_lora(lora: LoraSpec, cfg: ModelConfig) -> None:
     """Usage errors in a LoRA request, named before anything is built or written."""
+    if cfg.arch != "gpt":
+        raise ConfigError("LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
+                          "(drop --lora-rank)")
     if not lora.targets:
         raise ConfigError("--lora-targets needs at least one layer")
     # the narrowest side of any adapted matrix: C (c_attn, the projections, c_fc), or V (lm_head)

@@ -17,6 +17,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from .errors import TbpError
 
 EOT = "<|endoftext|>"
+SEP = "<|sep|>"            # paired data: between a source and its target (the decoder's start token)
+PAD = "<|pad|>"            # paired data: fills a batch's shorter examples; never predicted
+PAIR_SPECIALS = (EOT, SEP, PAD)
 KINDS = ("char", "bpe")
 
 
@@ -28,6 +31,7 @@ class Tokenizer:
         vocab = hf.get_vocab()
         self.kind = "bpe" if isinstance(hf.pre_tokenizer, pre_tokenizers.ByteLevel) else "char"
         self.eot_id = vocab.get(EOT)
+        self.sep_id, self.pad_id = vocab.get(SEP), vocab.get(PAD)
         self._alphabet = None if self.kind == "bpe" else frozenset(vocab)
 
     @property
@@ -82,8 +86,9 @@ class Tokenizer:
         return cls(HFTokenizer.from_str(s))
 
 
-def train_char(text: str) -> Tokenizer:
-    """One token per distinct character, ids in sorted character order (nanoGPT's shakespeare_char).
+def train_char(text: str, specials: tuple[str, ...] = ()) -> Tokenizer:
+    """One token per distinct character, ids in sorted character order (nanoGPT's shakespeare_char),
+    then ``specials`` (paired data's <|endoftext|>, <|sep|>, <|pad|>), if any.
 
     Built as a BPE model with no merges: every character is its own token, and the Fuse
     decoder joins tokens back with nothing in between.
@@ -93,22 +98,25 @@ def train_char(text: str) -> Tokenizer:
         raise TbpError("cannot build a char tokenizer from empty text")
     hf = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
     hf.decoder = decoders.Fuse()
+    if specials:
+        hf.add_special_tokens(list(specials))
     return Tokenizer(hf)
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Byte-level BPE (GPT-2's scheme) trained to ``vocab_size`` tokens, including <|endoftext|>.
+def train_bpe(texts: Iterable[str], vocab_size: int, specials: tuple[str, ...] = (EOT,)) -> Tokenizer:
+    """Byte-level BPE (GPT-2's scheme) trained to ``vocab_size`` tokens, including ``specials``
+    (<|endoftext|>; paired data adds <|sep|> and <|pad|>).
 
     The 256 byte symbols are the initial alphabet, so any text encodes with no unknown token.
     """
-    floor = len(pre_tokenizers.ByteLevel.alphabet()) + 1
+    floor = len(pre_tokenizers.ByteLevel.alphabet()) + len(specials)
     if vocab_size < floor:
         raise TbpError(f"--vocab-size {vocab_size} is below the byte-level alphabet: "
-                       f"a bpe tokenizer needs at least {floor} (256 bytes + {EOT})")
+                       f"a bpe tokenizer needs at least {floor} (256 bytes + {', '.join(specials)})")
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     hf.train_from_iterator(texts, trainer)
     return Tokenizer(hf)

@@ -18,10 +18,11 @@ import numpy as np
 
 from . import checkpoint
 from .config import TrainConfig
-from .data import Dataset, get_batch
+from .batches import batches_for
+from .data import Dataset
 from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
-from .nn import GPT
+from .nn import LanguageModel
 from .optim import AdamW, clip_grads, lr_at
 from .parallel import data_parallel
 
@@ -63,7 +64,7 @@ class Trainer:
     held on ``run``) is released when the loop ends.
     """
 
-    def __init__(self, model: GPT, dataset: Dataset, cfg: TrainConfig, run: Path, config_record: dict,
+    def __init__(self, model: LanguageModel, dataset: Dataset, cfg: TrainConfig, run: Path, config_record: dict,
                  adapter: bool = False, callbacks: Callbacks | None = None, state: State | None = None,
                  lock=None, tokenizer=None):
         self.model, self.data, self.cfg, self.run = model, dataset, cfg, Path(run)
@@ -71,12 +72,7 @@ class Trainer:
         self.tokenizer = tokenizer or dataset.tokenizer
         self.lock = lock
         self.cb = callbacks or Callbacks()
-        T = model.config.n_ctx
-        for split in ("train", "val"):
-            n = getattr(dataset, split).size
-            if n < T + 1:
-                raise TbpError(f"{dataset.path}: the {split} split has {n} tokens, fewer than one block "
-                               f"of {T} + 1; use more text or a smaller --n-ctx")
+        self.batches = batches_for(dataset, model.config)       # checks the data fits the model
         self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
         self.workers = data_parallel(model, cfg.threads, cfg.batch_size)
         self.opt.workers = self.workers
@@ -85,8 +81,7 @@ class Trainer:
         if self.state.data_rng:
             self.data_rng.bit_generator.state = self.state.data_rng
         # fixed eval batches: the same windows at every eval, so the curve is comparable
-        self.eval_sets = {split: [get_batch(getattr(dataset, split), cfg.batch_size, T,
-                                            np.random.default_rng(cfg.seed + 1 + i))
+        self.eval_sets = {split: [self.batches.sample(split, cfg.batch_size, np.random.default_rng(cfg.seed + 1 + i))
                                   for i in range(cfg.eval_batches)] for split in ("train", "val")}
         self.stop_requested = False      # set by a front end (Ctrl-C): finish the step, save, stop
         self.saving = False
@@ -116,13 +111,12 @@ class Trainer:
         self.cb.start(self)
         t_start = time.perf_counter() - st.elapsed_s
         t_log, tokens_log = time.perf_counter(), 0
-        tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model.config.n_ctx
         while st.step < cfg.max_iters:
             if self.stop_requested:
                 self.interrupted = True
                 break
             lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
-            loss, gnorm = self._step(lr)
+            loss, gnorm, tokens_per_step = self._step(lr)
             st.step += 1
             st.tokens_seen += tokens_per_step
             tokens_log += tokens_per_step
@@ -154,9 +148,7 @@ class Trainer:
             for split, batches in self.eval_sets.items():
                 losses = self.workers.losses(batches)
                 out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses))
-        meta = self.data.meta
-        bytes_per_token = meta["val_bytes"] / max(1, meta["val_tokens"])
-        out["val_bpb"] = out["val_loss"] / math.log(2) / bytes_per_token
+        out["val_bpb"] = out["val_loss"] / math.log(2) / self.data.bytes_per_loss_token
         return out
 
     def save(self, val_loss: float | None) -> None:
@@ -188,18 +180,20 @@ class Trainer:
         else:
             append_line(self.run / "metrics.jsonl", line)
 
-    def _step(self, lr: float) -> tuple[float, float]:
+    def _step(self, lr: float) -> tuple[float, float, int]:
         # overflow on a diverging run is caught below, by value, with the step named
         with np.errstate(over="ignore", invalid="ignore"):
             return self._step_unguarded(lr)
 
-    def _step_unguarded(self, lr: float) -> tuple[float, float]:
+    def _step_unguarded(self, lr: float) -> tuple[float, float, int]:
+        """One optimizer step: (mean loss, gradient norm before clipping, tokens trained on)."""
         cfg, model = self.cfg, self.model
         model.zero_grad()
-        total = 0.0
+        total, tokens = 0.0, 0
         for _ in range(cfg.grad_accum):
-            x, y = get_batch(self.data.train, cfg.batch_size, model.config.n_ctx, self.data_rng)
-            total += self.workers.accumulate(x, y, 1.0 / cfg.grad_accum) / cfg.grad_accum
+            batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
+            tokens += self.batches.tokens(batch)
+            total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum) / cfg.grad_accum
         gnorm = clip_grads(model.layout.grads, cfg.grad_clip)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
@@ -208,7 +202,7 @@ class Trainer:
             raise NonFiniteError(f"step {self.state.step + 1}: {what} is {total if what == 'loss' else gnorm}"
                                  f" (try a lower --lr){good}")
         self.opt.step(lr)
-        return total, gnorm
+        return total, gnorm, tokens
 
 
 def trim_metrics(run: Path, step: int) -> None:

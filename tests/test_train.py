@@ -117,8 +117,8 @@ def test_nan_guard_stops_without_poisoning_the_checkpoint(tmp_path, dataset, mon
     tr = new_trainer(tmp_path, dataset, max_iters=30)
     orig = tr.model.loss
 
-    def poisoned(x, y, *rest):               # the 13th step's loss is NaN
-        loss = orig(x, y, *rest)
+    def poisoned(*args, **kwargs):           # the 13th step's loss is NaN
+        loss = orig(*args, **kwargs)
         return float("nan") if tr.state.step >= 12 else loss
     monkeypatch.setattr(tr.model, "loss", poisoned)
     with pytest.raises(TbpError, match=r"step 13: loss is nan.*last good checkpoint \(step 10\)"):

@@ -11,6 +11,7 @@ from .. import checkpoint, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
+from ..nn import EncoderDecoder
 from ..nn.sparse import KINDS, Sparsity
 from .options import FiniteFloat
 
@@ -28,6 +29,22 @@ def _prompt_text(prompt, prompt_file) -> str:
     if not sys.stdin.isatty():
         return sys.stdin.read()
     return ""
+
+
+def source_tokens(tok, text: str, n_ctx: int, seq2seq: bool) -> tuple[list[int], str]:
+    """A source to complete: an encoder-decoder's encoder input, or a GPT's prompt ending in
+    <|sep|>, as the pairs it trained on were laid out. Never cropped: a cut source is another."""
+    if not text:
+        raise TbpError("this model completes a source: give one with --prompt (or on stdin)")
+    tok.check(text, "prompt")
+    if tok.sep_id is None:
+        raise TbpError("this run's tokenizer has no <|sep|> token, so it was not trained on pairs")
+    ids = tok.encode(text)
+    ids = ids if seq2seq else ids + [tok.sep_id]
+    limit = n_ctx if seq2seq else n_ctx - 1
+    if len(ids) > limit:
+        raise TbpError(f"the source has {len(ids)} tokens; this model reads at most {limit}")
+    return ids, ""
 
 
 def start_tokens(tok, text: str) -> tuple[list[int], str]:
@@ -83,11 +100,17 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     than the context keeps its last tokens (with a warning); past the context, the cache is
     refilled from the most recent half window. stdout carries only the generated text.
 
+    A run trained on pairs (an encoder-decoder, or a GPT on a pairs dataset) completes the
+    prompt as a source: it prints the target alone, ending at <|endoftext|>. An
+    encoder-decoder encodes the source once and computes each layer's cross-attention keys
+    and values once; each target token is then one cached step.
+
     \b
     Examples:
       tbp generate
       tbp generate --checkpoint checkpoints/shakespeare --prompt "ROMEO:" --temperature 0.7 --top-k 40
       echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
+      tbp generate --checkpoint checkpoints/reverse --prompt 12345 --temperature 0
     """
     sampling = Sampling(temperature, top_k, top_p)
     rule = None
@@ -101,14 +124,25 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
             raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
     run = run or checkpoint.latest_run()
     text = _prompt_text(prompt, prompt_file)
-    model, tok, _ = checkpoint.load_model(run, best=best)      # checks shapes and the weights' memory
+    model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
+    # a run trained on pairs completes a source: the output is the target alone
+    seq2seq = isinstance(model, EncoderDecoder)
+    completes = seq2seq or cfg.get("data_kind") == "pairs"
+    if seq2seq and rule is not None:
+        raise click.UsageError("--sparse is for a GPT's long self-attention cache, not an encoder-decoder")
     if rule is not None and max(rule.layers) >= model.config.n_layer:
         L = model.config.n_layer
         raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
                       f"sampling {num_samples} sequence(s) from {run}")
-    ids, note = start_tokens(tok, text)
     n_ctx = model.config.n_ctx
+    if completes:
+        ids, note = source_tokens(tok, text, n_ctx, seq2seq)
+        # a target never holds these: the training data had none (and the pad carried no loss)
+        sampling.banned = tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None)
+        text = ""                          # stdout carries the completion alone
+    else:
+        ids, note = start_tokens(tok, text)
     if len(ids) > n_ctx:
         console.print(f"[yellow]warning:[/] prompt has {len(ids)} tokens; keeping the last {n_ctx} (the context)")
         ids = ids[-n_ctx:]

@@ -30,17 +30,20 @@ def sparkline(values: list[float], width: int = 48) -> str:
 
 
 def param_groups(params: dict) -> "OrderedDict[str, int]":
-    """Parameter counts per layer: wte, wpe, h.0.attn, h.0.mlp, ..., ln_f, lm_head."""
+    """Parameter counts per layer: wte, wpe, h.0.attn, h.0.mlp, ..., ln_f, lm_head (an
+    encoder-decoder's encoder first, under enc.)."""
     groups: OrderedDict[str, int] = OrderedDict()
     for name, shape in params.items():
-        parts = name.split(".")
-        key = ".".join(parts[:3]) if parts[0] == "h" else parts[0]
+        enc = name.startswith("enc.")
+        parts = name.split(".")[enc:]
+        key = ("enc." if enc else "") + (".".join(parts[:3]) if parts[0] == "h" else parts[0])
         groups[key] = groups.get(key, 0) + int(math.prod(shape))
     def order(key: str):
-        parts = key.split(".")
+        enc = key.startswith("enc.")
+        parts = key.split(".")[enc:]
         if parts[0] == "h":
-            return (1, int(parts[1]), parts[2])
-        return ({"wte": 0, "wpe": 0}.get(parts[0], 2), {"wte": 0, "wpe": 1}.get(parts[0], 0), parts[0])
+            return (not enc, 1, int(parts[1]), parts[2])
+        return (not enc, {"wte": 0, "wpe": 0}.get(parts[0], 2), {"wte": 0, "wpe": 1}.get(parts[0], 0), parts[0])
     return OrderedDict(sorted(groups.items(), key=lambda kv: order(kv[0])))
 
 
@@ -122,14 +125,18 @@ def info(path, as_json):
     m = d["model"]
     shape = ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")
     t = kv_table(f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})")
-    t.add_row("model", f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} · {m['n_head']} heads · d_model {m['d_model']} · "
+    layers = f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)}"
+    if m.get("arch") == "encoder-decoder":
+        layers = f"encoder-decoder: {m['n_enc_layer']} encoder + {m['n_layer']} decoder layers"
+    t.add_row("model", f"{layers} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
     cfg = checkpoint.read_model_config(Path(d["path"]))
     t.add_row("attention", f"{cfg.attn_kernel}{' (auto)' * (cfg.attn_impl == 'auto')} · {cfg.positions} positions"
                            + (f" (base {cfg.rope_base:g})" if cfg.positions == "rope" else ""))
     defaults = ModelConfig.defaults()
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
-               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base") and v != defaults.get(k)]
+               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base", "arch", "n_enc_layer", "pad_id")
+               and v != defaults.get(k)]
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")
     t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")

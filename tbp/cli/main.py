@@ -14,6 +14,7 @@ from .info import info
 from .bench import bench
 from .interop import export, import_
 from .pictures import attention, plot_runs
+from .evaluate import evaluate_cmd
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -29,7 +30,8 @@ def main():
     """
 
 
-for command in (prepare, train, generate, merge, info, bench, gradcheck, export, import_, plot_runs, attention):
+for command in (prepare, train, generate, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
+                attention):
     main.add_command(command)
 
 

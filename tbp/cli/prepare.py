@@ -8,6 +8,7 @@ import click
 from tqdm import tqdm
 
 from .. import data
+from ..pairs import TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, prepare_pairs, read_pairs
 from ..tokenizer import KINDS
 from .common import console, fmt_bytes, fmt_count, kv_table
 from .options import FiniteFloat
@@ -32,6 +33,8 @@ class PrepareBar(data.PrepareReport):
 
 
 def summary(meta: dict) -> None:
+    if meta.get("kind") == "pairs":
+        return pairs_summary(meta)
     t = kv_table(f"prepared {meta['path']}")
     t.add_row("source", meta["source"])
     t.add_row("characters", f"{meta['characters']:,} ({fmt_bytes(meta['train_bytes'] + meta['val_bytes'])})")
@@ -42,30 +45,89 @@ def summary(meta: dict) -> None:
     console.print(t)
 
 
+def pairs_rows(t, meta: dict) -> None:
+    """The rows that describe a pairs dataset (prepare's summary and tbp info)."""
+    task = meta.get("task")
+    if task:
+        t.add_row("task", f"{task['name']}: digit strings of length {task['min_len']}..{task['max_len']}, "
+                          f"seed {task['seed']}")
+    else:
+        t.add_row("source", meta["source"])
+    t.add_row("examples", f"train {meta['train_examples']:,} · val {meta['val_examples']:,} (kept whole)")
+    t.add_row("longest", f"source {meta['max_source_tokens']} · target {meta['max_target_tokens']} · "
+                         f"both {meta['max_example_tokens']} tokens")
+    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (with <|sep|> "
+                           f"{meta['sep_id']}, <|endoftext|> {meta['eot_id']}, <|pad|> {meta['pad_id']})")
+
+
+def pairs_summary(meta: dict) -> None:
+    t = kv_table(f"prepared {meta['path']} (pairs)")
+    pairs_rows(t, meta)
+    t.add_row("time", f"{meta['seconds']:.2f}s")
+    console.print(t)
+
+
 @click.command()
 @click.option("--data", "path", type=str, default=None, metavar="PATH",
-              help="A text file, a folder of text files, or - for stdin. "
+              help="A text file, a folder of text files, or - for stdin; with --format pairs, one file "
+                   "of source<TAB>target lines or JSON lines {\"source\": ..., \"target\": ...}. "
                    "Default: the Python reference documentation shipped with CPython.")
+@click.option("--format", "fmt", type=click.Choice(("text", "pairs")), default="text", show_default=True,
+              help="text: one corpus, cut into windows; pairs: source -> target examples, kept whole, "
+                   "the loss on the targets.")
+@click.option("--task", type=click.Choice(tuple(TASKS)), default=None,
+              help="A built-in pairs task instead of --data: digit strings and their reversal, sorted "
+                   "digits, or a copy.")
+@click.option("--examples", type=click.IntRange(min=2), default=TASK_EXAMPLES, show_default=True,
+              help="With --task: distinct source strings to make.")
+@click.option("--min-len", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --task: shortest string.")
+@click.option("--max-len", type=click.IntRange(min=1), default=12, show_default=True,
+              help="With --task: longest string.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="With --task: the draw.")
 @click.option("--tokenizer", "kind", type=click.Choice(KINDS), default="char", show_default=True,
               help="char: one token per character; bpe: byte-level BPE, lossless on any text.")
 @click.option("--vocab-size", type=click.IntRange(min=1, max=2 ** 32 - 1), default=None,
               help="BPE vocabulary size (default 1024). For char, a floor the alphabet must fit in.")
-@click.option("--val-fraction", type=FiniteFloat(0, 1, max_open=True), default=0.1, show_default=True,
-              help="Last fraction of the text kept for validation, cut at a line boundary.")
+@click.option("--val-fraction", type=FiniteFloat(0, 1, max_open=True), default=None,
+              help="Last fraction of the text kept for validation, cut at a line boundary (pairs: of "
+                   f"the examples). Default 0.1; {TASK_VAL_FRACTION} with --task.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder. Default: data/<name of the corpus>.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--encoding", default="utf-8", show_default=True, help="Text encoding of the input.")
-def prepare(path, kind, vocab_size, val_fraction, out, force, encoding):
+def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size, val_fraction, out, force,
+            encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
 
-    Writes tokenizer.json, train.bin, val.bin and meta.json into a temporary folder, then
-    renames it into place: a failure leaves nothing half-written.
+    Writes tokenizer.json, train.bin, val.bin and meta.json (pairs: also train.idx and
+    val.idx, each example's lengths) into a temporary folder, then renames it into place: a
+    failure leaves nothing half-written.
 
     \b
     Examples:
       tbp prepare                                   # built-in corpus -> data/pydoc
       tbp prepare --data input.txt --tokenizer bpe --vocab-size 2048
       cat *.md | tbp prepare --data - --out data/notes
+      tbp prepare --format pairs --data questions.tsv
+      tbp prepare --task reverse                    # 20,000 digit strings -> data/reverse
     """
+    if task is not None:
+        if path is not None:
+            raise click.UsageError("give --data or --task, not both")
+        if min_len > max_len:
+            raise click.UsageError(f"--min-len {min_len} is longer than --max-len {max_len}")
+        pairs = make_task(task, examples, min_len, max_len, seed)
+        origin = {"name": task, "examples": examples, "min_len": min_len, "max_len": max_len, "seed": seed}
+        prepare_pairs(pairs, task, f"task:{task}", out, kind, vocab_size,
+                      TASK_VAL_FRACTION if val_fraction is None else val_fraction, force,
+                      report=PrepareBar(), origin=origin)
+        return
+    val_fraction = 0.1 if val_fraction is None else val_fraction
+    if fmt == "pairs":
+        if path is None:
+            raise click.UsageError("--format pairs needs --data FILE (or a built-in --task)")
+        pairs, name, source = read_pairs(path, encoding)
+        prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, report=PrepareBar())
+        return
     data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar())

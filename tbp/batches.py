@@ -1,0 +1,127 @@
+"""Batches for training and evaluation: what a model's loss reads, drawn from a dataset.
+
+A batch is a dict of the model's loss arguments, one row per example (see parallel.py):
+
+* text, any model: ``idx`` and ``targets`` (B, n_ctx), random windows, targets shifted by one;
+* pairs, GPT: ``source <|sep|> target <|endoftext|>`` as one sequence, ``idx`` and ``targets``
+  shifted by one, and ``weights`` 1 where the target is predicted (its tokens and the end
+  token), 0 on the source and the padding: completion-only training;
+* pairs, encoder-decoder: ``src`` (the source), ``tgt_in`` (``<|sep|>`` + target) and
+  ``tgt_out`` (target + ``<|endoftext|>``), with ``weights`` 0 on padding.
+
+Pair batches are as long as their longest example, padded with <|pad|>; examples are never
+cut. Every draw comes from the generator passed in, so the same state gives the same batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .data import Dataset, get_batch
+from .errors import TbpError
+
+
+class TextBatches:
+    """Random windows of n_ctx + 1 tokens."""
+
+    def __init__(self, ds: Dataset, cfg):
+        self.ds, self.n_ctx = ds, cfg.n_ctx
+        for split in ("train", "val"):
+            n = getattr(ds, split).size
+            if n < self.n_ctx + 1:
+                raise TbpError(f"{ds.path}: the {split} split has {n} tokens, fewer than one block "
+                               f"of {self.n_ctx} + 1; use more text or a smaller --n-ctx")
+
+    def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
+        x, y = get_batch(getattr(self.ds, split), batch_size, self.n_ctx, rng)
+        return {"idx": x, "targets": y}
+
+    @staticmethod
+    def tokens(batch: dict) -> int:
+        return batch["idx"].size
+
+    def ordered(self, split: str, batch_size: int):
+        """Every whole window of the split once, in order (evaluation): non-overlapping
+        n_ctx-token windows, batch_size at a time."""
+        data = getattr(self.ds, split)
+        T = self.n_ctx
+        starts = np.arange(0, data.size - T, T)
+        for i in range(0, len(starts), batch_size):
+            rows = starts[i:i + batch_size, None] + np.arange(T + 1)[None, :]
+            window = np.asarray(data[rows], dtype=np.int64)
+            yield {"idx": window[:, :-1], "targets": window[:, 1:]}
+
+
+class PairBatches:
+    """Whole examples of a pairs dataset, laid out for the model's architecture."""
+
+    def __init__(self, ds: Dataset, cfg):
+        self.ds, self.arch = ds, cfg.arch
+        meta = ds.meta
+        self.sep, self.eot, self.pad = meta["sep_id"], meta["eot_id"], meta["pad_id"]
+        for split in ("train", "val"):
+            if not len(getattr(ds, split)):
+                raise TbpError(f"{ds.path}: the {split} split has no examples; prepare it with --val-fraction > 0")
+        if cfg.arch == "gpt":
+            need = meta["max_example_tokens"] + 1            # source, <|sep|>, target (inputs)
+            if need > cfg.n_ctx:
+                raise TbpError(f"{ds.path}: its longest example is {need} tokens as one sequence (source, "
+                               f"separator, target); pass --n-ctx {need} or more")
+        else:
+            need = max(meta["max_source_tokens"], meta["max_target_tokens"] + 1)
+            if need > cfg.n_ctx:
+                raise TbpError(f"{ds.path}: its longest source or target is {need} tokens (a target with its "
+                               f"start token); pass --n-ctx {need} or more")
+
+    def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
+        n = len(getattr(self.ds, split))
+        return self.collate(split, rng.integers(0, n, batch_size))
+
+    @staticmethod
+    def tokens(batch: dict) -> int:
+        return int(np.count_nonzero(batch["weights"]))     # target tokens the loss is on
+
+    def ordered(self, split: str, batch_size: int):
+        """Every example of the split once, in order."""
+        n = len(getattr(self.ds, split))
+        for i in range(0, n, batch_size):
+            yield self.collate(split, np.arange(i, min(n, i + batch_size)))
+
+    def examples(self, split: str, ids) -> list[tuple[np.ndarray, np.ndarray]]:
+        part = getattr(self.ds, split)
+        return [part.example(int(i)) for i in ids]
+
+    def collate(self, split: str, ids) -> dict:
+        pairs = self.examples(split, ids)
+        B = len(pairs)
+        if self.arch == "gpt":
+            seqs = [np.concatenate([s, [self.sep], t, [self.eot]]) for s, t in pairs]
+            T = max(len(q) for q in seqs) - 1
+            idx = np.full((B, T), self.pad, np.int64)
+            targets = np.full((B, T), self.pad, np.int64)
+            weights = np.zeros((B, T), np.float32)
+            for r, ((s, t), q) in enumerate(zip(pairs, seqs)):
+                idx[r, :len(q) - 1], targets[r, :len(q) - 1] = q[:-1], q[1:]
+                weights[r, len(s):len(q) - 1] = 1.0                  # predicting the target and the end
+            return {"idx": idx, "targets": targets, "weights": weights}
+        S = max(len(s) for s, _ in pairs)
+        T = max(len(t) for _, t in pairs) + 1
+        src = np.full((B, S), self.pad, np.int64)
+        tgt_in = np.full((B, T), self.pad, np.int64)
+        tgt_out = np.full((B, T), self.pad, np.int64)
+        weights = np.zeros((B, T), np.float32)
+        for r, (s, t) in enumerate(pairs):
+            src[r, :len(s)] = s
+            tgt_in[r, :len(t) + 1] = np.concatenate([[self.sep], t])
+            tgt_out[r, :len(t) + 1] = np.concatenate([t, [self.eot]])
+            weights[r, :len(t) + 1] = 1.0
+        return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "weights": weights}
+
+
+def batches_for(ds: Dataset, cfg) -> TextBatches | PairBatches:
+    """The batch maker for a dataset and a model config (it checks the examples fit the context)."""
+    if ds.kind == "pairs":
+        return PairBatches(ds, cfg)
+    if cfg.arch != "gpt":
+        raise TbpError(f"{ds.path}: an encoder-decoder trains on paired data "
+                       f"(tbp prepare --format pairs, or --task reverse); this dataset is plain text")
+    return TextBatches(ds, cfg)

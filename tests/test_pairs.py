@@ -1,0 +1,159 @@
+"""Paired datasets, their batches, and the runs trained on them: prepare, train, generate, eval."""
+import json
+
+import numpy as np
+import pytest
+
+from tbp import generate, pairs
+from tbp.batches import PairBatches, batches_for
+from tbp.data import Dataset
+from tbp.errors import TbpError
+from tbp.nn import ModelConfig, build_model
+
+from helpers import clean_fail, run, tiny
+
+
+def prepared(tmp_path, task="reverse", examples=400, max_len=6):
+    ps = pairs.make_task(task, examples, 1, max_len, seed=1)
+    pairs.prepare_pairs(ps, task, f"task:{task}", tmp_path / task, val_fraction=0.1)
+    return Dataset.load(tmp_path / task), ps
+
+
+def test_tasks_make_distinct_sources_and_the_right_targets():
+    for task, fn in (("reverse", lambda s: s[::-1]), ("sort", lambda s: "".join(sorted(s))), ("copy", str)):
+        ps = pairs.make_task(task, 500, 2, 7, seed=3)
+        assert len({s for s, _ in ps}) == 500
+        assert all(t == fn(s) and 2 <= len(s) <= 7 and s.isdigit() for s, t in ps)
+    assert pairs.make_task("reverse", 50, seed=4) == pairs.make_task("reverse", 50, seed=4)
+    with pytest.raises(TbpError, match="more than half"):
+        pairs.make_task("reverse", 60, 1, 1)
+
+
+def test_a_prepared_pairs_dataset_holds_every_example_whole(tmp_path):
+    ds, ps = prepared(tmp_path)
+    assert ds.kind == "pairs" and len(ds.train) == 360 and len(ds.val) == 40
+    tok = ds.tokenizer
+    got = [tuple(tok.decode(x) for x in ds.train.example(i)) for i in range(len(ds.train))]
+    got += [tuple(tok.decode(x) for x in ds.val.example(i)) for i in range(len(ds.val))]
+    assert got == ps                                     # validation is the last examples
+    assert tok.vocab_size == 13                          # ten digits and three special tokens
+    assert ds.meta["val_target_tokens"] == sum(len(t) + 1 for _, t in ps[360:])
+
+
+def test_damaged_lengths_are_refused(tmp_path):
+    ds, _ = prepared(tmp_path)
+    lengths = np.fromfile(ds.path / "train.idx", dtype=np.int64)
+    lengths[0] += 1
+    lengths.tofile(ds.path / "train.idx")
+    with pytest.raises(TbpError, match="train.idx: example lengths do not add up"):
+        Dataset.load(ds.path)
+
+
+def test_gpt_batches_put_the_loss_on_the_target_and_its_end_only(tmp_path):
+    ds, _ = prepared(tmp_path)
+    b = PairBatches(ds, ModelConfig(vocab_size=13, n_ctx=16))
+    batch = b.collate("train", [0, 1, 2])
+    sep, eot, pad = ds.meta["sep_id"], ds.meta["eot_id"], ds.meta["pad_id"]
+    for r, (s, t) in enumerate(b.examples("train", [0, 1, 2])):
+        seq = np.concatenate([s, [sep], t, [eot]])
+        n = len(seq) - 1
+        assert list(batch["idx"][r, :n]) == list(seq[:-1])
+        assert list(batch["targets"][r, :n]) == list(seq[1:])
+        assert np.all(batch["idx"][r, n:] == pad)
+        scored = batch["targets"][r][batch["weights"][r] > 0]
+        assert list(scored) == list(t) + [eot]
+
+
+def test_encoder_decoder_batches_shift_the_target_behind_a_start_token(tmp_path):
+    ds, _ = prepared(tmp_path)
+    cfg = ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=16, pad_id=ds.meta["pad_id"])
+    b = batches_for(ds, cfg)
+    batch = b.collate("val", [0, 5])
+    for r, (s, t) in enumerate(b.examples("val", [0, 5])):
+        assert list(batch["src"][r, :len(s)]) == list(s)
+        assert list(batch["tgt_in"][r, :len(t) + 1]) == [ds.meta["sep_id"]] + list(t)
+        assert list(batch["tgt_out"][r, :len(t) + 1]) == list(t) + [ds.meta["eot_id"]]
+        assert batch["weights"][r].sum() == len(t) + 1
+
+
+def test_a_context_too_short_for_the_longest_example_is_named(tmp_path):
+    ds, _ = prepared(tmp_path)
+    with pytest.raises(TbpError, match="pass --n-ctx 13 or more"):
+        batches_for(ds, ModelConfig(vocab_size=13, n_ctx=8))
+    with pytest.raises(TbpError, match="trains on paired data"):
+        from tbp import data
+        data.prepare("some text\n" * 50, "t", "test", tmp_path / "text")
+        batches_for(Dataset.load(tmp_path / "text"), ModelConfig(arch="encoder-decoder", vocab_size=13))
+
+
+def test_cached_and_uncached_targets_are_the_same_tokens(rng):
+    cfg = ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=10, n_layer=2, n_head=2, d_model=16, pad_id=12)
+    model = build_model(cfg, seed=0, dtype=np.float64)
+    for p in model.params.values():
+        p += rng.standard_normal(p.shape) * 0.3
+    s = generate.Sampling(temperature=1.0, top_k=5)
+    runs = [list(generate.generate_ids(model, [3, 4, 5], 20, s, np.random.default_rng(7), 3, use_cache, start=11))
+            for use_cache in (True, False)]
+    assert len(runs[0]) == 10                             # the target ends with the context
+    np.testing.assert_array_equal(np.array(runs[0]), np.array(runs[1]))
+
+
+# --- the command line -------------------------------------------------------------------------
+def test_prepare_pairs_from_tsv_and_jsonl_and_name_bad_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.tsv").write_text("".join(f"q{i}\ta{i}\n" for i in range(30)))
+    r = run(["prepare", "--format", "pairs", "--data", "p.tsv"])
+    assert r.exit_code == 0, r.output
+    assert Dataset.load(tmp_path / "data" / "p").meta["train_examples"] == 27
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"source": f"q{i}", "target": f"a{i}"}) + "\n"
+                                              for i in range(30)))
+    assert run(["prepare", "--format", "pairs", "--data", "p.jsonl", "--out", "j"]).exit_code == 0
+    (tmp_path / "bad.tsv").write_text("a\tb\nno tab here\n")
+    clean_fail(run(["prepare", "--format", "pairs", "--data", "bad.tsv"]), 1, "bad.tsv:2: expected source<TAB>target")
+    (tmp_path / "bad.jsonl").write_text('{"source": "a", "target": "b"}\n{"source": 3}\n')
+    clean_fail(run(["prepare", "--format", "pairs", "--data", "bad.jsonl"]), 1, "bad.jsonl:2: expected")
+    (tmp_path / "empty.tsv").write_text("a\tb\n\tb\n")
+    clean_fail(run(["prepare", "--format", "pairs", "--data", "empty.tsv"]), 1, "empty.tsv:2: empty source")
+    clean_fail(run(["prepare", "--task", "sort", "--data", "p.tsv"]), 2, "not both")
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "gpt"])
+def test_train_generate_and_eval_a_pairs_run(tmp_path, monkeypatch, arch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--task", "reverse", "--examples", "300", "--max-len", "5"]).exit_code == 0
+    r = run(["train", "--data", "data/reverse", "--arch", arch, "--out", "run", "--max-iters", "10",
+             *tiny(n_ctx=12)])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data_kind"] == "pairs" and config["model"]["arch"] == arch
+    if arch == "encoder-decoder":
+        assert config["model"]["pad_id"] == 12 and config["model"]["n_enc_layer"] == 1
+    r = run(["generate", "--checkpoint", "run", "--prompt", "1234", "--temperature", "0"])
+    assert r.exit_code == 0, r.output
+    completion = r.output.splitlines()[0]
+    assert "1234" not in completion or arch == "gpt"      # the target alone, not the source echoed
+    assert set(completion) <= set("0123456789")
+    r = run(["eval", "--checkpoint", "run", "--json"])
+    assert r.exit_code == 0, r.output
+    figures = json.loads(r.output)
+    assert {"val_loss", "val_bpb", "exact_match", "examples", "token_accuracy"} <= set(figures)
+    assert figures["examples"] == 15 and 0 <= figures["exact_match"] <= 1
+    r = run(["info", "run"])
+    assert r.exit_code == 0 and ("encoder-decoder" in r.output) == (arch == "encoder-decoder")
+
+
+def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--task", "copy", "--examples", "200", "--max-len", "4"]).exit_code == 0
+    base = ["train", "--data", "data/copy", "--arch", "encoder-decoder", *tiny(n_ctx=8)]
+    clean_fail(run(base + ["--positions", "rope", "--out", "a"]), 2, "learned positions")
+    clean_fail(run(base + ["--n-ctx", "4", "--out", "b", "--max-iters", "2"]), 1, "pass --n-ctx 5 or more")
+    assert run(base + ["--out", "run", "--max-iters", "2"]).exit_code == 0
+    clean_fail(run(["export", "run", "--out", "hf"]), 1, "arch")
+    clean_fail(run(["train", "--init-from", "run", "--lora-rank", "2", "--data", "data/copy", "--out", "l"]),
+               2, "LoRA adapters are for the GPT")
+    clean_fail(run(["generate", "--checkpoint", "run", "--prompt", ""]), 1, "give one with --prompt")
+    clean_fail(run(["eval", "--checkpoint", "run", "--zero-encoder", "--data", "data/copy", "--limit", "3",
+                    "--json", "--best", "--checkpoint", "nope"]), 1, "nope")
+    r = run(["eval", "--checkpoint", "run", "--zero-encoder", "--limit", "5", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["zero_encoder"] is True
