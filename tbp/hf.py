@@ -54,6 +54,8 @@ def exportable(cfg: ModelConfig) -> None:
         need = f.metadata.get("gpt2")
         if need is not None and getattr(cfg, f.name) != need:
             problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})")
+    if cfg.arch != "gpt":
+        problems[-1] += ": GPT-2 is decoder-only, it has no encoder and no cross-attention"
     if problems:
         raise TbpError("GPT-2 cannot represent this model: " + "; ".join(problems))
 

@@ -30,7 +30,9 @@ def test_cases_cover_every_layer_and_option():
     names = " ".join(CASES)
     for needle in ("embedding", "linear [bias=off]", "lora", "layernorm [eps=0]", "layernorm [no bias]",
                    "d_qk=3 != d_v=4", "non-causal", "mlp [gelu]", "mlp [relu]", "block",
-                   "cross_entropy", "tied head", "untied head", "gpt + lora"):
+                   "cross_entropy", "tied head", "untied head", "gpt + lora", "cross_entropy [weights]",
+                   "gpt [masked loss]", "key padding", "cross-attention [Tq=5, Tk=7, padded key]",
+                   "decoder block", "encoder-decoder [tied head, padding]", "1 enc + 2 dec"):
         assert needle in names
 
 

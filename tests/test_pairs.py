@@ -10,7 +10,7 @@ from tbp.data import Dataset
 from tbp.errors import TbpError
 from tbp.nn import ModelConfig, build_model
 
-from helpers import clean_fail, run, tiny
+from helpers import clean_fail, run, tiny, train_tiny
 
 
 def prepared(tmp_path, task="reverse", examples=400, max_len=6):
@@ -115,6 +115,14 @@ def test_prepare_pairs_from_tsv_and_jsonl_and_name_bad_lines(tmp_path, monkeypat
     (tmp_path / "empty.tsv").write_text("a\tb\n\tb\n")
     clean_fail(run(["prepare", "--format", "pairs", "--data", "empty.tsv"]), 1, "empty.tsv:2: empty source")
     clean_fail(run(["prepare", "--task", "sort", "--data", "p.tsv"]), 2, "not both")
+    # a tokenizer reused: the same ids for the same text, and one without the special tokens refused
+    r = run(["prepare", "--format", "pairs", "--data", "p.jsonl", "--out", "again", "--tokenizer-from", "data/p"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "again" / "tokenizer.json").read_text() == (tmp_path / "data" / "p" / "tokenizer.json").read_text()
+    (tmp_path / "plain.txt").write_text("q a 0123456789\n" * 20)
+    assert run(["prepare", "--data", "plain.txt"]).exit_code == 0
+    clean_fail(run(["prepare", "--format", "pairs", "--data", "p.tsv", "--out", "x", "--tokenizer-from",
+                    "data/plain"]), 1, "paired data needs its own")
 
 
 @pytest.mark.parametrize("arch", ["encoder-decoder", "gpt"])
@@ -149,7 +157,8 @@ def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
     clean_fail(run(base + ["--positions", "rope", "--out", "a"]), 2, "learned positions")
     clean_fail(run(base + ["--n-ctx", "4", "--out", "b", "--max-iters", "2"]), 1, "pass --n-ctx 5 or more")
     assert run(base + ["--out", "run", "--max-iters", "2"]).exit_code == 0
-    clean_fail(run(["export", "run", "--out", "hf"]), 1, "arch")
+    clean_fail(run(["export", "run", "--out", "hf"]), 1, "GPT-2 is decoder-only")
+    clean_fail(run(["attention", "--checkpoint", "run", "--prompt", "12"]), 1, "EncoderDecoder.attention_weights")
     clean_fail(run(["train", "--init-from", "run", "--lora-rank", "2", "--data", "data/copy", "--out", "l"]),
                2, "LoRA adapters are for the GPT")
     clean_fail(run(["generate", "--checkpoint", "run", "--prompt", ""]), 1, "give one with --prompt")
@@ -157,3 +166,22 @@ def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
                     "--json", "--best", "--checkpoint", "nope"]), 1, "nope")
     r = run(["eval", "--checkpoint", "run", "--zero-encoder", "--limit", "5", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["zero_encoder"] is True
+
+
+def test_eval_of_a_text_run_covers_the_whole_validation_split(tmp_path, corpus_file, monkeypatch):
+    out = train_tiny(tmp_path, corpus_file, monkeypatch, "run", 5)
+    r = run(["eval", "--checkpoint", out, "--json"])
+    assert r.exit_code == 0, r.output
+    figures = json.loads(r.output)
+    assert "exact_match" not in figures
+    from tbp import checkpoint
+    model, _, cfg = checkpoint.load_model(out)
+    ds = Dataset.load(cfg["data"])
+    T = model.config.n_ctx
+    windows = (ds.val.size - 1) // T
+    assert figures["val_tokens"] == windows * T
+    val = np.asarray(ds.val[:windows * T + 1], np.int64)
+    want = np.mean([model.loss(val[None, i * T:(i + 1) * T], val[None, i * T + 1:(i + 1) * T + 1])
+                    for i in range(windows)])
+    assert figures["val_loss"] == pytest.approx(want, rel=1e-5)
+    assert figures["val_bpb"] == pytest.approx(want / np.log(2) / ds.bytes_per_loss_token, rel=1e-5)

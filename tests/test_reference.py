@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import CausalSelfAttention, CrossEntropy, Embedding, LayerNorm, Linear, LoRA, MLP
+from tbp.nn import CausalSelfAttention, CrossAttention, CrossEntropy, Embedding, LayerNorm, Linear, LoRA, MLP
+from tbp.nn.attention import padding_mask
 from tbp.nn import reference as ref
 
 B, T, C = 2, 5, 8
@@ -85,6 +86,30 @@ def test_attention(rng, d_qk, bias, causal):
     if bias:
         np.testing.assert_allclose(attn.grads["c_attn.bias"], db_attn, **TOL)
         np.testing.assert_allclose(attn.grads["c_proj.bias"], db_proj, **TOL)
+
+
+@pytest.mark.parametrize("d_qk,bias", [(4, True), (3, False)])
+def test_cross_attention(rng, d_qk, bias):
+    """Query length 5, key length 7, the last two source positions of row 0 padded."""
+    attn = CrossAttention(C, 2, d_qk, C // 2, rng, np.float64, bias)
+    randomize(attn, rng)
+    x, m, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, 7, C)), rng.standard_normal((B, T, C))
+    pad = np.zeros((B, 7), bool)
+    pad[0, -2:] = True
+    attn.zero_grad()
+    y = attn.forward(x, m, padding_mask(pad, np.float64))
+    dx, dm = attn.backward(dy.copy())
+    p = attn.params
+    y_ref, cache = ref.cross_attention_forward(x, m, p["c_q.weight"], p.get("c_q.bias"), p["c_kv.weight"],
+                                               p.get("c_kv.bias"), p["c_proj.weight"], p.get("c_proj.bias"),
+                                               2, d_qk, pad)
+    dx_ref, dm_ref, *dws = ref.cross_attention_backward(dy, cache)
+    np.testing.assert_allclose(y, y_ref, **TOL)
+    np.testing.assert_allclose(dx, dx_ref, **TOL)
+    np.testing.assert_allclose(dm, dm_ref, **TOL)
+    for name, want in zip(("c_q.weight", "c_q.bias", "c_kv.weight", "c_kv.bias", "c_proj.weight", "c_proj.bias"), dws):
+        if want is not None:
+            np.testing.assert_allclose(attn.grads[name], want, **TOL, err_msg=name)
 
 
 @pytest.mark.parametrize("activation", ["gelu", "relu"])

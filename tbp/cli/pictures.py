@@ -95,6 +95,10 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     """
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
+    if model.config.arch != "gpt":
+        raise TbpError(f"{run}: tbp attention draws a GPT's self-attention; for an encoder-decoder, "
+                       f"EncoderDecoder.attention_weights(src, tgt_in) gives the encoder's, the decoder's "
+                       f"and the cross-attention's weights")
     ids, _ = start_tokens(tok, prompt)
     ids = ids[-model.config.n_ctx:]
     maps = model.attention_weights(np.array([ids]))                   # L x (1, H, T, T)

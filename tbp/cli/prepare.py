@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from .. import data
 from ..pairs import TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, prepare_pairs, read_pairs
-from ..tokenizer import KINDS
+from ..tokenizer import KINDS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
 from .options import FiniteFloat
 
@@ -94,10 +94,13 @@ def pairs_summary(meta: dict) -> None:
                    f"the examples). Default 0.1; {TASK_VAL_FRACTION} with --task.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder. Default: data/<name of the corpus>.")
+@click.option("--tokenizer-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Pairs: reuse the tokenizer of this run or dataset folder (it must have <|sep|>, "
+                   "<|pad|> and <|endoftext|>) instead of training one.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--encoding", default="utf-8", show_default=True, help="Text encoding of the input.")
-def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size, val_fraction, out, force,
-            encoding):
+def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size, val_fraction, out,
+            tokenizer_from, force, encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
 
     Writes tokenizer.json, train.bin, val.bin and meta.json (pairs: also train.idx and
@@ -112,6 +115,11 @@ def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size,
       tbp prepare --format pairs --data questions.tsv
       tbp prepare --task reverse                    # 20,000 digit strings -> data/reverse
     """
+    tokenizer = None
+    if tokenizer_from is not None:
+        if task is None and fmt != "pairs":
+            raise click.UsageError("--tokenizer-from is for paired data (--format pairs or --task)")
+        tokenizer = Tokenizer.load(tokenizer_from / "tokenizer.json")
     if task is not None:
         if path is not None:
             raise click.UsageError("give --data or --task, not both")
@@ -121,13 +129,14 @@ def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size,
         origin = {"name": task, "examples": examples, "min_len": min_len, "max_len": max_len, "seed": seed}
         prepare_pairs(pairs, task, f"task:{task}", out, kind, vocab_size,
                       TASK_VAL_FRACTION if val_fraction is None else val_fraction, force,
-                      report=PrepareBar(), origin=origin)
+                      tokenizer=tokenizer, report=PrepareBar(), origin=origin)
         return
     val_fraction = 0.1 if val_fraction is None else val_fraction
     if fmt == "pairs":
         if path is None:
             raise click.UsageError("--format pairs needs --data FILE (or a built-in --task)")
         pairs, name, source = read_pairs(path, encoding)
-        prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, report=PrepareBar())
+        prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, tokenizer=tokenizer,
+                      report=PrepareBar())
         return
     data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar())
