@@ -185,3 +185,17 @@ def test_eval_of_a_text_run_covers_the_whole_validation_split(tmp_path, corpus_f
                     for i in range(windows)])
     assert figures["val_loss"] == pytest.approx(want, rel=1e-5)
     assert figures["val_bpb"] == pytest.approx(want / np.log(2) / ds.bytes_per_loss_token, rel=1e-5)
+
+
+def test_a_pairs_run_resumes_bit_for_bit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--task", "sort", "--examples", "300", "--max-len", "5"]).exit_code == 0
+    common = ["--data", "data/sort", "--arch", "encoder-decoder", *tiny(n_ctx=8, threads=2)]
+    assert run(["train", *common, "--out", "straight", "--max-iters", "10"]).exit_code == 0
+    assert run(["train", *common, "--out", "split", "--max-iters", "5"]).exit_code == 0
+    r = run(["train", "--out", "split", "--resume", "--max-iters", "10", "-q"])
+    assert r.exit_code == 0, r.output
+    from tbp import checkpoint
+    a, b = checkpoint.load_model("straight")[0], checkpoint.load_model("split")[0]
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)

@@ -37,7 +37,13 @@ class Progress(Callbacks):
         n = trainer.model.num_params()
         ntrain = sum(trainer.model.params[k].size for k in trainer.model.grads)
         what = f"{fmt_count(n)} parameters" + (f", {fmt_count(ntrain)} trainable (LoRA)" if trainer.adapter else "")
-        tqdm.write(f"{what} · {trainer.data.meta['train_tokens']:,} train tokens · vocabulary {V} · "
+        meta = trainer.data.meta
+        if trainer.data.kind == "pairs":
+            arch = "encoder-decoder" if trainer.model.config.arch == "encoder-decoder" else "GPT, loss on the targets"
+            what += f" ({arch}) · {meta['train_examples']:,} training pairs"
+        else:
+            what += f" · {meta['train_tokens']:,} train tokens"
+        tqdm.write(f"{what} · vocabulary {V} · "
                    f"run {trainer.run}", file=sys.stderr)
 
     def step(self, trainer, m):
@@ -101,8 +107,9 @@ def _summary(trainer, state, interrupted: bool):
     t.add_row("tokens seen", f"{state.tokens_seen:,}")
     t.add_row("time", f"{state.elapsed_s:.1f}s ({fmt_count(state.tokens_seen / max(state.elapsed_s, 1e-9))} tok/s)")
     t.add_row("checkpoint", str(trainer.run))
-    t.add_row("next", f"tbp generate --checkpoint {trainer.run}" if not interrupted
-              else f"tbp train --out {trainer.run} --resume")
+    follow = f"tbp eval --checkpoint {trainer.run}" if trainer.data.kind == "pairs" \
+        else f"tbp generate --checkpoint {trainer.run}"
+    t.add_row("next", follow if not interrupted else f"tbp train --out {trainer.run} --resume")
     console.print(t)
 
 
