@@ -7,10 +7,11 @@ A batch is a dict of the model's loss arguments, one row per example (see parall
   shifted by one, and ``weights`` 1 where the target is predicted (its tokens and the end
   token), 0 on the source and the padding: completion-only training;
 * pairs, encoder-decoder: ``src`` (the source), ``tgt_in`` (``<|sep|>`` + target) and
-  ``tgt_out`` (target + ``<|endoftext|>``), with ``weights`` 0 on padding.
+  ``tgt_out`` (target + ``<|endoftext|>``), with ``weights`` 0 on padding;
+* conversations, GPT: each conversation one row, ``weights`` its loss mask (chat.py).
 
-Pair batches are as long as their longest example, padded with <|pad|>; examples are never
-cut. Every draw comes from the generator passed in, so the same state gives the same batch.
+Pair and conversation batches are as long as their longest example, padded with <|pad|>;
+examples are never cut. Every draw comes from the generator passed in, so the same state gives the same batch.
 """
 from __future__ import annotations
 
@@ -117,10 +118,53 @@ class PairBatches:
         return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "weights": weights}
 
 
-def batches_for(ds: Dataset, cfg) -> TextBatches | PairBatches:
+class ChatBatches:
+    """Whole conversations (chat.py), one per row: ``idx`` and ``targets`` shifted by one,
+    ``weights`` the dataset's loss mask (0 on the padding)."""
+
+    def __init__(self, ds: Dataset, cfg):
+        self.ds, self.pad = ds, ds.meta["pad_id"]
+        if cfg.arch != "gpt":
+            raise TbpError(f"{ds.path}: conversations train a GPT (drop --arch encoder-decoder)")
+        for split in ("train", "val"):
+            if not len(getattr(ds, split)):
+                raise TbpError(f"{ds.path}: the {split} split has no conversations")
+        need = ds.meta["max_example_tokens"] - 1
+        if need > cfg.n_ctx:
+            raise TbpError(f"{ds.path}: its longest conversation is {need} tokens of input; pass --n-ctx {need} "
+                           f"or more, or prepare it with --max-tokens (whole messages are kept)")
+
+    def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
+        return self.collate(split, rng.integers(0, len(getattr(self.ds, split)), batch_size))
+
+    @staticmethod
+    def tokens(batch: dict) -> int:
+        return int(np.count_nonzero(batch["weights"]))
+
+    def ordered(self, split: str, batch_size: int):
+        n = len(getattr(self.ds, split))
+        for i in range(0, n, batch_size):
+            yield self.collate(split, np.arange(i, min(n, i + batch_size)))
+
+    def collate(self, split: str, ids) -> dict:
+        part = getattr(self.ds, split)
+        rows = [part.row(int(i)) for i in ids]
+        T = max(len(r[0]) for r in rows) - 1
+        idx = np.full((len(rows), T), self.pad, np.int64)
+        targets = np.full((len(rows), T), self.pad, np.int64)
+        weights = np.zeros((len(rows), T), np.float32)
+        for r, (seq, mask) in enumerate(rows):
+            n = len(seq) - 1
+            idx[r, :n], targets[r, :n], weights[r, :n] = seq[:-1], seq[1:], mask[1:]
+        return {"idx": idx, "targets": targets, "weights": weights}
+
+
+def batches_for(ds: Dataset, cfg) -> TextBatches | PairBatches | ChatBatches:
     """The batch maker for a dataset and a model config (it checks the examples fit the context)."""
     if ds.kind == "pairs":
         return PairBatches(ds, cfg)
+    if ds.kind == "chat":
+        return ChatBatches(ds, cfg)
     if cfg.arch != "gpt":
         raise TbpError(f"{ds.path}: an encoder-decoder trains on paired data "
                        f"(tbp prepare --format pairs, or --task reverse); this dataset is plain text")

@@ -111,7 +111,7 @@ def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = N
 # --- preparing ------------------------------------------------------------------------------
 DEFAULT_BPE_VOCAB = 1024
 DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # what --force may replace
-                 "train.idx", "val.idx")
+                 "train.idx", "val.idx", "train.mask", "val.mask")
 
 
 class PrepareReport:
@@ -230,15 +230,15 @@ class Dataset:
 
     @property
     def kind(self) -> str:
-        """"text" or "pairs"."""
+        """"text", "pairs" or "chat"."""
         return self.meta.get("kind", "text")
 
     @property
     def bytes_per_loss_token(self) -> float:
         """Validation bytes per token the loss is on: every token of text; a pair's target
         tokens and its <|endoftext|>. Converts a loss in nats per token to bits per byte."""
-        if self.kind == "pairs":
-            return self.meta["val_target_bytes"] / max(1, self.meta["val_target_tokens"])
+        if self.kind != "text":
+            return max(1, self.meta["val_target_bytes"]) / max(1, self.meta["val_target_tokens"])
         return self.meta["val_bytes"] / max(1, self.meta["val_tokens"])
 
     @classmethod
@@ -254,8 +254,12 @@ class Dataset:
         except (ValueError, UnicodeDecodeError) as e:
             raise TbpError(f"{where}: damaged JSON ({e})") from None
         schema.check(meta, schema.DATASET_META, str(where))
-        pairs = meta.get("kind") == "pairs"
-        for f in ("tokenizer.json", "train.bin", "val.bin") + (("train.idx", "val.idx") if pairs else ()):
+        kind = meta.get("kind", "text")
+        if kind not in ("text", "pairs", "chat"):
+            raise TbpError(f"{where}: kind {kind!r} is not one this tbp reads (text, pairs, chat)")
+        extra = {"text": (), "pairs": ("train.idx", "val.idx"),
+                 "chat": ("train.idx", "val.idx", "train.mask", "val.mask")}[kind]
+        for f in ("tokenizer.json", "train.bin", "val.bin") + extra:
             if not (path / f).is_file():
                 raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
         if meta["dtype"] not in ("uint16", "uint32"):
@@ -266,10 +270,11 @@ class Dataset:
             raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta['vocab_size']}")
         splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size)
                   for split in ("train", "val")]
-        if pairs:
-            from .pairs import check_meta, load_split
-            check_meta(meta, str(where))
-            splits = [load_split(path, split, ids, meta) for split, ids in zip(("train", "val"), splits)]
+        if kind != "text":
+            from . import chat, pairs
+            rows = pairs if kind == "pairs" else chat
+            rows.check_meta(meta, str(where))
+            splits = [rows.load_split(path, split, ids, meta) for split, ids in zip(("train", "val"), splits)]
         return cls(path, meta, tok, *splits)
 
 

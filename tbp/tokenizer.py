@@ -20,6 +20,9 @@ EOT = "<|endoftext|>"
 SEP = "<|sep|>"            # paired data: between a source and its target (the decoder's start token)
 PAD = "<|pad|>"            # paired data: fills a batch's shorter examples; never predicted
 PAIR_SPECIALS = (EOT, SEP, PAD)
+# the chat template: each message is <|role|> content <|end|>
+SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
+CHAT_SPECIALS = (EOT, PAD, SYSTEM, USER, ASSISTANT, END)
 KINDS = ("char", "bpe")
 
 

@@ -15,6 +15,7 @@ from .bench import bench
 from .interop import export, import_
 from .pictures import attention, plot_runs
 from .evaluate import evaluate_cmd
+from .chat import chat
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -30,7 +31,7 @@ def main():
     """
 
 
-for command in (prepare, train, generate, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
+for command in (prepare, train, generate, chat, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
                 attention):
     main.add_command(command)
 

@@ -8,6 +8,7 @@ import click
 from tqdm import tqdm
 
 from .. import data
+from ..chat import LOSSES, prepare_chat, read_conversations
 from ..pairs import TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, prepare_pairs, read_pairs
 from ..tokenizer import KINDS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
@@ -35,6 +36,8 @@ class PrepareBar(data.PrepareReport):
 def summary(meta: dict) -> None:
     if meta.get("kind") == "pairs":
         return pairs_summary(meta)
+    if meta.get("kind") == "chat":
+        return chat_summary(meta)
     t = kv_table(f"prepared {meta['path']}")
     t.add_row("source", meta["source"])
     t.add_row("characters", f"{meta['characters']:,} ({fmt_bytes(meta['train_bytes'] + meta['val_bytes'])})")
@@ -60,6 +63,22 @@ def pairs_rows(t, meta: dict) -> None:
                            f"{meta['sep_id']}, <|endoftext|> {meta['eot_id']}, <|pad|> {meta['pad_id']})")
 
 
+def chat_summary(meta: dict) -> None:
+    t = kv_table(f"prepared {meta['path']} (conversations)")
+    t.add_row("source", meta["source"])
+    t.add_row("conversations", f"train {meta['train_examples']:,} · val {meta['val_examples']:,} (one per row)")
+    loss = {"assistant": "every assistant reply", "last": "the last reply only", "all": "every token"}[meta["loss"]]
+    t.add_row("loss", loss + (" · Ghost Attention: the instruction once, at the start" if meta["ghost_attention"] else ""))
+    longest = f"{meta['max_example_tokens']} tokens"
+    if meta.get("max_tokens"):
+        longest += f" (--max-tokens {meta['max_tokens']}: {meta['cut']} cut after a whole reply, {meta['dropped']} dropped)"
+    t.add_row("longest", longest)
+    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (with <|system|> <|user|> "
+                           f"<|assistant|> <|end|> <|endoftext|> <|pad|>)")
+    t.add_row("time", f"{meta['seconds']:.2f}s")
+    console.print(t)
+
+
 def pairs_summary(meta: dict) -> None:
     t = kv_table(f"prepared {meta['path']} (pairs)")
     pairs_rows(t, meta)
@@ -72,9 +91,19 @@ def pairs_summary(meta: dict) -> None:
               help="A text file, a folder of text files, or - for stdin; with --format pairs, one file "
                    "of source<TAB>target lines or JSON lines {\"source\": ..., \"target\": ...}. "
                    "Default: the Python reference documentation shipped with CPython.")
-@click.option("--format", "fmt", type=click.Choice(("text", "pairs")), default="text", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(("text", "pairs", "chat")), default="text", show_default=True,
               help="text: one corpus, cut into windows; pairs: source -> target examples, kept whole, "
-                   "the loss on the targets.")
+                   "the loss on the targets; chat: conversations (JSON lines of {\"messages\": [...]}), "
+                   "one per row, the loss on the replies.")
+@click.option("--loss", type=click.Choice(LOSSES), default=None,
+              help="Chat: the tokens the loss is on: every assistant reply (default), the last reply "
+                   "only (the default with --ghost-attention), or all tokens.")
+@click.option("--ghost-attention", is_flag=True,
+              help="Chat: Llama 2's Ghost Attention data -- the system instruction once, at the start "
+                   "(removed from user messages that still carry it), the loss on the last reply.")
+@click.option("--max-tokens", type=click.IntRange(min=4), default=None,
+              help="Chat: cut each conversation after its last whole reply that fits in this many "
+                   "tokens (never inside a message); one whose first reply does not fit is dropped.")
 @click.option("--task", type=click.Choice(tuple(TASKS)), default=None,
               help="A built-in pairs task instead of --data: digit strings and their reversal, sorted "
                    "digits, or a copy.")
@@ -99,8 +128,8 @@ def pairs_summary(meta: dict) -> None:
                    "<|pad|> and <|endoftext|>) instead of training one.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--encoding", default="utf-8", show_default=True, help="Text encoding of the input.")
-def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size, val_fraction, out,
-            tokenizer_from, force, encoding):
+def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_len, max_len, seed, kind,
+            vocab_size, val_fraction, out, tokenizer_from, force, encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
 
     Writes tokenizer.json, train.bin, val.bin and meta.json (pairs: also train.idx and
@@ -117,8 +146,8 @@ def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size,
     """
     tokenizer = None
     if tokenizer_from is not None:
-        if task is None and fmt != "pairs":
-            raise click.UsageError("--tokenizer-from is for paired data (--format pairs or --task)")
+        if task is None and fmt == "text":
+            raise click.UsageError("--tokenizer-from is for pairs and conversations (--format pairs|chat, --task)")
         tokenizer = Tokenizer.load(tokenizer_from / "tokenizer.json")
     if task is not None:
         if path is not None:
@@ -132,6 +161,15 @@ def prepare(path, fmt, task, examples, min_len, max_len, seed, kind, vocab_size,
                       tokenizer=tokenizer, report=PrepareBar(), origin=origin)
         return
     val_fraction = 0.1 if val_fraction is None else val_fraction
+    if fmt != "chat" and (loss or ghost_attention or max_tokens):
+        raise click.UsageError("--loss, --ghost-attention and --max-tokens are for --format chat")
+    if fmt == "chat":
+        if path is None:
+            raise click.UsageError("--format chat needs --data FILE (JSON lines of conversations)")
+        convs, name, source = read_conversations(path, encoding)
+        prepare_chat(convs, name, source, out, kind, vocab_size, val_fraction, force, loss, ghost_attention,
+                     max_tokens, tokenizer=tokenizer, report=PrepareBar())
+        return
     if fmt == "pairs":
         if path is None:
             raise click.UsageError("--format pairs needs --data FILE (or a built-in --task)")

@@ -41,6 +41,8 @@ class Progress(Callbacks):
         if trainer.data.kind == "pairs":
             arch = "encoder-decoder" if trainer.model.config.arch == "encoder-decoder" else "GPT, loss on the targets"
             what += f" ({arch}) · {meta['train_examples']:,} training pairs"
+        elif trainer.data.kind == "chat":
+            what += f" · {meta['train_examples']:,} training conversations (loss: {meta['loss']})"
         else:
             what += f" · {meta['train_tokens']:,} train tokens"
         tqdm.write(f"{what} · vocabulary {V} · "
@@ -107,8 +109,8 @@ def _summary(trainer, state, interrupted: bool):
     t.add_row("tokens seen", f"{state.tokens_seen:,}")
     t.add_row("time", f"{state.elapsed_s:.1f}s ({fmt_count(state.tokens_seen / max(state.elapsed_s, 1e-9))} tok/s)")
     t.add_row("checkpoint", str(trainer.run))
-    follow = f"tbp eval --checkpoint {trainer.run}" if trainer.data.kind == "pairs" \
-        else f"tbp generate --checkpoint {trainer.run}"
+    follow = {"pairs": "tbp eval", "chat": "tbp chat"}.get(trainer.data.kind, "tbp generate") \
+        + f" --checkpoint {trainer.run}"
     t.add_row("next", follow if not interrupted else f"tbp train --out {trainer.run} --resume")
     console.print(t)
 

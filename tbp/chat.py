@@ -1,0 +1,311 @@
+"""Conversations: the chat template, conversation datasets with loss masks, Ghost Attention.
+
+Template. A conversation is its messages in order, each ``<|role|> content <|end|>`` with
+role system, user or assistant; a reply is asked for with ``<|assistant|>``. The six special
+tokens (those four, <|endoftext|> and <|pad|>) are reserved in every tokenizer, char or BPE,
+so no text can forge them, and decoding a conversation's tokens gives its template text back.
+
+A chat dataset (``tbp prepare --format chat``, ``meta.json`` kind "chat") holds one row per
+conversation, kept whole::
+
+    train.bin  val.bin     token ids, conversation after conversation
+    train.mask val.mask    uint8 beside every token: 1 where the loss predicts it
+    train.idx  val.idx     int64 (n,): each conversation's length in tokens
+
+``loss``: "assistant" (default) puts the loss on every assistant reply's content and its
+<|end|> (not on its <|assistant|> token: that one is given, it asks for the reply); "last" on
+the last reply only; "all" on every token after the first (plain language modelling).
+
+Ghost Attention (Touvron et al. 2023, Llama 2, §3.3): a conversation whose replies were
+made with the system instruction attached to every user message is trained with the
+instruction given once -- the system message -- and the loss on the last reply only, so that
+the model learns to keep obeying an instruction it saw turns ago. ``ghost_attention`` removes
+a copy of the system message from the start or end of every user message (where the data
+still carries it) and sets the loss to "last" unless told otherwise. Where the paper leaves a
+choice: each conversation is one row (its earlier replies are context with no loss, whoever
+wrote them); dialogues of varied lengths give the last-reply signal at every depth.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import schema
+from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out
+from .errors import TbpError
+from .fsutil import atomic_write_json, claim_output, staged_dir
+from .tokenizer import ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, Tokenizer, token_dtype, train_bpe, \
+    train_char
+
+ROLES = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
+LOSSES = ("assistant", "last", "all")
+CHAT_META = {"train_examples": int, "val_examples": int, "max_example_tokens": int, "end_id": int,
+             "pad_id": int, "eot_id": int, "assistant_id": int, "user_id": int, "system_id": int,
+             "loss": str, "ghost_attention": bool, "val_target_tokens": int, "val_target_bytes": int}
+
+
+def chat_ids(tok: Tokenizer) -> dict[str, int]:
+    """The special tokens' ids in ``tok``; TbpError if it lacks any (it was not made for chat)."""
+    vocab = tok.hf.get_vocab()
+    missing = [s for s in CHAT_SPECIALS if s not in vocab]
+    if missing:
+        raise TbpError(f"the tokenizer has no {', '.join(missing)}: it was not prepared for conversations "
+                       f"(tbp prepare --format chat)")
+    return {"system": vocab[SYSTEM], "user": vocab[USER], "assistant": vocab[ASSISTANT], "end": vocab[END],
+            "eot": vocab[EOT], "pad": vocab[PAD]}
+
+
+# --- reading ----------------------------------------------------------------------------------
+def check_messages(messages, where: str, need_reply: bool = True) -> list[dict]:
+    """The messages of one conversation, checked: an optional system message first, then user
+    and assistant in turn, starting with the user; string contents without reserved tokens."""
+    if not isinstance(messages, list) or not messages:
+        raise TbpError(f"{where}: \"messages\" must be a non-empty array")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise TbpError(f'{where}: message {i + 1} must be {{"role": "system"|"user"|"assistant", '
+                           f'"content": "..."}}')
+        out.append({"role": m["role"], "content": m["content"]})
+    first = 1 if out[0]["role"] == "system" else 0
+    for i, m in enumerate(out[first:]):
+        want = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != want:
+            raise TbpError(f"{where}: message {first + i + 1} is {m['role']}, expected {want} "
+                           f"(an optional system message, then user and assistant in turn)")
+    if need_reply and not any(m["role"] == "assistant" for m in out):
+        raise TbpError(f"{where}: no assistant message to learn from")
+    for m in out:
+        for special in CHAT_SPECIALS:
+            if special in m["content"]:
+                raise TbpError(f"{where}: a message contains {special}, a token tbp reserves for the template")
+    return out
+
+
+def read_conversations(path: str, encoding: str = "utf-8", need_reply: bool = True) -> tuple[list, str, str]:
+    """(conversations, name, source) from a JSON-lines file (or '-'), one conversation per line:
+    ``{"messages": [{"role": ..., "content": ...}, ...]}``. Blank lines are skipped."""
+    if path == "-":
+        text, where, name = _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise TbpError(f"{p}: no such file")
+        text, where, name = _decode(p.read_bytes(), str(p), encoding), str(p), p.stem
+    convs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise TbpError(f"{where}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or "messages" not in obj:
+            raise TbpError(f'{where}:{n}: expected {{"messages": [...]}}')
+        convs.append(check_messages(obj["messages"], f"{where}:{n}", need_reply))
+    if not convs:
+        raise TbpError(f"{where}: no conversations")
+    return convs, name, where
+
+
+# --- the template -----------------------------------------------------------------------------
+def render(tok: Tokenizer, messages: list[dict], loss: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of a conversation in the template; mask[i] = 1 where the loss predicts ids[i]."""
+    ids = chat_ids(tok)
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    parts, masks = [], []
+    for i, m in enumerate(messages):
+        body = tok.encode(m["content"]) if m["content"] else []
+        seg = [ids[m["role"]], *body, ids["end"]]
+        trained = loss == "all" or (m["role"] == "assistant" and (loss == "assistant" or i == replies[-1]))
+        parts.append(seg)
+        masks.append([0] + [int(trained)] * (len(seg) - 1))
+    out_ids = np.array([t for seg in parts for t in seg], dtype=np.int64)
+    mask = np.array([b for seg in masks for b in seg], dtype=np.uint8)
+    if loss == "all" and mask.size:
+        mask[0], mask[1:] = 0, 1
+    return out_ids, mask
+
+
+def prompt_ids(tok: Tokenizer, messages: list[dict]) -> list[int]:
+    """The tokens that ask for the next reply: the messages so far, then <|assistant|>."""
+    ids, _ = render(tok, messages, "all")
+    return [*ids.tolist(), chat_ids(tok)["assistant"]]
+
+
+def parse(tok: Tokenizer, ids) -> list[dict]:
+    """The messages of template tokens (the inverse of ``render``)."""
+    sp = chat_ids(tok)
+    role_of = {sp["system"]: "system", sp["user"]: "user", sp["assistant"]: "assistant"}
+    out, body, role = [], [], None
+    for t in (int(i) for i in ids):
+        if t in role_of:
+            role, body = role_of[t], []
+        elif t == sp["end"] and role is not None:
+            out.append({"role": role, "content": tok.decode(body)})
+            role = None
+        else:
+            body.append(t)
+    return out
+
+
+def ghost_attention(messages: list[dict]) -> list[dict]:
+    """Llama 2's Ghost Attention data: the system instruction once, at the start. A user message
+    that still carries it (attached at its start or end, as the replies were made) loses it."""
+    if messages[0]["role"] != "system" or not messages[0]["content"].strip():
+        return messages
+    inst = messages[0]["content"].strip()
+    out = [messages[0]]
+    for m in messages[1:]:
+        text = m["content"]
+        if m["role"] == "user":
+            stripped = text.strip()
+            if stripped.startswith(inst):
+                text = stripped[len(inst):].lstrip()
+            elif stripped.endswith(inst):
+                text = stripped[:-len(inst)].rstrip()
+        out.append({"role": m["role"], "content": text})
+    return out
+
+
+def fit(tok: Tokenizer, messages: list[dict], max_tokens: int) -> list[dict] | None:
+    """The longest prefix of whole messages ending with a reply that fits ``max_tokens`` tokens
+    (None if even the first reply does not): a conversation is never cut inside a message."""
+    best, used = None, 0
+    for i, m in enumerate(messages):
+        used += 2 + len(tok.encode(m["content"]))
+        if used > max_tokens:
+            break
+        if m["role"] == "assistant":
+            best = messages[:i + 1]
+    return best
+
+
+# --- preparing --------------------------------------------------------------------------------
+def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Path | None = None,
+                 kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
+                 force: bool = False, loss: str | None = None, ghost: bool = False,
+                 max_tokens: int | None = None, tokenizer: Tokenizer | None = None,
+                 report: PrepareReport | None = None, origin: dict | None = None) -> dict:
+    """Render conversations into a chat dataset folder, written atomically; returns its meta."""
+    report = report or PrepareReport()
+    loss = loss or ("last" if ghost else "assistant")
+    if loss not in LOSSES:
+        raise TbpError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
+    out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
+    claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
+                 inputs=(source,) if Path(source).exists() else ())
+    if not 0 <= val_fraction < 1:
+        raise TbpError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    t0 = time.perf_counter()
+    if ghost:
+        convs = [ghost_attention(c) for c in convs]
+    texts = [m["content"] for c in convs for m in c]
+    if tokenizer is None:
+        tokenizer = train_char("".join(texts), CHAT_SPECIALS) if kind == "char" else \
+            train_bpe(texts, vocab_size or 1024, CHAT_SPECIALS)
+    else:
+        chat_ids(tokenizer)
+        tokenizer.check("".join(texts), source)
+    cut = dropped = 0
+    if max_tokens is not None:
+        kept = []
+        for c in convs:
+            f = fit(tokenizer, c, max_tokens)
+            dropped += f is None
+            cut += f is not None and len(f) < len(c)
+            if f is not None:
+                kept.append(f)
+        convs = kept
+    n_val = max(1, round(len(convs) * val_fraction)) if val_fraction > 0 else 0
+    if len(convs) - n_val < 1:
+        raise TbpError(f"{source}: {len(convs)} conversation(s) leave nothing to train on after the "
+                       f"validation split" + (f" ({dropped} did not fit --max-tokens)" if dropped else ""))
+    report.start(name, sum(len(t) for t in texts))
+    splits = {"train": convs[:len(convs) - n_val], "val": convs[len(convs) - n_val:]}
+    dtype = token_dtype(tokenizer.vocab_size)
+    encoded = {}
+    for split, items in splits.items():
+        rows = [render(tokenizer, c, loss) for c in items]
+        ids = np.concatenate([r[0] for r in rows] or [np.zeros(0, np.int64)]).astype(dtype)
+        mask = np.concatenate([r[1] for r in rows] or [np.zeros(0, np.uint8)])
+        encoded[split] = ids, mask, np.array([len(r[0]) for r in rows], dtype=np.int64)
+    sp = chat_ids(tokenizer)
+    val_mask = encoded["val"][1]
+    val_bytes = sum(len(m["content"].encode("utf-8")) for c in splits["val"]
+                    for i, m in enumerate(c) if m["role"] == "assistant"
+                    and (loss != "last" or i == max(j for j, x in enumerate(c) if x["role"] == "assistant")))
+    meta = {
+        "format": 1, "kind": "chat", "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name, "eot_id": sp["eot"], "pad_id": sp["pad"], "end_id": sp["end"],
+        "system_id": sp["system"], "user_id": sp["user"], "assistant_id": sp["assistant"],
+        "loss": loss, "ghost_attention": ghost, "max_tokens": max_tokens, "cut": cut, "dropped": dropped,
+        "train_examples": len(splits["train"]), "val_examples": len(splits["val"]),
+        "train_tokens": int(encoded["train"][0].size), "val_tokens": int(encoded["val"][0].size),
+        "train_bytes": sum(len(t.encode("utf-8")) for c in splits["train"] for t in (m["content"] for m in c)),
+        "val_bytes": sum(len(t.encode("utf-8")) for c in splits["val"] for t in (m["content"] for m in c)),
+        "val_target_tokens": int(val_mask.sum()), "val_target_bytes": val_bytes if loss != "all" else
+        sum(len(m["content"].encode("utf-8")) for c in splits["val"] for m in c),
+        "max_example_tokens": int(max(encoded["train"][2].max(), encoded["val"][2].max(initial=0))),
+        "characters": sum(len(t) for t in texts), "val_fraction": val_fraction, "source": source,
+        "source_sha256": hashlib.sha256(json.dumps(convs).encode("utf-8")).hexdigest(),
+        "tokenizer_sha256": tokenizer.sha256(), "name": name, "versions": _versions(), "seconds": 0.0,
+    }
+    if origin:
+        meta["task"] = origin
+    report.advance(meta["characters"])
+    with staged_dir(out, force) as tmp:
+        tokenizer.save(tmp / "tokenizer.json")
+        for split, (ids, mask, lengths) in encoded.items():
+            ids.tofile(tmp / f"{split}.bin")
+            mask.tofile(tmp / f"{split}.mask")
+            lengths.tofile(tmp / f"{split}.idx")
+        meta["seconds"] = round(time.perf_counter() - t0, 3)
+        atomic_write_json(tmp / "meta.json", meta)
+    meta["path"] = str(out)
+    report.done(meta)
+    return meta
+
+
+# --- loading ----------------------------------------------------------------------------------
+@dataclass
+class ChatSplit:
+    """One split's conversations: row i is tokens[start[i]:start[i] + length[i]], with its mask."""
+    tokens: np.ndarray
+    mask: np.ndarray
+    length: np.ndarray
+    start: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a = int(self.start[i])
+        b = a + int(self.length[i])
+        return np.asarray(self.tokens[a:b], np.int64), np.asarray(self.mask[a:b])
+
+
+def load_split(path: Path, split: str, tokens: np.ndarray, meta: dict) -> ChatSplit:
+    n = meta[f"{split}_examples"]
+    f, fm = path / f"{split}.idx", path / f"{split}.mask"
+    if f.stat().st_size != n * 8:
+        raise TbpError(f"{f}: {f.stat().st_size} bytes, meta.json says {n} conversations; the file is damaged")
+    length = np.fromfile(f, dtype=np.int64)
+    if (length < 2).any() or int(length.sum()) != tokens.size:
+        raise TbpError(f"{f}: conversation lengths do not add up to the {tokens.size} tokens of {split}.bin; "
+                       f"the file is damaged")
+    if fm.stat().st_size != tokens.size:
+        raise TbpError(f"{fm}: {fm.stat().st_size} bytes, one per token of {split}.bin ({tokens.size}) expected")
+    mask = np.memmap(fm, dtype=np.uint8, mode="r") if tokens.size else np.zeros(0, np.uint8)
+    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    return ChatSplit(tokens, mask, length, start)
+
+
+def check_meta(meta: dict, where: str) -> None:
+    schema.check(meta, CHAT_META, where)

@@ -1,0 +1,86 @@
+"""`tbp chat`: a conversation with a model trained on a chat dataset."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .. import checkpoint
+from ..chat import read_conversations
+from ..conversation import Conversation
+from ..generate import Sampling
+from .common import console
+from .options import FiniteFloat
+
+
+@click.command()
+@click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
+              help="Run directory. Default: the most recently saved run under checkpoints/.")
+@click.option("--system", default=None, help="A system message: the instruction the model keeps to.")
+@click.option("--messages", "messages_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Non-interactive: a JSON-lines file of conversations; each one's user messages are "
+                   "answered in turn and the conversations, replies filled in, printed as JSON lines.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Longest reply (at most half the context).")
+@click.option("--temperature", type=FiniteFloat(min=0), default=0.8, show_default=True,
+              help="Softmax temperature; 0 is greedy.")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens only.")
+@click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None,
+              help="Nucleus sampling: the smallest set with mass p.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Make the replies repeatable (each conversation starts from this seed).")
+@click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
+def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, seed, best):
+    """Talk with a model trained on conversations (tbp prepare --format chat).
+
+    Each line on stdin is a user message; the reply streams to stdout. The KV cache is kept
+    across turns, so the history is never re-read; when the context fills up, the oldest
+    turns are dropped (the system message is kept) and the cache refilled. Ctrl-D ends.
+
+    \b
+    Examples:
+      tbp chat --checkpoint checkpoints/dialogue --system "Reply in upper case."
+      printf 'hello\\nwhat is the sky?\\n' | tbp chat --seed 1
+      tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
+    """
+    run = run or checkpoint.latest_run()
+    model, tok, _ = checkpoint.load_model(run, best=best)
+    sampling = Sampling(temperature, top_k, top_p)
+    if messages_file is not None:
+        convs, _, _ = read_conversations(messages_file, need_reply=False)
+        for conv in convs:
+            sys_msg = conv[0]["content"] if conv[0]["role"] == "system" else system
+            talk = Conversation(model, tok, sys_msg, sampling, np.random.default_rng(seed), max_new_tokens)
+            for m in conv:
+                if m["role"] == "user":
+                    for _ in talk.reply(m["content"]):
+                        pass
+            click.echo(json.dumps({"messages": talk.messages}, ensure_ascii=False))
+        return
+    talk = Conversation(model, tok, system, sampling, np.random.default_rng(seed), max_new_tokens)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        console.print(f"[dim]{run} · Ctrl-D to end[/]")
+    out = sys.stdout
+    while True:
+        if interactive:
+            print("you> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        refills = talk.refills
+        for piece in talk.reply(text):
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        out.flush()
+        if talk.refills > refills:
+            console.print("[dim]the context filled up: the oldest turns were dropped[/]")
+    if interactive:
+        print(file=sys.stderr)
