@@ -96,23 +96,25 @@ def token_label(text: str, width: int = 8) -> str:
 
 
 def attention_figure(weights: dict, tokens: list[str], title: str = "layer {layer} · head {head}",
-                     label: str = "attention weight"):
+                     label: str = "attention weight", keys: list[str] | None = None):
     """One heat map per head (columns) and layer (rows): row t is query token t, column j the
-    weight it gives key token j. weights: {layer: (H, T, T) array}; tokens: T strings.
+    weight it gives key token j. weights: {layer: (H, Tq, Tk) array}; tokens: Tq strings, and
+    ``keys`` the Tk key tokens where they differ (cross-attention's source).
     ``title`` is formatted with the layer and head; ``label`` names the colour scale."""
     layers = sorted(weights)
-    H, T, _ = weights[layers[0]].shape
-    cell = min(0.35, 6.0 / max(T, 1))
-    side = max(2.2, T * cell)
-    fig = figure(min(1.5 + H * side, 40), min(1 + len(layers) * (side + 0.6), 60))
+    H, T, Tk = weights[layers[0]].shape
+    cell = min(0.35, 6.0 / max(T, Tk, 1))
+    side, width = max(2.2, T * cell), max(2.2, Tk * cell)
+    fig = figure(min(1.5 + H * width, 40), min(1 + len(layers) * (side + 0.6), 60))
     axes = np.atleast_2d(fig.subplots(len(layers), H, squeeze=False))
     labels = [token_label(t) for t in tokens]
-    step = max(1, math.ceil(T / 40))                 # at most ~40 tick labels per axis
+    key_labels = labels if keys is None else [token_label(t) for t in keys]
+    step = max(1, math.ceil(max(T, Tk) / 40))        # at most ~40 tick labels per axis
     for row, layer in zip(axes, layers):
         for h, ax in enumerate(row):
             image = ax.imshow(weights[layer][h], vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
             ax.set_title(title.format(layer=layer, head=h), fontsize=9)
-            ax.set_xticks(range(0, T, step), labels[::step], rotation=90, fontsize=7, family="monospace")
+            ax.set_xticks(range(0, Tk, step), key_labels[::step], rotation=90, fontsize=7, family="monospace")
             ax.set_yticks(range(0, T, step), labels[::step], fontsize=7, family="monospace")
     fig.colorbar(image, ax=axes, shrink=0.6, label=label)
     return fig

@@ -158,7 +158,13 @@ def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
     clean_fail(run(base + ["--n-ctx", "4", "--out", "b", "--max-iters", "2"]), 1, "pass --n-ctx 5 or more")
     assert run(base + ["--out", "run", "--max-iters", "2"]).exit_code == 0
     clean_fail(run(["export", "run", "--out", "hf"]), 1, "GPT-2 is decoder-only")
-    clean_fail(run(["attention", "--checkpoint", "run", "--prompt", "12"]), 1, "EncoderDecoder.attention_weights")
+    r = run(["attention", "--checkpoint", "run", "--prompt", "12", "--json"])      # cross-attention
+    assert r.exit_code == 0, r.output
+    view = json.loads(r.output)
+    assert view["kind"] == "cross-attention" and view["source"] == ["1", "2"]
+    w = np.array(view["layers"]["0"])                          # (H, target + end, source)
+    assert w.shape == (2, len(view["target"]), 2) and np.allclose(w.sum(-1), 1, atol=1e-5)
+    clean_fail(run(["attention", "--checkpoint", "run", "--prompt", "12", "--sparse", "topk"]), 2, "--sparse")
     clean_fail(run(["train", "--init-from", "run", "--lora-rank", "2", "--data", "data/copy", "--out", "l"]),
                2, "LoRA adapters are for the GPT")
     clean_fail(run(["generate", "--checkpoint", "run", "--prompt", ""]), 1, "give one with --prompt")

@@ -13,7 +13,8 @@ from .. import checkpoint, plot
 from ..errors import TbpError
 from .common import console
 from ..nn.sparse import KINDS, Sparsity
-from .generate import start_tokens
+from ..generate import Sampling, generate_ids
+from .generate import source_tokens, start_tokens
 
 
 def _run_curves(run: Path) -> dict:
@@ -96,9 +97,10 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
     if model.config.arch != "gpt":
-        raise TbpError(f"{run}: tbp attention draws a GPT's self-attention; for an encoder-decoder, "
-                       f"EncoderDecoder.attention_weights(src, tgt_in) gives the encoder's, the decoder's "
-                       f"and the cross-attention's weights")
+        if sparse is not None:
+            raise click.UsageError("--sparse is for a GPT's self-attention cache")
+        _show_cross(model, tok, prompt, layer, out, as_json, run)
+        return
     ids, _ = start_tokens(tok, prompt)
     ids = ids[-model.config.n_ctx:]
     maps = model.attention_weights(np.array([ids]))                   # L x (1, H, T, T)
@@ -127,6 +129,46 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     for i, w in weights.items():
         for h in range(w.shape[0]):
             console.print(_terminal_map(w[h], labels, f"layer {i} · head {h}"))
+
+
+def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
+    """An encoder-decoder's cross-attention: the prompt is the source, the target the model's
+    greedy completion; row t is the decoder position that predicts target token t (the label),
+    its cells what it reads in the source."""
+    ids, _ = source_tokens(tok, prompt, model.config.n_ctx, seq2seq=True)
+    banned = tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None)
+    target = []
+    for nxt in generate_ids(model, ids, model.config.n_ctx, Sampling(0.0, banned=banned),
+                            np.random.default_rng(0), start=tok.sep_id):
+        if int(nxt[0]) == tok.eot_id:
+            break
+        target.append(int(nxt[0]))
+    tgt_in = np.array([[tok.sep_id, *target]])[:, :model.config.n_ctx]
+    maps = model.attention_weights(np.array([ids]), tgt_in)["cross"]      # L x (1, H, T, S)
+    L = len(maps)
+    if layer is not None and layer >= L:
+        raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
+    source = [tok.decode([i]) for i in ids]
+    rows = [tok.decode([i]) for i in target] + ["<|endoftext|>"]
+    rows = rows[:tgt_in.shape[1]]
+    chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
+    weights = {i: maps[i][0] for i in chosen}                             # layer -> (H, T, S)
+    if as_json:
+        click.echo(json.dumps({"run": str(run), "source": source, "target": rows, "kind": "cross-attention",
+                               "layers": {str(i): w.round(6).tolist() for i, w in weights.items()}}))
+        return
+    if out is not None:
+        plot.save(plot.attention_figure(weights, rows, "cross-attention · layer {layer} · head {head}",
+                                        keys=source), out)
+        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, "
+                      f"{len(rows)} target × {len(source)} source tokens)")
+        return
+    console.print(f"[dim]source {''.join(source)!r} → target {''.join(rows[:-1])!r}; row: the target token "
+                  f"predicted, cells: the source tokens {' '.join(plot.token_label(t) for t in source)}[/]")
+    labels = [plot.token_label(t) for t in rows]
+    for i, w in weights.items():
+        for h in range(w.shape[0]):
+            console.print(_terminal_map(w[h], labels, f"cross-attention · layer {i} · head {h}"))
 
 
 def kept_positions(model, ids: list[int], rule) -> np.ndarray:
