@@ -27,6 +27,7 @@ import numpy as np
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
 from .nn.attention import padding_mask
+from .nn.mta import MultiTokenAttention
 from .nn.rope import Rotary
 
 DEFAULT_EPS = 1e-5
@@ -126,10 +127,10 @@ def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
 
-def _targets(module, x=None, dx=None, H=None, Dk=None, rotary: bool = False) -> list[Target]:
+def _targets(module, x=None, dx=None, H=None, Dk=None, shifted=False) -> list[Target]:
     """Every trainable tensor (and the input). With H and Dk, the fused c_attn bias is split into
     its query, key and value parts, and the key part is expected to be exactly zero -- unless
-    positions are rotary: a key bias rotated differently at each position is no constant shift
+    positions are rotary (``shifted``): a key bias rotated differently at each position is no constant shift
     of a row's scores, so its gradient is a real one."""
     out = []
     for name, value in module.params.items():
@@ -145,7 +146,8 @@ def _targets(module, x=None, dx=None, H=None, Dk=None, rotary: bool = False) -> 
             # split the fused bias so the key part's exact zero shows on its own row
             q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
             gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
-            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk, expect_zero=not rotary),
+            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk,
+                                                      expect_zero=not (shifted(name) if callable(shifted) else shifted)),
                     Target(name + "[v]", v, gv)]
         else:
             out.append(Target(name, value, grad))
@@ -349,7 +351,11 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted:
 
     def prepare():
         model.loss_and_backward(idx, targets, weights)
-        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk, rotary=cfg.positions == "rope")
+        # rotary positions, and an MTA layer's convolution over the score map, make the key bias's
+        # shift differ across a row's scores: its gradient is then a real one
+        conv = cfg.mta_conv_layers() if cfg.attention == "mta" else ()
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk,
+                        shifted=lambda name: cfg.positions == "rope" or int(name.split(".")[1]) in conv)
 
     return Case(layer, f, prepare)
 
@@ -381,6 +387,13 @@ def cases(rng: np.random.Generator) -> list[Case]:
         attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
                                    rotary=Rotary(dk) if rope else None, tiles=(2, 3))
         out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
+    # Multi-Token Attention (key bias checked whole: the convolution breaks its shift invariance)
+    for label, kw in (("mta: 2x5 key-query conv", dict(conv=(2, 5))),
+                      ("mta: 3x3 pre + post conv, head mix, groups of 2, norm + gate",
+                       dict(conv=(3, 3), post=True, mix=True, group=2, norm=True)),
+                      ("mta: no conv, head mix, norm + gate", dict(conv=None, mix=True, norm=True))):
+        attn = MultiTokenAttention(C, H, 4, C // H, rng, f64, **kw)
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng))
     for act in ("gelu", "relu"):
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
@@ -406,6 +419,9 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
+    out.append(_model_case("gpt [mta: conv in layer 1 only, post, mix, norm]",
+                           ModelConfig(**base, attention="mta", mta_ck=3, mta_layers="1", mta_post=True,
+                                       mta_mix=True, mta_norm=True), rng))
     s2s = dict(base, arch="encoder-decoder", pad_id=0)
     for label, extra in (("tied head, padding", {}),
                          ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),

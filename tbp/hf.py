@@ -54,8 +54,9 @@ def exportable(cfg: ModelConfig) -> None:
         need = f.metadata.get("gpt2")
         if need is not None and getattr(cfg, f.name) != need:
             problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})")
-    if cfg.arch != "gpt":
-        problems[-1] += ": GPT-2 is decoder-only, it has no encoder and no cross-attention"
+    why = {"arch": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
+           "attention": "GPT-2's attention has no convolution over its score maps"}
+    problems = [p + (f": {why[p.split(' ')[0]]}" if p.split(" ")[0] in why else "") for p in problems]
     if problems:
         raise TbpError("GPT-2 cannot represent this model: " + "; ".join(problems))
 

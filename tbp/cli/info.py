@@ -133,10 +133,17 @@ def info(path, as_json):
     cfg = checkpoint.read_model_config(Path(d["path"]))
     t.add_row("attention", f"{cfg.attn_kernel}{' (auto)' * (cfg.attn_impl == 'auto')} · {cfg.positions} positions"
                            + (f" (base {cfg.rope_base:g})" if cfg.positions == "rope" else ""))
+    if cfg.attention == "mta":
+        steps = [f"{cfg.mta_cq}×{cfg.mta_ck} key-query convolution in layers "
+                 + ", ".join(map(str, cfg.mta_conv_layers()))]
+        steps += [what for on, what in ((cfg.mta_post, "post-softmax convolution"), (cfg.mta_mix, "head mixing"),
+                                        (cfg.mta_group, f"head groups of {cfg.mta_group}"),
+                                        (cfg.mta_norm, "norm + gate")) if on]
+        t.add_row("multi-token", " · ".join(steps))
     defaults = ModelConfig.defaults()
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
-               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base", "arch", "n_enc_layer", "pad_id")
-               and v != defaults.get(k)]
+               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base", "arch", "n_enc_layer", "pad_id", "attention")
+               and not k.startswith("mta_") and v != defaults.get(k)]
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")
     t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")

@@ -96,6 +96,7 @@ ATTN_IMPLS = ("auto", "dense", "flash")
 FLASH_FROM_T = 512     # auto: flash from this context on (measured: benchmarks/long_context.py, README)
 POSITIONS = ("learned", "rope")
 ARCHS = ("gpt", "encoder-decoder")
+ATTENTIONS = ("standard", "mta")
 
 
 @dataclass
@@ -131,6 +132,21 @@ class ModelConfig(DictConfig):
                                        "context).", choices=POSITIONS, gpt2="learned")
     rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
                               min=1.0, min_open=True)
+    attention: str = option("standard", "standard, or mta: Multi-Token Attention, a learned convolution over "
+                                        "each head's score map (identity at initialisation).",
+                            choices=ATTENTIONS, gpt2="standard")
+    mta_cq: int = option(2, "MTA: query rows of the key-query kernel (the current and cq - 1 past).", min=1, max=64)
+    mta_ck: int = option(9, "MTA: key columns of the key-query kernel, centred on the key (odd).", min=1, max=255)
+    mta_layers: str = option("all", "MTA: the layers with the key-query convolution, all or e.g. 0,2 (every "
+                                    "layer gets the other MTA steps switched on).")
+    mta_post: bool = option(False, "MTA: a second key-query convolution after the softmax.",
+                            flag="--mta-post/--no-mta-post")
+    mta_mix: bool = option(False, "MTA: mix the heads' scores before the softmax (an H x H matrix).",
+                           flag="--mta-mix/--no-mta-mix")
+    mta_group: int = option(0, "MTA: mix the heads' weights after the softmax in groups of this many (0: off).",
+                            min=0, max=128)
+    mta_norm: bool = option(False, "MTA: RMS-normalise each head's output, then gate it.",
+                            flag="--mta-norm/--no-mta-norm")
     pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
                                       "targets (set from the tokenizer).", min=0, cli=False)
     KIND = "model config"
@@ -155,14 +171,49 @@ class ModelConfig(DictConfig):
                 raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
         elif self.n_enc_layer is not None:
             raise ConfigError("n_enc_layer is an encoder-decoder option (pass --arch encoder-decoder)")
+        self._check_mta()
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary ({self.vocab_size})")
+
+    def _check_mta(self) -> None:
+        defaults = {f.name: f.default for f in fields(self) if f.name.startswith("mta_")}
+        if self.attention != "mta":
+            changed = [k for k, v in defaults.items() if getattr(self, k) != v]
+            if changed:
+                raise ConfigError(f"{changed[0]} is a Multi-Token Attention option (pass --attention mta)")
+            return
+        if self.arch != "gpt":
+            raise ConfigError("Multi-Token Attention is for the GPT (its encoder-decoder is not built)")
+        if self.attn_impl == "flash":
+            raise ConfigError("Multi-Token Attention cannot use the flash kernel: its post-softmax steps need "
+                              "whole normalised rows (attn_impl auto or dense)")
+        if self.positions != "learned":
+            raise ConfigError("Multi-Token Attention uses learned positions here (rope is not wired into it)")
+        if self.mta_ck % 2 == 0:
+            raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {self.mta_ck}")
+        if self.mta_group and self.n_head % self.mta_group:
+            raise ConfigError(f"mta_group ({self.mta_group}) must divide n_head ({self.n_head})")
+        self.mta_conv_layers()
+
+    def mta_conv_layers(self) -> tuple[int, ...]:
+        """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""
+        if self.mta_layers.strip() == "all":
+            return tuple(range(self.n_layer))
+        try:
+            layers = tuple(sorted({int(x) for x in self.mta_layers.split(",") if x.strip()}))
+        except ValueError:
+            raise ConfigError(f"mta_layers must be all or comma-separated layer numbers, got {self.mta_layers!r}") \
+                from None
+        if not layers or min(layers) < 0 or max(layers) >= self.n_layer:
+            raise ConfigError(f"mta_layers {self.mta_layers!r}: the model has layers 0 .. {self.n_layer - 1}")
+        return layers
 
     @property
     def attn_kernel(self) -> str:
         """The kernel attn_impl stands for at this context: "dense" or "flash" (same results)."""
         if self.attn_impl == "auto":
-            return "flash" if self.n_ctx >= FLASH_FROM_T and self.arch == "gpt" else "dense"
+            return "flash" if self.n_ctx >= FLASH_FROM_T and self.arch == "gpt" and self.attention == "standard" \
+                else "dense"
         return self.attn_impl
 
     @property

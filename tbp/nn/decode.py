@@ -113,6 +113,9 @@ class Decoder:
                         if hasattr(block, "cross") else None)
                        for block in model.blocks]
         self.seq2seq = self.layers[0][-1] is not None
+        # Multi-Token Attention: the rows of its score maps the next rows' convolutions read
+        self.mta_states = [block.attn.decode_state(batch, self.n_ctx, dt) if hasattr(block.attn, "decode_state")
+                           else None for block in model.blocks]
         self.memory = None                        # per layer: the encoder output's cross keys, values
         self.memory_mask = None                   # (B, 1, 1, S): the source's padding
         if model.lm_head is None:
@@ -129,6 +132,8 @@ class Decoder:
         self.sparse = sparse                      # a sparse.Sparsity, or None: dense attention
         self.kept = None                          # the positions the last sparse step kept
         self.kept_scores = None                   # (B, H, t) the scores they were chosen from
+        if sparse is not None and cfg.attention != "standard":
+            raise ValueError("sparse decoding is for standard attention")
         if sparse is not None and self.seq2seq:
             raise ValueError("sparse decoding is for the decoder-only GPT's long self-attention cache")
         if sparse is not None and max(sparse.layers) >= L:
@@ -208,7 +213,9 @@ class Decoder:
         for i, ((block, attn_w, mlp_w, norm_1, norm_2, cross), keys, values) in enumerate(
                 zip(self.layers, self.keys, self.values)):
             block.ln_1.decode(buf, norm_1)
-            if thin and i in rule.layers:                           # dense, and choose the set
+            if self.mta_states[i] is not None:
+                block.attn.decode(buf, attn_w, keys, values, t0, t1, state=self.mta_states[i])
+            elif thin and i in rule.layers:                           # dense, and choose the set
                 scores = np.empty((self.B, H, 1, t1), self.dtype)
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, scores=scores)
                 keep = select(scores[:, :, 0], rule)

@@ -12,6 +12,7 @@ from .layout import Layout
 from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
+from .mta import MultiTokenAttention
 from .module import Module, Stack
 from .rope import Rotary
 
@@ -22,7 +23,7 @@ class Block(Module):
     x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)).
     """
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
         # residual projections by 1/sqrt(2L); on nanoGPT's 4-layer recipe that measured worse
@@ -30,10 +31,15 @@ class Block(Module):
         proj_std = 0.02
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         rope = cfg.positions == "rope"
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
-                                        cfg.causal, proj_std, cfg.attn_kernel,
-                                        rotary=Rotary(cfg.d_qk, cfg.rope_base) if rope else None,
-                                        window=cfg.n_ctx if rope else None)
+        if cfg.attention == "mta":
+            conv = (cfg.mta_cq, cfg.mta_ck) if layer in cfg.mta_conv_layers() else None
+            self.attn = MultiTokenAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
+                                            proj_std, conv, cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm)
+        else:
+            self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
+                                            cfg.causal, proj_std, cfg.attn_kernel,
+                                            rotary=Rotary(cfg.d_qk, cfg.rope_base) if rope else None,
+                                            window=cfg.n_ctx if rope else None)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
 
@@ -177,7 +183,7 @@ class GPT(LanguageModel):
         rng = np.random.default_rng(seed)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=cfg.positions == "learned")
-        self.blocks = Stack(Block(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
+        self.blocks = Stack(Block(cfg, rng, self.dtype, i) for i in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
         self.lm_head = None
         if not cfg.tie_head:

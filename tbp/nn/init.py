@@ -54,3 +54,9 @@ def zeros(shape, dtype) -> np.ndarray:
 
 def ones(shape, dtype) -> np.ndarray:
     return _placeholder(shape, dtype) if _shapes_only else np.ones(shape, dtype)
+
+
+def eye(n: int, dtype, batch: tuple = ()) -> np.ndarray:
+    """Identity matrices, shape batch + (n, n)."""
+    shape = tuple(batch) + (n, n)
+    return _placeholder(shape, dtype) if _shapes_only else np.broadcast_to(np.eye(n, dtype=dtype), shape).copy()

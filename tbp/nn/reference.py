@@ -240,6 +240,26 @@ def cross_attention_backward(dy, cache):
     return dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj
 
 
+def mta_conv(X, theta):
+    """Multi-Token Attention's key-query convolution, one entry at a time:
+    Z[b, h, i, j] = sum_{a < cq, c < ck} theta[h, a, c] X[b, h, i - (cq-1) + a, j - p + c], p = (ck-1)/2,
+    the terms outside X left out.   X (B, H, Tq, Tk); theta (H, cq, ck)."""
+    B, H, Tq, Tk = X.shape
+    _, cq, ck = theta.shape
+    p = (ck - 1) // 2
+    Z = np.zeros_like(X)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                for j in range(Tk):
+                    for a in range(cq):
+                        for c in range(ck):
+                            r, k = i - (cq - 1) + a, j - p + c
+                            if 0 <= r < Tq and 0 <= k < Tk:
+                                Z[b, h, i, j] += theta[h, a, c] * X[b, h, r, k]
+    return Z
+
+
 def gelu(u):
     """GPT-2's tanh approximation: g(u) = u/2 (1 + tanh(k (u + a u^3))), k = sqrt(2/pi)."""
     return 0.5 * u * (1 + np.tanh(GELU_K * (u + GELU_A * u ** 3)))

@@ -1,0 +1,291 @@
+"""Multi-Token Attention: convolutions over the attention map.   [Golovneva et al. 2025, arXiv 2504.00927]
+
+Standard attention weighs key j for query i by q_i . k_j alone. Multi-Token Attention lets the
+weight depend on neighbouring queries and keys too, so that a head can find "the place where
+these two letters occur together": a learned (cq x ck) convolution over the score map, per head,
+before the softmax; optionally a mixing of the heads' scores, a second convolution after the
+softmax, a mixing of the heads' weights within groups, and a per-head RMS norm and gate on the
+output. With identity kernels (the initialisation) and no norm, it is standard attention.
+
+Per head, with C the causal mask, following the authors' code (facebookresearch/RAM, projects/mta):
+
+    S   = q k^T / sqrt(Dk)                        the scores                        (T, T)
+    S0  = C * S                                   future scores set to 0: no future key can
+                                                  enter the kernel's window
+    Z   = conv(S0, theta)                         Z[i,j] = sum_{a<cq, b<ck} theta[a,b] S0[i-(cq-1)+a, j-p+b],
+                                                  p = (ck-1)/2: past and current query rows, keys
+                                                  centred on j; zero outside the map
+    Z'  = W_mix Z                                 across heads (optional), an H x H matrix
+    A   = softmax(Z' - inf (1 - C))               the future masked
+    A'  = C * conv(A, theta')                     (optional) rows no longer sum to 1
+    A'' = K_g A'                                  (optional) within each group of c_h heads
+    O   = A'' V;  then (optional) RMSNorm over Dv with a gain shared by the heads, and a gate
+          o * sigmoid(o . w + b).
+
+Nothing here reads a future token: S0 rows up to i hold keys up to i only, and every later
+step mixes rows up to i, or heads, at the same position (tests/test_mta.py perturbs tokens).
+The flash kernel is refused: the post-softmax steps need whole normalised rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import init
+from .attention import CausalSelfAttention, causal_mask
+from .module import Module
+
+
+def conv_map(X: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Z[..., h, i, j] = sum_{a,b} theta[h, a, b] X[..., h, i-(cq-1)+a, j-p+b], zero outside.
+    X (B, H, Tq, Tk); theta (H, cq, ck) with ck odd. Taps as shifted slices of a padded copy."""
+    H, cq, ck = theta.shape
+    p = (ck - 1) // 2
+    B, _, Tq, Tk = X.shape
+    Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
+    Xp[:, :, cq - 1:, p:p + Tk] = X
+    Z = np.zeros_like(X)
+    for a in range(cq):
+        for b in range(ck):
+            w = theta[:, a, b]
+            if w.any():
+                Z += w[:, None, None] * Xp[:, :, a:a + Tq, b:b + Tk]
+    return Z
+
+
+def conv_map_backward(dZ: np.ndarray, X: np.ndarray, theta: np.ndarray, need_dx: bool = True):
+    """(dX, dtheta) of ``conv_map``: dX[i', j'] = sum_{a,b} theta[a,b] dZ[i'+(cq-1)-a, j'+p-b]
+    (the same taps, transposed), dtheta[h,a,b] = sum dZ_h * shifted X_h."""
+    H, cq, ck = theta.shape
+    p = (ck - 1) // 2
+    B, _, Tq, Tk = X.shape
+    Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
+    Xp[:, :, cq - 1:, p:p + Tk] = X
+    dXp = np.zeros_like(Xp) if need_dx else None
+    dtheta = np.empty_like(theta)
+    for a in range(cq):
+        for b in range(ck):
+            dtheta[:, a, b] = np.einsum("bhij,bhij->h", dZ, Xp[:, :, a:a + Tq, b:b + Tk])
+            if need_dx:
+                dXp[:, :, a:a + Tq, b:b + Tk] += theta[:, a, b][:, None, None] * dZ
+    dX = dXp[:, :, cq - 1:, p:p + Tk] if need_dx else None
+    return dX, dtheta
+
+
+class MultiTokenAttention(CausalSelfAttention):
+    """Causal self-attention with Multi-Token Attention's steps (module docstring), dense only.
+
+    ``conv``: (cq, ck) of this layer's key-query convolutions, or None (the layer has none);
+    ``post``: a post-softmax convolution too; ``mix``: pre-softmax head mixing; ``group``: the
+    post-softmax head-group size c_h (0: none; it divides H); ``norm``: RMS norm and gate.
+    Parameters (all trainable, identity at initialisation): ``theta`` (H, cq, ck),
+    ``theta_post`` (H, cq, ck), ``mix`` (H, H), ``group_mix`` (H/c_h, c_h, c_h), ``norm_gain``
+    (Dv,), ``gate_weight`` (Dv,), ``gate_bias`` (1,).
+    """
+
+    def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
+                 dtype=np.float32, bias: bool = True, proj_std: float = 0.02, conv: tuple | None = (2, 9),
+                 post: bool = False, mix: bool = False, group: int = 0, norm: bool = False, eps: float = 1e-5):
+        super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, bias, True, proj_std, "dense")
+        self.mta = MTAParams(n_head, d_v, dtype, conv, post, mix, group, norm, eps)
+
+    # --- training path ----------------------------------------------------------------------
+    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+        if key_mask is not None:
+            raise ValueError("Multi-Token Attention is causal self-attention: it takes no padding mask")
+        q, k, v = self._heads(self.c_attn.forward(x))
+        qs = q * self.scale
+        B, H, T, _ = qs.shape
+        S = qs @ k.transpose(0, 1, 3, 2)                                    # (B, H, T, T)
+        out, saved = self.mta.scores_to_output(S, v, 0)
+        merged = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B, T, H * self.d_v)
+        self.cache = qs, k, v, saved
+        return self.c_proj.forward(merged)
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        qs, k, v, saved = self.cache
+        B, H, T, _ = qs.shape
+        Dk, Dv = self.d_qk, self.d_v
+        dout_h = self._heads_view(self.c_proj.backward(dout), Dv)         # (B, H, T, Dv)
+        dS, dv_ = self.mta.backward(dout_h, v, saved)
+        dqkv = np.empty((B, T, H * (2 * Dk + Dv)), dtype=dout.dtype)
+        dq, dk, dv = self._heads(dqkv)
+        np.matmul(dS, k, out=dq)
+        dq *= self.scale
+        np.matmul(dS.transpose(0, 1, 3, 2), qs, out=dk)
+        dv[...] = dv_
+        return self.c_attn.backward(dqkv)
+
+    def weights(self) -> np.ndarray:
+        """A'' (B, H, T, T), the weights the values were averaged with (rows need not sum to 1
+        after a post-softmax convolution)."""
+        return self.cache[3]["A2"].copy()
+
+    # --- inference (the Decoder) ------------------------------------------------------------
+    def decode_state(self, batch: int, n_ctx: int, dtype) -> dict:
+        """The rows of S0 and of A that the next rows' convolutions read: the last cq - 1."""
+        rows = self.mta.conv[0] - 1 if self.mta.conv else 0
+        return {"S0": np.zeros((batch, self.n_head, rows, n_ctx), dtype),
+                "A": np.zeros((batch, self.n_head, rows, n_ctx), dtype)}
+
+    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int,
+               keep=None, scores=None, state: dict | None = None) -> None:
+        """buf.x += c_proj(MTA of new rows t0 .. t1-1 over the cached keys and values), within
+        the context. The convolutions read the new rows' scores after the last cq - 1 rows'
+        (``state``, zeros before position 0), and leave the new last cq - 1 rows there."""
+        if keep is not None or scores is not None:
+            raise ValueError("sparse decoding is not defined for Multi-Token Attention")
+        qkv, proj, proj_b = weights
+        np.dot(buf.xa, qkv, out=buf.qkv)                            # [q * scale | k | v], (N, .)
+        keys[..., t0:t1] = buf.k
+        values[:, :, t0:t1, :-1] = buf.v
+        if t0 == 0:                                                 # a new sequence: no rows before it
+            for rows in state.values():
+                rows.fill(0)
+        S = buf.q @ keys[..., :t1]                                  # (B, H, Tn, t1)
+        buf.y[...] = self.mta.scores_to_output(S, values[:, :, :t1, :-1], t0, state)[0]
+        np.dot(buf.ya, proj, out=buf.out)
+        if proj_b is not None:
+            buf.out += proj_b
+        buf.x += buf.out
+
+
+class MTAParams(Module):
+    """The parameters and steps Multi-Token Attention adds between the scores and the output."""
+
+    def __init__(self, n_head: int, d_v: int, dtype, conv, post: bool, mix: bool, group: int, norm: bool,
+                 eps: float):
+        super().__init__()
+        H = n_head
+        self.conv, self.post, self.mixing, self.group, self.norm, self.eps = conv, post and conv, mix, group, norm, eps
+        if conv is not None:
+            cq, ck = conv
+            if ck % 2 == 0 or cq < 1:
+                raise ValueError(f"MTA kernels need cq >= 1 and an odd ck (centred on the key), got {cq} x {ck}")
+            self.param("theta", _identity_kernel(H, cq, ck, dtype))
+            if self.post:
+                self.param("theta_post", _identity_kernel(H, cq, ck, dtype))
+        if mix:
+            self.param("mix", init.eye(H, dtype))
+        if group:
+            if H % group:
+                raise ValueError(f"the head-group size {group} must divide the heads ({H})")
+            self.param("group_mix", init.eye(group, dtype, (H // group,)))
+        if norm:
+            self.param("norm_gain", init.ones((d_v,), dtype))
+            self.param("gate_weight", init.zeros((d_v,), dtype))
+            self.param("gate_bias", init.zeros((1,), dtype))
+
+    def scores_to_output(self, S: np.ndarray, v: np.ndarray, t0: int, state: dict | None = None):
+        """(O (B, H, Tn, Dv), saved for the backward) from scores S (B, H, Tn, Tk) of query rows
+        t0 .. t0+Tn-1 (scaled) and values v (B, H, Tk, Dv). ``state``: the previous rows for
+        decoding (updated); None in training, where t0 = 0 and Tn = Tk."""
+        P = self.params
+        B, H, Tn, Tk = S.shape
+        mask = causal_mask(Tn, t0, S.dtype)                         # (Tn, t0 + Tn), 0 / -inf
+        keep = np.isfinite(mask)                                    # C, the causal pattern
+        saved = {}
+        if self.conv is not None:
+            S0 = np.where(keep, S, 0).astype(S.dtype)
+            Z = self._conv_rows(S0, P["theta"], state, "S0")
+            saved["S0"] = S0
+        else:
+            Z = S
+        if self.mixing:
+            saved["Z"] = Z
+            Z = np.einsum("hg,bgij->bhij", P["mix"], Z)
+        A = Z + mask
+        A -= np.maximum.reduce(A, axis=-1, keepdims=True)
+        np.exp(A, out=A)
+        A /= np.add.reduce(A, axis=-1, keepdims=True)
+        saved["A"] = A
+        A1 = A
+        if self.post:
+            A1 = self._conv_rows(A, P["theta_post"], state, "A") * keep
+        saved["A1"] = A1
+        A2 = A1
+        if self.group:
+            g = self.group
+            A2 = np.einsum("kpo,bkpij->bkoij", P["group_mix"], A1.reshape(B, H // g, g, Tn, Tk)).reshape(A1.shape)
+        saved["A2"] = A2
+        O = A2 @ v                                                  # (B, H, Tn, Dv)
+        if self.norm:
+            rms = np.sqrt(np.mean(O * O, axis=-1, keepdims=True) + O.dtype.type(self.eps))
+            n = O / rms * P["norm_gain"]
+            u = n @ P["gate_weight"] + P["gate_bias"][0]             # (B, H, Tn)
+            s = 1.0 / (1.0 + np.exp(-u))
+            saved.update(O=O, rms=rms, n=n, s=s)
+            O = n * s[..., None]
+        return O, saved
+
+    def _conv_rows(self, X: np.ndarray, theta: np.ndarray, state: dict | None, name: str) -> np.ndarray:
+        """conv_map over rows t0 .. of X, with the previous cq - 1 rows from ``state`` (decoding)."""
+        if state is None:
+            return conv_map(X, theta)
+        cq = theta.shape[1]
+        Tn, Tk = X.shape[2], X.shape[3]
+        prev = state[name][..., :Tk]                                # (B, H, cq-1, Tk), zeros before 0
+        stacked = np.concatenate([prev, X], axis=2)
+        out = conv_map(stacked, theta)[:, :, cq - 1:]
+        if cq > 1:
+            keep = stacked[:, :, -(cq - 1):]                        # the last cq - 1 rows, for next time
+            state[name][..., :] = 0
+            state[name][..., :Tk] = keep
+        return out
+
+    def backward(self, dO: np.ndarray, v: np.ndarray, saved: dict):
+        """(dS, dv) from dO (B, H, T, Dv): every step of ``scores_to_output`` in reverse."""
+        P, G = self.params, self.grads
+        if self.norm:
+            O, rms, n, s = saved["O"], saved["rms"], saved["n"], saved["s"]
+            # y = n s, s = sigmoid(n . w + b):  dn = dy s + (sum_d dy n) s (1 - s) w
+            ds = np.einsum("bhtd,bhtd->bht", dO, n) * s * (1 - s)
+            if "gate_weight" in G:
+                G["gate_weight"] += np.einsum("bht,bhtd->d", ds, n)
+                G["gate_bias"] += ds.sum()
+            dn = dO * s[..., None] + ds[..., None] * P["gate_weight"]
+            # n = O / rms * g:  dO = (g dn - xhat mean(g dn xhat)) / rms, xhat = O / rms
+            xhat = O / rms
+            if "norm_gain" in G:
+                G["norm_gain"] += np.einsum("bhtd,bhtd->d", dn, xhat)
+            gdn = dn * P["norm_gain"]
+            dO = (gdn - xhat * np.mean(gdn * xhat, axis=-1, keepdims=True)) / rms
+        A2, A1, A = saved["A2"], saved["A1"], saved["A"]
+        B, H, T, _ = A.shape
+        dv = A2.transpose(0, 1, 3, 2) @ dO                          # (B, H, T, Dv)
+        dA2 = dO @ v.transpose(0, 1, 3, 2)                          # (B, H, T, T)
+        dA1 = dA2
+        if self.group:
+            g = self.group
+            A1g, dA2g = A1.reshape(B, H // g, g, T, T), dA2.reshape(B, H // g, g, T, T)
+            if "group_mix" in G:
+                G["group_mix"] += np.einsum("bkpij,bkoij->kpo", A1g, dA2g)
+            dA1 = np.einsum("kpo,bkoij->bkpij", P["group_mix"], dA2g).reshape(A.shape)
+        keep = np.isfinite(causal_mask(T, 0, A.dtype))
+        dA = dA1
+        if self.post:
+            dA1c = dA1 * keep
+            dA, dtheta = conv_map_backward(dA1c, A, P["theta_post"])
+            if "theta_post" in G:
+                G["theta_post"] += dtheta
+        # softmax: dZ' = A (dA - rowsum(dA A)); masked entries have A = 0
+        dZ = A * (dA - np.add.reduce(dA * A, axis=-1, keepdims=True))
+        if self.mixing:
+            if "mix" in G:
+                G["mix"] += np.einsum("bhij,bgij->hg", dZ, saved["Z"])
+            dZ = np.einsum("hg,bhij->bgij", P["mix"], dZ)
+        if self.conv is not None:
+            dS0, dtheta = conv_map_backward(dZ, saved["S0"], P["theta"])
+            if "theta" in G:
+                G["theta"] += dtheta
+            dS = dS0 * keep
+        else:
+            dS = dZ * keep
+        return dS, dv
+
+
+def _identity_kernel(H: int, cq: int, ck: int, dtype) -> np.ndarray:
+    """theta[:, cq-1, (ck-1)/2] = 1, every other tap 0: the convolution starts as the identity."""
+    theta = init.zeros((H, cq, ck), dtype)
+    if not init.abstract():
+        theta[:, cq - 1, (ck - 1) // 2] = 1
+    return theta
