@@ -82,6 +82,24 @@ def test_config_refuses_what_mta_cannot_do(changes, message):
         ModelConfig(**{**BASE, **changes})
 
 
+def test_mta_runs_through_the_command_line(tmp_path, corpus_file, monkeypatch):
+    from helpers import clean_fail, run, train_tiny
+    out = train_tiny(tmp_path, corpus_file, monkeypatch, "run", 6, "--attention", "mta", "--mta-ck", "5",
+                     "--mta-mix")
+    r = run(["generate", "--checkpoint", out, "--prompt", "the", "--max-new-tokens", "5", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    r = run(["info", out])
+    assert r.exit_code == 0, r.output
+    assert "2×5 key-query convolution in layers 0" in r.output and "head mixing" in r.output
+    clean_fail(run(["export", out, "--out", tmp_path / "hf"]), 1, "no convolution over its score maps")
+    clean_fail(run(["generate", "--checkpoint", out, "--prompt", "the", "--sparse", "topk"]), 2, "--sparse")
+    clean_fail(run(["train", "--data", corpus_file, "--out", "f", "--attention", "mta", "--attn-impl", "flash"]),
+               2, "flash")
+    r = run(["bench", "--attention", "mta", "--n-layer", "1", "--n-ctx", "16", "--d-model", "16", "--n-head", "2",
+             "--iters", "1", "--gen-tokens", "4", "--batch-size", "2", "--json"])
+    assert r.exit_code == 0, r.output
+
+
 def test_only_the_chosen_layers_carry_the_convolution():
     model = GPT(ModelConfig(**BASE, attention="mta", mta_layers="1", mta_mix=True))
     names = set(model.params)

@@ -130,6 +130,9 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     completes = seq2seq or cfg.get("data_kind") == "pairs"
     if seq2seq and rule is not None:
         raise click.UsageError("--sparse is for a GPT's long self-attention cache, not an encoder-decoder")
+    if rule is not None and model.config.attention != "standard":
+        raise click.UsageError("--sparse thins standard attention; Multi-Token Attention's convolutions read "
+                               "every score")
     if rule is not None and max(rule.layers) >= model.config.n_layer:
         L = model.config.n_layer
         raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")

@@ -96,6 +96,8 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     """
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
+    if sparse is not None and model.config.attention != "standard":
+        raise click.UsageError("--sparse thins standard attention, not Multi-Token Attention")
     if model.config.arch != "gpt":
         if sparse is not None:
             raise click.UsageError("--sparse is for a GPT's self-attention cache")
