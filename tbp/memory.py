@@ -52,7 +52,8 @@ def train_bytes(cfg: ModelConfig, tcfg) -> int:
     logits and their softmax."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
     L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
-    per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
+    maps = 2 if cfg.attention == "standard" else 6       # MTA keeps S0, Z, A, A', A'' per head
+    per_token = L * (26 * C + maps * H * T) + 3 * V + 4 * C
     activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     return (model_bytes(cfg, tcfg.dtype) * (4 + workers - 1)
