@@ -222,7 +222,7 @@ class MTAParams(Module):
         if state is None:
             return conv_map(X, theta)
         cq = theta.shape[1]
-        Tn, Tk = X.shape[2], X.shape[3]
+        Tk = X.shape[3]
         prev = state[name][..., :Tk]                                # (B, H, cq-1, Tk), zeros before 0
         stacked = np.concatenate([prev, X], axis=2)
         out = conv_map(stacked, theta)[:, :, cq - 1:]
