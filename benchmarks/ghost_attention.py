@@ -22,10 +22,10 @@ replies at each turn that keep the instruction, and that name the right colour.
 import argparse
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from runner import tbp
 
 import numpy as np
 
@@ -69,12 +69,6 @@ def variant(inst, qa, which):
             msgs += [{"role": "user", "content": f"{q} {text}"}, {"role": "assistant", "content": rule(a)}]
     return msgs
 
-
-def tbp(*args):
-    done = subprocess.run([sys.executable, "-m", "tbp", *map(str, args)], capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"tbp {' '.join(map(str, args))} failed:\n{done.stderr}")
-    return done.stdout
 
 
 def evaluate(run, held_out):

@@ -18,10 +18,10 @@ import argparse
 import json
 import random
 import string
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from runner import tbp
 
 LETTERS = string.ascii_lowercase
 
@@ -38,12 +38,6 @@ def example(rng: random.Random, blocks: int, n: int, q: int) -> tuple[str, str]:
     rng.shuffle(items)
     return ".".join("".join(b) for b in items) + "#" + "".join(query), "".join(target)
 
-
-def tbp(*args) -> str:
-    done = subprocess.run([sys.executable, "-m", "tbp", *map(str, args)], capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"tbp {' '.join(map(str, args))} failed:\n{done.stderr}")
-    return done.stdout
 
 
 def main():

@@ -11,10 +11,10 @@ guess: proof that it reads the source). Runs one after another, so the times com
 """
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from runner import tbp
 
 ARCHS = {
     # 2 encoder + 2 decoder layers (237k parameters), and a 4-layer GPT (203k): the same width
@@ -24,12 +24,6 @@ ARCHS = {
 RECIPE = ["--n-head", "4", "--d-model", "64", "--batch-size", "64", "--lr", "2e-3", "--min-lr", "2e-4",
           "--eval-interval", "500", "-q"]
 
-
-def tbp(*args) -> str:
-    done = subprocess.run([sys.executable, "-m", "tbp", *map(str, args)], capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"tbp {' '.join(map(str, args))} failed:\n{done.stderr}")
-    return done.stdout
 
 
 def main():

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
-from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out
+from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out, write_dataset
 from .errors import TbpError
-from .fsutil import atomic_write_json, claim_output, staged_dir
+from .fsutil import claim_output
 from .tokenizer import ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, Tokenizer, token_dtype, train_bpe, \
     train_char
 
@@ -260,17 +260,9 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     if origin:
         meta["task"] = origin
     report.advance(meta["characters"])
-    with staged_dir(out, force) as tmp:
-        tokenizer.save(tmp / "tokenizer.json")
-        for split, (ids, mask, lengths) in encoded.items():
-            ids.tofile(tmp / f"{split}.bin")
-            mask.tofile(tmp / f"{split}.mask")
-            lengths.tofile(tmp / f"{split}.idx")
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write_json(tmp / "meta.json", meta)
-    meta["path"] = str(out)
-    report.done(meta)
-    return meta
+    arrays = {f"{split}.{ext}": a for split, (ids, mask, lengths) in encoded.items()
+              for ext, a in (("bin", ids), ("mask", mask), ("idx", lengths))}
+    return write_dataset(out, force, tokenizer, arrays, meta, t0, report)
 
 
 # --- loading ----------------------------------------------------------------------------------

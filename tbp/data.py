@@ -200,10 +200,18 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
         "versions": _versions(),
         "seconds": 0.0,
     }
+    return write_dataset(out, force, tokenizer, {"train.bin": train_ids, "val.bin": val_ids}, meta, t0, report)
+
+
+def write_dataset(out: Path, force: bool, tokenizer: Tokenizer, arrays: dict[str, np.ndarray], meta: dict,
+                  t0: float, report: PrepareReport) -> dict:
+    """Write a dataset folder as one: the tokenizer, each array raw under its file name, and
+    meta.json (with the seconds since ``t0``) go into a temporary sibling renamed into place.
+    Returns ``meta`` with the folder's "path"; text, pairs and chat datasets all end here."""
     with staged_dir(out, force) as tmp:
         tokenizer.save(tmp / "tokenizer.json")
-        train_ids.tofile(tmp / "train.bin")
-        val_ids.tofile(tmp / "val.bin")
+        for name, a in arrays.items():
+            a.tofile(tmp / name)
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(tmp / "meta.json", meta)
     meta["path"] = str(out)

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
-from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out
+from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out, write_dataset
 from .errors import TbpError
-from .fsutil import atomic_write_json, claim_output, staged_dir
+from .fsutil import claim_output
 from .tokenizer import EOT, PAD, PAIR_SPECIALS, SEP, Tokenizer, token_dtype, train_bpe, train_char
 
 TASKS = {
@@ -179,16 +179,9 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     }
     if origin:
         meta["task"] = origin
-    with staged_dir(out, force) as tmp:
-        tokenizer.save(tmp / "tokenizer.json")
-        for split, (ids, lengths) in encoded.items():
-            ids.tofile(tmp / f"{split}.bin")
-            lengths.tofile(tmp / f"{split}.idx")
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write_json(tmp / "meta.json", meta)
-    meta["path"] = str(out)
-    report.done(meta)
-    return meta
+    arrays = {f"{split}.{ext}": a for split, (ids, lengths) in encoded.items()
+              for ext, a in (("bin", ids), ("idx", lengths))}
+    return write_dataset(out, force, tokenizer, arrays, meta, t0, report)
 
 
 # --- loading ----------------------------------------------------------------------------------
