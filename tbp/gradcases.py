@@ -1,0 +1,322 @@
+"""The instances ``tbp gradcheck`` checks: every layer under every engine option, then the whole
+models, each a :class:`~tbp.gradcheck.Case` (a scalar f and the tensors to probe).
+
+Each case builds a small random instance in float64 and defines f as a random projection of
+the layer's output (``f = sum(out * w)``) or the model's loss; ``prepare`` runs the one
+backward and names the tensors with their analytic gradients. The checker is gradcheck.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .gradcheck import Case, Target
+from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
+                 DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+from .nn.attention import padding_mask
+from .nn.mta import MultiTokenAttention
+from .nn.rope import Rotary
+
+B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
+
+
+def _targets(module, x=None, dx=None, H=None, Dk=None, shifted=False) -> list[Target]:
+    """Every trainable tensor (and the input). With H and Dk, the fused c_attn bias is split into
+    its query, key and value parts, and the key part is expected to be exactly zero -- unless
+    positions are rotary (``shifted``): a key bias rotated differently at each position is no constant shift
+    of a row's scores, so its gradient is a real one."""
+    out = []
+    for name, value in module.params.items():
+        if name not in module.grads:
+            continue   # frozen
+        grad = module.grads[name]
+        if name.endswith("c_kv.bias") and H is not None:
+            # keys | values: the key part is exactly zero, as for self-attention
+            gk, gv = grad[:H * Dk], grad[H * Dk:]
+            out += [Target(name + "[k]", value[:H * Dk], gk, expect_zero=True),
+                    Target(name + "[v]", value[H * Dk:], gv)]
+        elif name.endswith("c_attn.bias") and H is not None:
+            # split the fused bias so the key part's exact zero shows on its own row
+            q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
+            gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
+            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk,
+                                                      expect_zero=not (shifted(name) if callable(shifted) else shifted)),
+                    Target(name + "[v]", v, gv)]
+        else:
+            out.append(Target(name, value, grad))
+    if x is not None:
+        out.append(Target("x (input)", x, dx))
+    return out
+
+
+def _randomize(module, rng, scale: float = 0.3) -> None:
+    """Replace the training init by O(1) random values, in place.
+
+    GPT-2's init (std 0.02, zero biases, unit norms) puts every layer in its near-linear
+    regime with tiny activations, where centred differences lose digits to curvature on
+    the scale of eps and zero biases hide bias terms. Random O(1) values exercise every term.
+    """
+    for name, p in module.params.items():
+        noise = rng.standard_normal(p.shape) * scale
+        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_cross.weight", "ln_f.weight")) \
+            or (name == "weight" and isinstance(module, LayerNorm)) else noise
+
+
+KINK_MARGIN = 1e-3
+
+
+def _randomize_away_from_kinks(module, rng, forward) -> None:
+    """Randomize, redrawing until every ReLU input is at least KINK_MARGIN from zero.
+
+    ReLU has no derivative at 0: a probe of +-eps that moves an input across it measures a
+    jump, not a slope. With a margin 100x eps no single probe can reach the kink.
+    """
+    relus = [m for _, m in module.modules() if isinstance(m, MLP) and m.activation == "relu"]
+    for _ in range(100):
+        _randomize(module, rng)
+        forward()
+        if all(np.abs(m.cache).min() > KINK_MARGIN for m in relus):
+            return
+    raise RuntimeError("could not draw ReLU inputs away from the kink")
+
+
+def _projected_case(layer: str, module, x: np.ndarray, rng, H=None, Dk=None) -> Case:
+    """f = sum(module.forward(x) * w) for a fixed random w; dout = w."""
+    _randomize_away_from_kinks(module, rng, lambda: module.forward(x))
+    w = rng.standard_normal(module.forward(x).shape)
+
+    def f():
+        return float(np.sum(module.forward(x) * w))
+
+    def prepare():
+        module.zero_grad()
+        module.forward(x)
+        dx = module.backward(w.copy())
+        rotary = any(getattr(m, "rotary", None) is not None for _, m in module.modules())
+        return _targets(module, x, dx, H, Dk, rotary)
+
+    return Case(layer, f, prepare)
+
+
+def _embedding_case(rng) -> Case:
+    emb = Embedding(7, 8, 6, rng, np.float64)
+    _randomize(emb, rng)
+    idx = np.array([[1, 3, 3, 0, 6], [3, 1, 2, 2, 5]])     # repeated tokens must accumulate
+    w = rng.standard_normal((B, T, 6))
+
+    def f():
+        return float(np.sum(emb.forward(idx) * w))
+
+    def prepare():
+        emb.zero_grad()
+        emb.forward(idx)
+        emb.backward(w.copy())
+        return _targets(emb)
+
+    return Case("embedding [repeated ids]", f, prepare)
+
+
+def _loss_case(rng) -> Case:
+    V = 7
+    logits = rng.standard_normal((B, T, V)) * 2
+    targets = rng.integers(0, V, (B, T))
+    ce = CrossEntropy()
+
+    def f():
+        return ce.forward(logits, targets)
+
+    def prepare():
+        ce.forward(logits, targets)
+        return [Target("logits (input)", logits, ce.backward())]
+
+    return Case("cross_entropy", f, prepare)
+
+
+def _weighted_loss_case(rng) -> Case:
+    """The masked loss sum(w CE) / sum(w) with random weights, some exactly zero."""
+    V = 7
+    logits = rng.standard_normal((B, T, V)) * 2
+    targets = rng.integers(0, V, (B, T))
+    weights = rng.random((B, T)) * (rng.random((B, T)) > 0.3)
+    weights[0, 0] = 1.0
+    ce = CrossEntropy()
+
+    def f():
+        return ce.forward(logits, targets, weights)
+
+    def prepare():
+        ce.forward(logits, targets, weights)
+        return [Target("logits (input)", logits, ce.backward())]
+
+    return Case("cross_entropy [weights]", f, prepare)
+
+
+S_SRC = 7           # source length != target length T, the last position padded in row 0
+
+
+def _padded(rng, C: int):
+    """A source (B, S_SRC, C) whose last position in row 0 is padding, and its key mask."""
+    pad = np.zeros((B, S_SRC), bool)
+    pad[0, -1] = True
+    return rng.standard_normal((B, S_SRC, C)), padding_mask(pad, np.float64)
+
+
+def _encoder_attention_case(rng, C: int, H: int) -> Case:
+    """Non-causal self-attention over a padded source: f = sum(attn(x, mask) * w)."""
+    attn = CausalSelfAttention(C, H, 4, C // H, rng, np.float64, True, causal=False)
+    x, mask = _padded(rng, C)
+    _randomize(attn, rng)
+    w = rng.standard_normal(x.shape)
+    w[0, -1] = 0         # a padded position's own output is ignored downstream
+
+    def f():
+        return float(np.sum(attn.forward(x, mask) * w))
+
+    def prepare():
+        attn.zero_grad()
+        attn.forward(x, mask)
+        dx = attn.backward(w.copy())
+        return _targets(attn, x, dx, H, 4) + [
+            Target("x[padded] (input)", x[0, -1], dx[0, -1], expect_zero=True, why_zero="a masked key")]
+
+    return Case("attention [non-causal, key padding]", f, prepare)
+
+
+def _cross_case(layer: str, module, rng, C: int, H: int, Dk: int) -> Case:
+    """f = sum(module(x, m, mask) * w) for the cross-attention layer or a decoder block: the
+    gradient reaches the decoder's stream x (B, T, C) and the memory m (B, S, C), whose padded
+    position gets exactly zero."""
+    x = rng.standard_normal((B, T, C))
+    m, mask = _padded(rng, C)
+    _randomize(module, rng)
+    w = rng.standard_normal(module.forward(x, m, mask).shape)
+
+    def f():
+        return float(np.sum(module.forward(x, m, mask) * w))
+
+    def prepare():
+        module.zero_grad()
+        module.forward(x, m, mask)
+        dx, dm = module.backward(w.copy())
+        return _targets(module, x, dx, H, Dk) + [
+            Target("m (memory)", m, dm),
+            Target("m[padded] (memory)", m[0, -1], dm[0, -1], expect_zero=True, why_zero="a masked key")]
+
+    return Case(layer, f, prepare)
+
+
+def _seq2seq_case(layer: str, cfg: ModelConfig, rng) -> Case:
+    """The whole encoder-decoder's loss: every decoder layer reads the same memory, so the
+    encoder's gradients check the sum over layers; row 0's source and target are padded."""
+    model = EncoderDecoder(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
+    pad = cfg.pad_id
+    src = rng.integers(1, cfg.vocab_size, (B, S_SRC))
+    tgt_in = rng.integers(1, cfg.vocab_size, (B, T))
+    tgt_out = rng.integers(1, cfg.vocab_size, (B, T))
+    src[0, -2:] = pad
+    tgt_out[0, -1] = pad
+    _randomize_away_from_kinks(model, rng, lambda: model.forward(src, tgt_in))
+
+    def f():
+        return model.loss(src, tgt_in, tgt_out)
+
+    def prepare():
+        model.loss_and_backward(src, tgt_in, tgt_out)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
+
+    return Case(layer, f, prepare)
+
+
+def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted: bool = False) -> Case:
+    model = GPT(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
+    if lora_rank:
+        add_lora(model, lora_rank, 1.5 * lora_rank, LORA_TARGETS, seed=int(rng.integers(1 << 31)))
+    idx = rng.integers(0, cfg.vocab_size, (B, T))
+    targets = rng.integers(0, cfg.vocab_size, (B, T))
+    # random O(1) values everywhere; for LoRA that makes lora_up nonzero, without which
+    # dlora_down = 0 and its check would prove nothing
+    _randomize_away_from_kinks(model, rng, lambda: model.forward(idx))
+    # completion-only training: no loss on a prompt (weight 0), random positive weights elsewhere
+    weights = (rng.random((B, T)) + 0.5) * (np.arange(T) >= 2) if weighted else None
+
+    def f():
+        return model.loss(idx, targets, weights)
+
+    def prepare():
+        model.loss_and_backward(idx, targets, weights)
+        # rotary positions, and an MTA layer's convolution over the score map, make the key bias's
+        # shift differ across a row's scores: its gradient is then a real one
+        conv = cfg.mta_conv_layers() if cfg.attention == "mta" else ()
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk,
+                        shifted=lambda name: cfg.positions == "rope" or int(name.split(".")[1]) in conv)
+
+    return Case(layer, f, prepare)
+
+
+def cases(rng: np.random.Generator) -> list[Case]:
+    """Every layer under every engine option, then the whole model under each option."""
+    f64 = np.float64
+    C, H = 8, 2
+    x = lambda: rng.standard_normal((B, T, C))
+    out = [_embedding_case(rng)]
+    for bias in (True, False):
+        out.append(_projected_case(f"linear [bias={'on' if bias else 'off'}]",
+                                   Linear(C, 6, rng, f64, bias), x(), rng))
+    lin = Linear(C, 6, rng, f64, True)
+    lora = LoRA(lin, rank=3, alpha=6.0, rng=rng)
+    out.append(_projected_case("lora [rank 3, up != 0]", lora, x(), rng))
+    for eps, bias in ((1e-5, True), (0.0, True), (1e-5, False)):
+        out.append(_projected_case(f"layernorm [{f'eps={eps:g}' if bias else 'no bias'}]",
+                                   LayerNorm(C, eps, f64, bias), x(), rng))
+    for label, dk, bias, causal in (("causal", 4, True, True), ("d_qk=3 != d_v=4", 3, True, True),
+                                    ("no biases", 4, False, True), ("non-causal", 4, True, False)):
+        attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, bias, causal)
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H if bias else None, Dk=dk))
+    # flash in tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
+    for label, dk, causal, impl, rope in (("flash", 4, True, "flash", False),
+                                          ("flash, non-causal", 4, False, "flash", False),
+                                          ("rope", 4, True, "dense", True),
+                                          ("flash + rope, d_qk=2", 2, True, "flash", True)):
+        attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
+                                   rotary=Rotary(dk) if rope else None, tiles=(2, 3))
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
+    # Multi-Token Attention (key bias checked whole: the convolution breaks its shift invariance)
+    for label, kw in (("mta: 2x5 key-query conv", dict(conv=(2, 5))),
+                      ("mta: 3x3 pre + post conv, head mix, groups of 2, norm + gate",
+                       dict(conv=(3, 3), post=True, mix=True, group=2, norm=True)),
+                      ("mta: no conv, head mix, norm + gate", dict(conv=None, mix=True, norm=True))):
+        attn = MultiTokenAttention(C, H, 4, C // H, rng, f64, **kw)
+        out.append(_projected_case(f"attention [{label}]", attn, x(), rng))
+    for act in ("gelu", "relu"):
+        out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
+    blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
+    out.append(_projected_case("block [pre-LN]", Block(blk_cfg, rng, f64), x(), rng, H=H, Dk=4))
+    out.append(_encoder_attention_case(rng, C, H))
+    out.append(_cross_case("cross-attention [Tq=5, Tk=7, padded key]",
+                           CrossAttention(C, H, 4, C // H, rng, f64), rng, C, H, 4))
+    out.append(_cross_case("cross-attention [d_qk=3 != d_v=4]",
+                           CrossAttention(C, H, 3, C // H, rng, f64), rng, C, H, 3))
+    out.append(_cross_case("decoder block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
+    out.append(_loss_case(rng))
+    out.append(_weighted_loss_case(rng))
+    base = dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
+    for label, extra in (("tied head", {}),
+                         ("untied head + bias", {"tie_head": False}),
+                         ("relu, ln eps 0", {"activation": "relu", "ln_eps": 0.0}),
+                         ("no biases", {"bias": False}),
+                         ("d_qk=2 != d_v=4", {"d_qk": 2}),
+                         ("flash", {"attn_impl": "flash"}),
+                         ("rope, no wpe", {"positions": "rope"}),
+                         ("flash + rope", {"attn_impl": "flash", "positions": "rope"})):
+        out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
+    out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
+                           lora_rank=2))
+    out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
+    out.append(_model_case("gpt [mta: conv in layer 1 only, post, mix, norm]",
+                           ModelConfig(**base, attention="mta", mta_ck=3, mta_layers="1", mta_post=True,
+                                       mta_mix=True, mta_norm=True), rng))
+    s2s = dict(base, arch="encoder-decoder", pad_id=0)
+    for label, extra in (("tied head, padding", {}),
+                         ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),
+                         ("d_qk=2, no biases", {"d_qk": 2, "bias": False})):
+        out.append(_seq2seq_case(f"encoder-decoder [{label}]", ModelConfig(**s2s, **extra), rng))
+    return out
