@@ -43,12 +43,21 @@ def conv_map(X: np.ndarray, theta: np.ndarray) -> np.ndarray:
     B, _, Tq, Tk = X.shape
     Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
     Xp[:, :, cq - 1:, p:p + Tk] = X
-    Z = np.zeros_like(X)
+    return _taps(Xp, theta, Tq, Tk)
+
+
+def _taps(Xp: np.ndarray, theta: np.ndarray, Tq: int, Tk: int) -> np.ndarray:
+    """sum_{a,b} theta[:, a, b] Xp[..., a:a+Tq, b:b+Tk]: one multiply-add per tap into a
+    contiguous (B, H, Tq, Tk) result, through one scratch array."""
+    H, cq, ck = theta.shape
+    Z = np.zeros(Xp.shape[:2] + (Tq, Tk), Xp.dtype)
+    tmp = np.empty_like(Z)
     for a in range(cq):
         for b in range(ck):
             w = theta[:, a, b]
             if w.any():
-                Z += w[:, None, None] * Xp[:, :, a:a + Tq, b:b + Tk]
+                np.multiply(Xp[:, :, a:a + Tq, b:b + Tk], w[:, None, None], out=tmp)
+                Z += tmp
     return Z
 
 
@@ -60,15 +69,17 @@ def conv_map_backward(dZ: np.ndarray, X: np.ndarray, theta: np.ndarray, need_dx:
     B, _, Tq, Tk = X.shape
     Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
     Xp[:, :, cq - 1:, p:p + Tk] = X
-    dXp = np.zeros_like(Xp) if need_dx else None
     dtheta = np.empty_like(theta)
     for a in range(cq):
         for b in range(ck):
             dtheta[:, a, b] = np.einsum("bhij,bhij->h", dZ, Xp[:, :, a:a + Tq, b:b + Tk])
-            if need_dx:
-                dXp[:, :, a:a + Tq, b:b + Tk] += theta[:, a, b][:, None, None] * dZ
-    dX = dXp[:, :, cq - 1:, p:p + Tk] if need_dx else None
-    return dX, dtheta
+    if not need_dx:
+        return None, dtheta
+    # dX is the convolution of dZ with the kernel flipped, dZ padded below and on both sides:
+    # dX[i, j] = sum_{a,b} theta[cq-1-a, ck-1-b] dZp[i + a, j + b]
+    dZp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), dZ.dtype)
+    dZp[:, :, :Tq, p:p + Tk] = dZ
+    return _taps(dZp, theta[:, ::-1, ::-1], Tq, Tk), dtheta
 
 
 class MultiTokenAttention(CausalSelfAttention):
