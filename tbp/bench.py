@@ -6,6 +6,7 @@ and report medians. Compare against the PyTorch reference in one run on one mach
 """
 from __future__ import annotations
 
+import platform
 import time
 
 import numpy as np
@@ -14,6 +15,37 @@ from .generate import Sampling, generate_ids
 from .nn import GPT, ModelConfig
 from .optim import AdamW, clip_grads
 from .parallel import data_parallel
+
+
+SIMD_LADDER = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX", "AVX512F", "AVX2", "AVX",
+               "SSE42", "SVE", "ASIMD", "NEON", "VSX4", "VSX3", "VSX2", "VX")
+
+
+def machine() -> dict:
+    """What a figure was measured on: the CPU's model and cores, the highest SIMD level NumPy
+    detected and dispatches to, the BLAS NumPy was built with and its thread count now."""
+    from . import __version__
+    from .parallel import _openblas, available_cores
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:                                     # NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    simd = next((name for name in SIMD_LADDER if features.get(name)), "none detected")
+    try:
+        blas_info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{blas_info.get('name', '?')} {blas_info.get('version', '')}".strip()
+    except Exception:                                       # the config format is NumPy's, not ours
+        blas = "unknown"
+    fns = _openblas()
+    return {"cpu": cpu, "cores": available_cores(), "simd": simd, "blas": blas,
+            "blas_threads": int(fns[0]()) if fns else None, "python": platform.python_version(),
+            "numpy": np.__version__, "tbp": __version__}
 
 
 def matmul_peak_gflops(dtype=np.float32, n: int = 1024, repeats: int = 5) -> float:

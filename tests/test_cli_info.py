@@ -60,6 +60,10 @@ def test_bench_json_reports_the_documented_keys():
     for key in ("train_tokens_per_s", "train_ms_per_iter", "generate_tokens_per_s", "gflops", "peak_gflops"):
         assert d[key] > 0, key
     assert d["generate_tokens"] == 5 and d["config"]["n_ctx"] == 16
+    # every figure names the machine it was measured on
+    m = d["machine"]
+    assert m["cpu"] and m["cores"] >= 1 and m["simd"] and m["blas"] and m["numpy"]
+    assert m["blas_threads"] is None or m["blas_threads"] >= 1
 
 
 def test_flop_count_matches_a_hand_count():

@@ -3,14 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import platform
 
 import click
-import numpy as np
 
-from .. import __version__
-from ..bench import bench_generate, bench_train, matmul_peak_gflops
+from ..bench import bench_generate, bench_train, machine, matmul_peak_gflops
 from ..config import ModelConfig
 from .common import console, fmt_count, kv_table
 from .options import config_options
@@ -53,8 +49,7 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     else:
         res["generate_tokens_per_s"] = None
     res["peak_gflops"] = matmul_peak_gflops()
-    res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-                      "tbp": __version__}
+    res["machine"] = machine()
     if as_json:
         click.echo(json.dumps(res))
         return
@@ -68,4 +63,7 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     if res.get("generate_tokens_per_s"):
         t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
                               f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
+    m = res["machine"]
+    t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
+                         + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else ""))
     console.print(t)
