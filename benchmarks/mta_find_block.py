@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--query", type=int, default=2)
     ap.add_argument("--examples", type=int, default=30000)
     ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--models", nargs="+", default=["standard", "mta"], choices=["standard", "mta"])
     ap.add_argument("--work", default="bench-mta")
     args = ap.parse_args()
     work = Path(args.work)
@@ -69,6 +70,7 @@ def main():
               "--batch-size", 32, "--lr", "1e-3", "--min-lr", "1e-4", "--max-iters", args.iters,
               "--eval-interval", 500, "-q"]
     models = {"standard": [], "mta 2x9": ["--attention", "mta", "--mta-cq", 2, "--mta-ck", 9]}
+    models = {name: flags for name, flags in models.items() if name.split()[0] in args.models}
     results = []
     for seed in args.seeds:
         for name, flags in models.items():
