@@ -238,9 +238,6 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
         encoded[split] = ids, mask, np.array([len(r[0]) for r in rows], dtype=np.int64)
     sp = chat_ids(tokenizer)
     val_mask = encoded["val"][1]
-    val_bytes = sum(len(m["content"].encode("utf-8")) for c in splits["val"]
-                    for i, m in enumerate(c) if m["role"] == "assistant"
-                    and (loss != "last" or i == max(j for j, x in enumerate(c) if x["role"] == "assistant")))
     meta = {
         "format": 1, "kind": "chat", "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
         "dtype": dtype.name, "eot_id": sp["eot"], "pad_id": sp["pad"], "end_id": sp["end"],
@@ -250,8 +247,8 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
         "train_tokens": int(encoded["train"][0].size), "val_tokens": int(encoded["val"][0].size),
         "train_bytes": sum(len(t.encode("utf-8")) for c in splits["train"] for t in (m["content"] for m in c)),
         "val_bytes": sum(len(t.encode("utf-8")) for c in splits["val"] for t in (m["content"] for m in c)),
-        "val_target_tokens": int(val_mask.sum()), "val_target_bytes": val_bytes if loss != "all" else
-        sum(len(m["content"].encode("utf-8")) for c in splits["val"] for m in c),
+        "val_target_tokens": int(val_mask.sum()),
+        "val_target_bytes": sum(_trained_bytes(c, loss) for c in splits["val"]),
         "max_example_tokens": int(max(encoded["train"][2].max(), encoded["val"][2].max(initial=0))),
         "characters": sum(len(t) for t in texts), "val_fraction": val_fraction, "source": source,
         "source_sha256": hashlib.sha256(json.dumps(convs).encode("utf-8")).hexdigest(),
@@ -263,6 +260,13 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     arrays = {f"{split}.{ext}": a for split, (ids, mask, lengths) in encoded.items()
               for ext, a in (("bin", ids), ("mask", mask), ("idx", lengths))}
     return write_dataset(out, force, tokenizer, arrays, meta, t0, report)
+
+
+def _trained_bytes(messages: list[dict], loss: str) -> int:
+    """UTF-8 bytes of the text the loss is on (bits per byte are of it)."""
+    replies = [m for m in messages if m["role"] == "assistant"]
+    trained = messages if loss == "all" else replies[-1:] if loss == "last" else replies
+    return sum(len(m["content"].encode("utf-8")) for m in trained)
 
 
 # --- loading ----------------------------------------------------------------------------------

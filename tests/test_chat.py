@@ -155,3 +155,10 @@ def test_a_full_context_drops_the_oldest_turns_and_keeps_the_instruction(chat_ru
 def test_a_tokenizer_without_the_template_is_refused():
     with pytest.raises(TbpError, match="not prepared for conversations"):
         Conversation(GPT(ModelConfig(vocab_size=20, n_ctx=16)), train_char("abc"))
+
+
+@pytest.mark.parametrize("loss,tokens,nbytes", [("last", 3, 2), ("assistant", 6, 4)])
+def test_bits_per_byte_are_of_what_the_loss_is_on(tmp_path, loss, tokens, nbytes):
+    meta = chat.prepare_chat([CONV, CONV], "c", "test", tmp_path / "c", val_fraction=0.5, loss=loss)
+    assert meta["val_target_tokens"] == tokens          # "ok" + <|end|> (and "yo" + <|end|>)
+    assert meta["val_target_bytes"] == nbytes
