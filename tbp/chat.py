@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
-from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out, write_dataset
+from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
 from .tokenizer import ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, Tokenizer, token_dtype, train_bpe, \
@@ -91,13 +90,7 @@ def check_messages(messages, where: str, need_reply: bool = True) -> list[dict]:
 def read_conversations(path: str, encoding: str = "utf-8", need_reply: bool = True) -> tuple[list, str, str]:
     """(conversations, name, source) from a JSON-lines file (or '-'), one conversation per line:
     ``{"messages": [{"role": ..., "content": ...}, ...]}``. Blank lines are skipped."""
-    if path == "-":
-        text, where, name = _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise TbpError(f"{p}: no such file")
-        text, where, name = _decode(p.read_bytes(), str(p), encoding), str(p), p.stem
+    text, where, name = read_file(path, encoding, "file of conversations")
     convs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():

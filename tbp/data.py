@@ -52,6 +52,17 @@ def _decode(raw: bytes, where: str, encoding: str) -> str:
         raise TbpError(f"unknown --encoding {encoding!r}") from None
 
 
+def read_file(path: str, encoding: str = "utf-8", what: str = "file") -> tuple[str, str, str]:
+    """(text, where, name) of one file, or of stdin for '-': examples (pairs, conversations)
+    come one file at a time. ``what`` names it in the error for a folder."""
+    if path == "-":
+        return _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
+    p = Path(path)
+    if not p.is_file():
+        raise TbpError(f"{p}: {f'a folder; give one {what}' if p.is_dir() else 'no such file'}")
+    return _decode(p.read_bytes(), str(p), encoding), str(p), p.stem
+
+
 def read_corpus(path: str | None, encoding: str = "utf-8") -> tuple[str, str, str]:
     """(text, name, source) for a file, a folder of text files, '-' (stdin) or None (built-in)."""
     if path is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
-from .data import DATASET_FILES, PrepareReport, _decode, _versions, default_out, write_dataset
+from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
 from .tokenizer import EOT, PAD, PAIR_SPECIALS, SEP, Tokenizer, token_dtype, train_bpe, train_char
@@ -47,13 +46,7 @@ def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]
     """(pairs, name, source) from a TSV file (``source<TAB>target`` per line) or JSON lines
     (``{"source": ..., "target": ...}``), or '-' for stdin. Blank lines are skipped; any other
     line that is not a pair is refused, naming the file and line."""
-    if path == "-":
-        text, where, name = _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise TbpError(f"{p}: {'a folder; give one file of pairs' if p.is_dir() else 'no such file'}")
-        text, where, name = _decode(p.read_bytes(), str(p), encoding), str(p), p.stem
+    text, where, name = read_file(path, encoding, "file of pairs")
     jsonl = where.endswith((".jsonl", ".ndjson", ".json")) or text.lstrip().startswith("{")
     pairs = []
     for n, line in enumerate(text.splitlines(), 1):
