@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.numpy import save as st_save
 
 from . import memory, schema
+from .schema import read_json
 from .errors import TbpError
 from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
                      staged_dir, sweep_temporaries)
@@ -103,18 +104,6 @@ def save(run: Path, model, optimizer, state: dict, adapter: bool, best: bool) ->
 # --- reading --------------------------------------------------------------------------------
 class MissingFile(TbpError):
     """A file a checkpoint names is not there (damage, or a newer commit removed it)."""
-
-
-def read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise TbpError(f"{path}: missing")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TbpError(f"{path}: damaged JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise TbpError(f"{path}: expected a JSON object")
-    return obj
 
 
 def read_state(run: Path) -> dict:

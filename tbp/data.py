@@ -12,7 +12,6 @@ boundary; decoding train then val gives back exactly the source text.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -268,11 +267,7 @@ class Dataset:
         where = path / "meta.json"
         if not where.is_file():
             raise TbpError(f"{path}: missing meta.json; prepare it again with tbp prepare --force")
-        try:
-            meta = json.loads(where.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise TbpError(f"{where}: damaged JSON ({e})") from None
-        schema.check(meta, schema.DATASET_META, str(where))
+        meta = schema.check(schema.read_json(where), schema.DATASET_META, str(where))
         kind = meta.get("kind", "text")
         if kind not in ("text", "pairs", "chat"):
             raise TbpError(f"{where}: kind {kind!r} is not one this tbp reads (text, pairs, chat)")

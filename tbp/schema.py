@@ -10,9 +10,25 @@ surface later as a TypeError deep inside. A spec maps each key to its kind:
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from .errors import TbpError
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; TbpError naming the file if it is missing, damaged or not
+    an object."""
+    if not path.is_file():
+        raise TbpError(f"{path}: missing")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TbpError(f"{path}: damaged JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise TbpError(f"{path}: expected a JSON object")
+    return obj
 
 
 def check(obj, spec: dict, where: str, path: str = "") -> dict:

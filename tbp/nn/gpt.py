@@ -78,6 +78,15 @@ class LanguageModel(Module):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         self.loss_fn = CrossEntropy()
 
+    def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator) -> None:
+        """The last layers every model has -- ``ln_f`` and the head (tied to ``wte``, or an
+        untied ``lm_head`` with a bias) -- then the layout of the whole tree."""
+        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
+        self.lm_head = None
+        if not cfg.tie_head:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
+        self.pack()
+
     def pack(self) -> Layout | None:
         """Lay the trainable parameters out in one flat buffer (and their gradients in another)."""
         self.layout = None if init.abstract() else Layout(self)
@@ -184,11 +193,7 @@ class GPT(LanguageModel):
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=cfg.positions == "learned")
         self.blocks = Stack(Block(cfg, rng, self.dtype, i) for i in range(cfg.n_layer))
-        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
-        self.lm_head = None
-        if not cfg.tie_head:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
-        self.pack()
+        self._head_and_pack(cfg, rng)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, idx: np.ndarray) -> np.ndarray:

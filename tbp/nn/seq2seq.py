@@ -17,7 +17,6 @@ from .config import ModelConfig
 from .embedding import Embedding
 from .gpt import Block, LanguageModel
 from .layernorm import LayerNorm
-from .linear import Linear
 from .module import Module, Stack
 
 
@@ -107,12 +106,8 @@ class EncoderDecoder(LanguageModel):
         self.encoder = Encoder(cfg, rng, self.dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
         self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
-        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
-        self.lm_head = None
-        if not cfg.tie_head:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
         self.memory_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
-        self.pack()
+        self._head_and_pack(cfg, rng)
 
     def source_mask(self, src: np.ndarray) -> np.ndarray | None:
         """(B, 1, 1, S) additive mask of src's padded positions, or None when nothing is padded."""
