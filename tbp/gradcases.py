@@ -13,6 +13,7 @@ from .gradcheck import Case, Target
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
 from .nn.attention import padding_mask
+from .nn.attnres import DepthAttention, rms_inverse
 from .nn.mta import MultiTokenAttention
 from .nn.rope import Rotary
 
@@ -57,7 +58,8 @@ def _randomize(module, rng, scale: float = 0.3) -> None:
     """
     for name, p in module.params.items():
         noise = rng.standard_normal(p.shape) * scale
-        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_cross.weight", "ln_f.weight")) \
+        p[...] = 1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_cross.weight", "ln_f.weight",
+                                             "res.gain", "res_f.gain")) \
             or (name == "weight" and isinstance(module, LayerNorm)) else noise
 
 
@@ -226,6 +228,28 @@ def _seq2seq_case(layer: str, cfg: ModelConfig, rng) -> Case:
     return Case(layer, f, prepare)
 
 
+def _depth_case(rng, C: int, K: int = 4) -> Case:
+    """One Attention Residuals operation over K sources of different scales (an RMS-normalised
+    key is scale-free; the value is not): f = sum(h * w), with the query and gain random."""
+    op = DepthAttention(C, 1e-5, np.float64)
+    _randomize(op, rng)
+    op.params["gain"] += 1
+    vs = [rng.standard_normal((B * T, C)) * s for s in rng.uniform(0.3, 3.0, K)]
+    w = rng.standard_normal((B * T, C))
+
+    def f():
+        return float(np.sum(op.forward([(v, rms_inverse(v, op.eps)) for v in vs]) * w))
+
+    def prepare():
+        op.zero_grad()
+        f()
+        dvs = [np.zeros_like(v) for v in vs]
+        op.backward(w.copy(), dvs)
+        return _targets(op) + [Target(f"v_{i} (source)", v, dv) for i, (v, dv) in enumerate(zip(vs, dvs))]
+
+    return Case(f"depth attention [{K} sources]", f, prepare)
+
+
 def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted: bool = False) -> Case:
     model = GPT(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
     if lora_rank:
@@ -296,6 +320,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_cross_case("cross-attention [d_qk=3 != d_v=4]",
                            CrossAttention(C, H, 3, C // H, rng, f64), rng, C, H, 3))
     out.append(_cross_case("decoder block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
+    out.append(_depth_case(rng, C))
     out.append(_loss_case(rng))
     out.append(_weighted_loss_case(rng))
     base = dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
@@ -314,6 +339,13 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_model_case("gpt [mta: conv in layer 1 only, post, mix, norm]",
                            ModelConfig(**base, attention="mta", mta_ck=3, mta_layers="1", mta_post=True,
                                        mta_mix=True, mta_norm=True), rng))
+    # Attention Residuals on 3 layers: every source feeds every later sublayer
+    deep = dict(base, n_layer=3, residual="attention")
+    for label, extra in (("full", {}),
+                         ("2 blocks of 3 sublayers", {"residual_blocks": 2}),
+                         ("3 blocks, untied head, no biases", {"residual_blocks": 3, "tie_head": False,
+                                                               "bias": False})):
+        out.append(_model_case(f"gpt [attention residuals: {label}]", ModelConfig(**deep, **extra), rng))
     s2s = dict(base, arch="encoder-decoder", pad_id=0)
     for label, extra in (("tied head, padding", {}),
                          ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),

@@ -140,4 +140,4 @@ def run(seed: int = 0, eps: float = DEFAULT_EPS, rtol: float = DEFAULT_RTOL,
 
 
 LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "cross-attention", "mlp", "block",
-          "decoder block", "cross_entropy", "gpt", "encoder-decoder")
+          "decoder block", "depth attention", "cross_entropy", "gpt", "encoder-decoder")

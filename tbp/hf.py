@@ -55,7 +55,8 @@ def exportable(cfg: ModelConfig) -> None:
         if need is not None and getattr(cfg, f.name) != need:
             problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})")
     why = {"arch": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
-           "attention": "GPT-2's attention has no convolution over its score maps"}
+           "attention": "GPT-2's attention has no convolution over its score maps",
+           "residual": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth"}
     problems = [p + (f": {why[p.split(' ')[0]]}" if p.split(" ")[0] in why else "") for p in problems]
     if problems:
         raise TbpError("GPT-2 cannot represent this model: " + "; ".join(problems))

@@ -32,7 +32,8 @@ def test_cases_cover_every_layer_and_option():
                    "d_qk=3 != d_v=4", "non-causal", "mlp [gelu]", "mlp [relu]", "block",
                    "cross_entropy", "tied head", "untied head", "gpt + lora", "cross_entropy [weights]",
                    "gpt [masked loss]", "key padding", "cross-attention [Tq=5, Tk=7, padded key]",
-                   "decoder block", "encoder-decoder [tied head, padding]", "1 enc + 2 dec"):
+                   "decoder block", "encoder-decoder [tied head, padding]", "1 enc + 2 dec",
+                   "depth attention", "attention residuals: full", "attention residuals: 2 blocks"):
         assert needle in names
 
 

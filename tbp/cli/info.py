@@ -140,10 +140,16 @@ def info(path, as_json):
                                         (cfg.mta_group, f"head groups of {cfg.mta_group}"),
                                         (cfg.mta_norm, "norm + gate")) if on]
         t.add_row("multi-token", " · ".join(steps))
+    if cfg.residual == "attention":
+        S = 2 * cfg.n_layer
+        form = (f"full: each of the {S} sublayers reads the embedding and every earlier output"
+                if cfg.residual_block_size == 1 else
+                f"blocks: {cfg.residual_blocks} blocks of {cfg.residual_block_size} sublayers")
+        t.add_row("residual", f"attention over depth · {form} · final state mixed too")
     defaults = ModelConfig.defaults()
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
                if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base", "arch", "n_enc_layer", "pad_id", "attention")
-               and not k.startswith("mta_") and v != defaults.get(k)]
+               and not k.startswith(("mta_", "residual")) and v != defaults.get(k)]
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")
     t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")

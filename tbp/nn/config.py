@@ -97,6 +97,7 @@ FLASH_FROM_T = 512     # auto: flash from this context on (measured: benchmarks/
 POSITIONS = ("learned", "rope")
 ARCHS = ("gpt", "encoder-decoder")
 ATTENTIONS = ("standard", "mta")
+RESIDUALS = ("sum", "attention")
 
 
 @dataclass
@@ -147,6 +148,13 @@ class ModelConfig(DictConfig):
                             min=0, max=128)
     mta_norm: bool = option(False, "MTA: RMS-normalise each head's output, then gate it.",
                             flag="--mta-norm/--no-mta-norm")
+    residual: str = option("sum", "How each sublayer's input is formed: sum (the residual stream) or attention "
+                                  "(Attention Residuals: a learned per-token softmax over the embedding and every "
+                                  "earlier sublayer's output; the mean of them at initialisation).",
+                           choices=RESIDUALS, gpt2="sum")
+    residual_blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
+                                     "blocks, each a source (0: every sublayer its own source, full AttnRes).",
+                                  min=0, max=192)
     pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
                                       "targets (set from the tokenizer).", min=0, cli=False)
     KIND = "model config"
@@ -172,6 +180,7 @@ class ModelConfig(DictConfig):
         elif self.n_enc_layer is not None:
             raise ConfigError("n_enc_layer is an encoder-decoder option (pass --arch encoder-decoder)")
         self._check_mta()
+        self._check_residual()
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary ({self.vocab_size})")
 
@@ -194,6 +203,22 @@ class ModelConfig(DictConfig):
         if self.mta_group and self.n_head % self.mta_group:
             raise ConfigError(f"mta_group ({self.mta_group}) must divide n_head ({self.n_head})")
         self.mta_conv_layers()
+
+    def _check_residual(self) -> None:
+        if self.residual == "sum":
+            if self.residual_blocks:
+                raise ConfigError("residual_blocks is an Attention Residuals option (pass --residual attention)")
+            return
+        if self.arch != "gpt":
+            raise ConfigError("Attention Residuals are built for the GPT (not the encoder-decoder)")
+        if self.residual_blocks and (2 * self.n_layer) % self.residual_blocks:
+            raise ConfigError(f"residual_blocks ({self.residual_blocks}) must divide the {2 * self.n_layer} "
+                              f"sublayers (2 x n_layer)")
+
+    @property
+    def residual_block_size(self) -> int:
+        """Attention Residuals: sublayers per block (1: full AttnRes)."""
+        return 2 * self.n_layer // self.residual_blocks if self.residual_blocks else 1
 
     def mta_conv_layers(self) -> tuple[int, ...]:
         """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""

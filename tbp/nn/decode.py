@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attnres import StackedSources
 from .linear import weight_of
 from .sparse import select
 
@@ -123,6 +124,9 @@ class Decoder:
         else:
             self.head = model.ln_f.fold(weight_of(model.lm_head), model.lm_head.params.get("bias"))
         self.norm_f = model.ln_f.decode_vectors(dt)
+        # Attention Residuals: each sublayer's input is mixed over depth, row by row (no cache:
+        # the mixing never looks across positions)
+        self.depth = model.res_f is not None
         L, H = len(self.layers), cfg.n_head
         self.keys = np.zeros((L, batch, H, cfg.d_qk, self.n_ctx), dt)
         # each value row carries a trailing 1: probabilities @ [v, 1] gives the weighted sum and
@@ -210,8 +214,12 @@ class Decoder:
         rule = self.sparse
         thin = rule is not None and Tn == 1 and rule.budget < t1 <= self.n_ctx    # within the cache
         keep = None
+        depth = StackedSources(buf.x, 2 * len(self.layers), model.config.residual_block_size,
+                               model.res_f.eps) if self.depth else None
         for i, ((block, attn_w, mlp_w, norm_1, norm_2, cross), keys, values) in enumerate(
                 zip(self.layers, self.keys, self.values)):
+            if depth and i:                          # block 0's attention reads the embedding as it is
+                depth.mix(block.attn_res, buf.x)
             block.ln_1.decode(buf, norm_1)
             if self.mta_states[i] is not None:
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, state=self.mta_states[i])
@@ -222,12 +230,19 @@ class Decoder:
                 self.kept_scores = scores[:, :, 0]
             else:
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, keep=keep if thin else None)
+            if depth:
+                depth.add(buf.out)
+                depth.mix(block.mlp_res, buf.x)
             if cross is not None:                                   # the encoder-decoder's third sublayer
                 block.ln_cross.decode(buf, cross[1])
                 block.cross.decode(buf, cross[0], *self.memory[i], self.memory_mask)
             block.ln_2.decode(buf, norm_2)
             block.mlp.decode(buf, mlp_w)
+            if depth:
+                depth.add(buf.out)
         self.kept = keep
+        if depth:
+            depth.mix(model.res_f, buf.x)
         model.ln_f.decode(buf, self.norm_f)
         np.dot(buf.xa, self.head, out=buf.logits)
         self.length = t1

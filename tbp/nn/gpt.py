@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import init
+from . import attnres
 from .attention import CausalSelfAttention
+from .attnres import DepthAttention
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -42,6 +44,10 @@ class Block(Module):
                                             window=cfg.n_ctx if rope else None)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
+        if cfg.residual == "attention":          # the inputs of attn and mlp: softmaxes over depth
+            if layer:                            # the first sublayer reads the embedding alone
+                self.attn_res = DepthAttention(cfg.d_model, cfg.ln_eps, dtype)
+            self.mlp_res = DepthAttention(cfg.d_model, cfg.ln_eps, dtype)
 
     def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
         # each sublayer returns a new array: the residual is added into it, in place
@@ -77,6 +83,7 @@ class LanguageModel(Module):
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         self.loss_fn = CrossEntropy()
+        self.res_f = None               # Attention Residuals' final operation (GPT only)
 
     def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator) -> None:
         """The last layers every model has -- ``ln_f`` and the head (tied to ``wte``, or an
@@ -182,6 +189,10 @@ class GPT(LanguageModel):
 
     ``layout`` packs the trainable parameters into one buffer (see :class:`Layout`); call
     :meth:`pack` again after changing which parameters train (``add_lora`` does).
+
+    With ``residual="attention"`` the blocks' residual sums give way to Attention Residuals
+    (attnres.py): each sublayer's input, and the final state ``res_f`` hands to ``ln_f``, is a
+    learned softmax over the embedding and the earlier sublayers' outputs.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
@@ -193,21 +204,28 @@ class GPT(LanguageModel):
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=cfg.positions == "learned")
         self.blocks = Stack(Block(cfg, rng, self.dtype, i) for i in range(cfg.n_layer))
+        self.res_f = DepthAttention(cfg.d_model, cfg.ln_eps, self.dtype) if cfg.residual == "attention" else None
         self._head_and_pack(cfg, rng)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, idx: np.ndarray) -> np.ndarray:
         idx = self.check_tokens(idx)
         x = self.embed.forward(idx)                                        # (B, T, C)
-        for block in self.blocks:
-            x = block.forward(x)
+        if self.res_f is not None:
+            x = attnres.stack_forward(self.blocks, self.res_f, x, self.config.residual_block_size)
+        else:
+            for block in self.blocks:
+                x = block.forward(x)
         return self._head(self.ln_f.forward(x))                            # (B, T, V)
 
     def backward(self, dlogits: np.ndarray) -> None:
         """[paper §7, Table 3]  The forward's calls read bottom-up."""
         dx = self.ln_f.backward(self._head_backward(dlogits))
-        for block in reversed(self.blocks):
-            dx = block.backward(dx)
+        if self.res_f is not None:
+            dx = attnres.stack_backward(self.blocks, self.res_f, dx, self.config.residual_block_size)
+        else:
+            for block in reversed(self.blocks):
+                dx = block.backward(dx)
         self.embed.backward(dx)
 
     def attention_weights(self, idx: np.ndarray) -> list[np.ndarray]:
@@ -215,6 +233,18 @@ class GPT(LanguageModel):
         row t is what query t gives each key. For looking inside; the training path is untouched."""
         self.forward(idx)
         return [block.attn.weights() for block in self.blocks]
+
+    def depth_weights(self, idx: np.ndarray) -> list[np.ndarray]:
+        """Attention Residuals: run the forward on idx (B, T) and return, for each operation in
+        order (the MLP of block 0, then attn and mlp of each later block, then ``res_f``; the first
+        attention reads the embedding alone), alpha (K, B, T): what each position's
+        input takes from each of the K sources (the embedding first, then blocks in order)."""
+        if self.res_f is None:
+            raise ValueError("depth weights are an Attention Residuals model's (residual='attention')")
+        B, T = self.check_tokens(idx).shape
+        self.forward(idx)
+        ops = [op for op, _, _ in attnres.sublayers(self.blocks) if op is not None] + [self.res_f]
+        return [op.weights().reshape(-1, B, T) for op in ops]
 
     def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
         """Mean cross-entropy of the next-token predictions (weighted by ``weights`` (B, T),

@@ -1,0 +1,283 @@
+"""Attention Residuals: each sublayer reads a softmax over depth.   [Kimi Team, arXiv 2603.15031]
+
+A pre-LN stack adds every sublayer's output into one running sum, so sublayer l reads
+``v_0 + v_1 + ... + v_{l-1}`` (v_0 the embedding, v_i the i-th sublayer's output; attention and
+MLP are separate sublayers). Attention Residuals replace the fixed sum by a per-token softmax
+over the sources, with one learned pseudo-query w_l per operation:
+
+    h_l = sum_i alpha_i v_i,   alpha = softmax_i(w_l . RMSNorm_g(v_i)),   RMSNorm_g(v) = g * v / r(v),
+    r(v) = sqrt(mean_c v^2 + eps)
+
+(no 1/sqrt(C); the softmax runs over depth, separately at every position). The query does not
+depend on the input; the keys are the RMS-normalised sources, the values the raw ones. With
+w = 0 (the initialisation) every input is the plain mean of its sources.
+
+Block AttnRes groups the sublayers into blocks: inside a block outputs are summed, and each
+operation reads the embedding, the finished blocks' sums and the current block's partial sum.
+One sublayer per block is the full form. The first sublayer has no operation: it reads the
+embedding alone. The final state before ``ln_f`` is one more such
+operation (``res_f``) over every finished block: a plain sum would bring back the growth with
+depth the mixing is there to avoid, and with w = 0 it is the mean of all sources.
+
+Backward [derived; ``u_i = v_i / r_i``, ``q = g * w``, so ``z_i = q . u_i``]:
+
+    dalpha_i = dh . v_i                          dz_i = alpha_i (dalpha_i - sum_j alpha_j dalpha_j)
+    dq = sum_i dz_i u_i                          dw += dq * g,  dg += dq * w
+    dv_i += alpha_i dh + dz_i (q - z_i u_i / C) / r_i
+
+Each source feeds every later operation, so its gradient is a sum over consumers: ``backward``
+adds into the caller's arrays, and :func:`stack_backward` walks the operations in reverse so
+that a source's gradient is complete before the sublayer that made it is differentiated.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import init
+from .module import Module
+
+
+def rms_inverse(v: np.ndarray, eps: float) -> np.ndarray:
+    """1 / sqrt(mean_c v^2 + eps) of each row of v (N, C): (N,)."""
+    ms = np.einsum("nc,nc->n", v, v)
+    ms /= v.shape[1]
+    ms += v.dtype.type(eps)
+    return np.reciprocal(np.sqrt(ms, out=ms), out=ms)
+
+
+class Sources:
+    """What the next operation reads, as (value (N, C), 1 / RMS (N,)) pairs: the embedding, the
+    finished blocks' sums, then the current block's partial sum (if the block has begun).
+
+    ``add(v)`` records a sublayer's output. Each source's RMS is computed once, when it is made,
+    however many later operations read it.
+    """
+
+    def __init__(self, x0: np.ndarray, block_size: int, eps: float):
+        self.block_size, self.eps = block_size, eps
+        self.blocks = [(x0, rms_inverse(x0, eps))]
+        self.partial = None
+        self.count = 0
+
+    def current(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return list(self.blocks) if self.partial is None else self.blocks + [self.partial]
+
+    def add(self, v: np.ndarray) -> None:
+        total = v if self.partial is None else self.partial[0] + v
+        self.partial = (total, rms_inverse(total, self.eps))
+        self.count += 1
+        if self.count % self.block_size == 0:
+            self.blocks.append(self.partial)
+            self.partial = None
+
+
+class StackedSources:
+    """The sources for decoding, side by side in one buffer (slots, N, C): slot 0 the embedding,
+    slots 1 .. n-1 the finished blocks, slot n the partial sum of block n while it is open (it
+    becomes the block when it closes). No backward reads them, so the partial sum is updated
+    in place, and an operation is two products over the slots it reads: a few calls per
+    operation, whatever the depth -- the cost of one decoding step is the number of calls."""
+
+    def __init__(self, x0: np.ndarray, n_sublayers: int, block_size: int, eps: float):
+        N, C = x0.shape
+        slots = n_sublayers // block_size + 1
+        self.v = np.empty((slots, N, C), x0.dtype)
+        self.rinv = np.empty((slots, N), x0.dtype)
+        self.v[0] = x0
+        self.rinv[0] = rms_inverse(x0, eps)
+        self.block_size, self.eps = block_size, eps
+        self.n, self.count, self.open = 1, 0, False
+
+    def add(self, out: np.ndarray) -> None:
+        n = self.n
+        if self.open:
+            self.v[n] += out
+        else:
+            self.v[n] = out
+        self.rinv[n] = rms_inverse(self.v[n], self.eps)
+        self.count += 1
+        self.open = self.count % self.block_size != 0
+        if not self.open:
+            self.n += 1
+
+    def mix(self, op: "DepthAttention", out: np.ndarray) -> None:
+        """out (N, C) = op's softmax over depth of the sources read now."""
+        K = self.n + self.open
+        v = self.v[:K]
+        q = op.params["query"] * op.params["gain"]
+        z = np.dot(v.reshape(-1, v.shape[2]), q).reshape(K, -1)      # (K, N)
+        z *= self.rinv[:K]
+        z -= z.max(axis=0)
+        e = np.exp(z, out=z)
+        np.einsum("kn,knc->nc", e, v, out=out)
+        out /= e.sum(axis=0)[:, None]
+
+
+class DepthAttention(Module):
+    """One AttnRes operation: h (N, C) = sum_i alpha_i v_i over K sources v_i (N, C).
+
+    Parameters: ``query`` w (C,), zero at initialisation; ``gain`` g (C,) of the keys' RMSNorm.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
+        super().__init__()
+        self.eps = eps
+        self.param("query", init.zeros(d, dtype))
+        self.param("gain", init.ones(d, dtype))
+
+    def mix(self, sources) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(h, z, alpha, q) for sources [(v_i, 1/r_i)]: z, alpha (K, N); q = g * w (C,).
+
+        h is accumulated unnormalised and divided once, so that with w = 0 (every weight
+        exp(0) = 1) it is (v_0 + ... + v_{K-1}) / K, the mean, exactly."""
+        q = self.params["query"] * self.params["gain"]
+        v0 = sources[0][0]
+        z = np.empty((len(sources), v0.shape[0]), v0.dtype)
+        for i, (v, rinv) in enumerate(sources):
+            np.dot(v, q, out=z[i])
+            z[i] *= rinv
+        e = z - z.max(axis=0)
+        np.exp(e, out=e)
+        h = _scale_rows(v0, e[0])
+        scratch = np.empty_like(h)
+        for i in range(1, len(sources)):
+            h += _scale_rows(sources[i][0], e[i], scratch)
+        s = e.sum(axis=0)
+        h /= s[:, None]
+        e /= s
+        return h, z, e, q
+
+    def forward(self, sources) -> np.ndarray:
+        h, z, alpha, q = self.mix(sources)
+        self.cache = sources, z, alpha, q
+        return h
+
+    def weights(self) -> np.ndarray:
+        """alpha (K, N) of the last forward: what each position read from each source."""
+        return self.cache[2]
+
+    def backward(self, dh: np.ndarray, dsources: list[np.ndarray]) -> None:
+        """Add each source's gradient into dsources[i] (N, C), and dw, dg into ``grads``."""
+        reads = [Reads() for _ in dsources]
+        self.backward_deferred(dh, dsources, reads)
+        for (v, _), d, r in zip(self.cache[0], dsources, reads):
+            r.apply(v, d)
+
+    def backward_deferred(self, dh: np.ndarray, dsources: list[np.ndarray], reads: list["Reads"]) -> None:
+        """The backward with the parts that depend on the source alone left in ``reads[i]``:
+        alpha_i dh is added into dsources[i] now; dz_i (q - z_i u_i / C) / r_i and this
+        operation's share of dq wait for :meth:`Reads.apply`, which does them for every reader
+        of a source at once."""
+        sources, z, alpha, q = self.cache
+        C = dh.shape[1]
+        dalpha = np.empty_like(z)
+        for i, (v, _) in enumerate(sources):
+            np.einsum("nc,nc->n", dh, v, out=dalpha[i])
+        dz = dalpha
+        dz -= (alpha * dalpha).sum(axis=0)
+        dz *= alpha                                                  # (K, N)
+        scratch = np.empty_like(dh)
+        for i, ((v, rinv), d, r) in enumerate(zip(sources, dsources, reads)):
+            d += _scale_rows(dh, alpha[i], scratch)
+            a = dz[i] * rinv                                         # dz_i / r_i
+            r.add(self, a, a * z[i] * rinv / z.dtype.type(C))      # dz_i z_i / (C r_i^2)
+
+    def add_query_gradient(self, dq: np.ndarray) -> None:
+        """dq (C,), the gradient of q = g * w: dw += dq * g, dg += dq * w."""
+        grads, params = self.grads, self.params
+        if "query" in grads:
+            grads["query"] += dq * params["gain"]
+        if "gain" in grads:
+            grads["gain"] += dq * params["query"]
+
+
+class Reads:
+    """The operations that read one source v (N, C), and what each owes its gradient beyond
+    alpha dh: for reader r, a_r = dz_r / r(v) and c_r = dz_r z_r / (C r(v)^2), both (N,).
+
+    ``apply`` adds sum_r a_r q_r - (sum_r c_r) v into dv, two products and one pass however
+    many operations read v, and gives each reader its dq = sum over rows of a_r v."""
+
+    def __init__(self):
+        self.ops, self.a, self.c = [], [], None
+
+    def add(self, op: DepthAttention, a: np.ndarray, c: np.ndarray) -> None:
+        self.ops.append(op)
+        self.a.append(a)
+        self.c = c if self.c is None else self.c + c
+
+    def apply(self, v: np.ndarray, dv: np.ndarray) -> None:
+        if not self.ops:
+            return
+        A = np.stack(self.a, axis=1)                                 # (N, R)
+        dv += np.dot(A, np.stack([op.cache[3] for op in self.ops]))  # sum_r a_r q_r
+        dv -= _scale_rows(v, self.c)
+        for op, dq in zip(self.ops, np.dot(A.T, v)):                 # (R, C)
+            op.add_query_gradient(dq)
+
+
+def _scale_rows(x: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x (N, C) with row n times s[n]: one pass (einsum beats broadcasting a column here)."""
+    return np.einsum("nc,n->nc", x, s, out=out)
+
+
+def sublayers(blocks) -> list[tuple]:
+    """(operation, norm, sublayer) for each attention and MLP sublayer, in order. The first
+    sublayer's operation is None: it reads one source, the embedding (a softmax over one
+    source is 1 whatever its query, so that query could never learn)."""
+    out = []
+    for block in blocks:
+        out += [(getattr(block, "attn_res", None), block.ln_1, block.attn), (block.mlp_res, block.ln_2, block.mlp)]
+    return out
+
+
+def stack_forward(blocks, final: DepthAttention, x0: np.ndarray, block_size: int) -> np.ndarray:
+    """The state before ``ln_f`` (B, T, C) of the embedding x0 (B, T, C) through the blocks.
+
+    Sublayer j reads h_j = its operation over the sources; its output f(norm(h_j)) becomes a
+    source (or joins its block's partial sum)."""
+    shape, C = x0.shape, x0.shape[-1]
+    sources = Sources(x0.reshape(-1, C), block_size, final.eps)
+    for op, norm, f in sublayers(blocks):
+        h = x0 if op is None else op.forward(sources.current())
+        sources.add(f.forward(norm.forward(h.reshape(shape))).reshape(-1, C))
+    return final.forward(sources.current()).reshape(shape)
+
+
+def stack_backward(blocks, final: DepthAttention, dxf: np.ndarray, block_size: int) -> np.ndarray:
+    """Gradient of the embedding (B, T, C) from that of the final state dxf (B, T, C).
+
+    dblock[n] collects the gradient of block n's sum (block 0: the embedding) from every
+    operation that read it; what depends on the source alone waits in reads[n] until the
+    block's gradient is needed. Walking the sublayers in reverse, sublayer j of block n has
+    output gradient dblock[n] plus what the later sublayers of its block sent to the partial
+    sums it is part of (``carry``); its operation then adds into dblock[0 .. n-1] and ``carry``."""
+    shape, C = dxf.shape, dxf.shape[-1]
+    subs = sublayers(blocks)
+    N = dxf.size // C
+    n_blocks = len(subs) // block_size + 1
+    dblock = [np.zeros((N, C), dxf.dtype) for _ in range(n_blocks)]
+    reads = [Reads() for _ in range(n_blocks)]
+    final.backward_deferred(dxf.reshape(-1, C), dblock, reads)
+    carry = None
+    for j in reversed(range(len(subs))):
+        n, k = divmod(j, block_size)
+        n += 1                                                       # block 0 is the embedding
+        if k == block_size - 1:                                      # the last sublayer of block n:
+            reads[n].apply(final.cache[0][n][0], dblock[n])          # every reader of it is done
+            carry = None
+        dv = dblock[n] if carry is None else dblock[n] + carry
+        op, norm, f = subs[j]
+        dh = norm.backward(f.backward(dv.reshape(shape))).reshape(-1, C)
+        if op is None:                                               # read the embedding as it is
+            dblock[0] += dh
+        elif k:                                                      # it read its block's partial sum
+            if carry is None:
+                carry = np.zeros((N, C), dxf.dtype)
+            partial = Reads()
+            op.backward_deferred(dh, dblock[:n] + [carry], reads[:n] + [partial])
+            partial.apply(op.cache[0][n][0], carry)
+        else:
+            op.backward_deferred(dh, dblock[:n], reads[:n])
+    reads[0].apply(final.cache[0][0][0], dblock[0])
+    return dblock[0].reshape(shape)
