@@ -11,4 +11,9 @@ __all__ = ["TbpError", "ConfigError"]
 
 
 class TbpError(Exception):
-    """A problem with the user's data, files or options: the message names the culprit."""
+    """A problem with the user's data, files or options: the message names the culprit.
+
+    ``everywhere``: raised alike on every rank of an MPI job (they all stop on their own, and
+    only rank 0 speaks); otherwise one rank's failure ends the whole job."""
+
+    everywhere = False

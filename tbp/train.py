@@ -24,7 +24,8 @@ from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
 from .nn import LanguageModel
 from .optim import AdamW, clip_grads, lr_at
-from .parallel import data_parallel
+from .distributed import Ranks, World
+from .parallel import available_cores, blas_threads, data_parallel
 
 
 class Callbacks:
@@ -51,7 +52,7 @@ class State:
 
 
 class NonFiniteError(TbpError):
-    pass
+    everywhere = True          # every rank of an MPI job computes the same loss: they all raise it
 
 
 class Trainer:
@@ -90,6 +91,32 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.pending_metrics: list[str] = []     # lines logged before the run's first save
         self.header_written = False
+        self.world = World()                     # see join(): one rank of an MPI job
+
+    def join(self, world) -> None:
+        """Train as one rank of ``world`` (distributed.py): this rank's share of every batch on its
+        own threads -- by default its machine's cores shared among the ranks there -- and every
+        parameter and optimizer moment made rank 0's. Every rank calls it, after building the
+        same model."""
+        self.world = world
+        if world.size == 1:
+            return
+        cores = max(1, available_cores() // world.local_size)
+        threads = self.cfg.threads or cores
+        local = data_parallel(self.model, threads, -(-self.cfg.batch_size // world.size))
+        if local.workers == 1:
+            local = _Threads(local, threads)
+        self.workers = Ranks(local, world)
+        self.opt.workers = local
+        layout = self.model.layout
+        world.bcast_(layout.params)
+        for name, p in self.model.params.items():
+            if name not in self.model.grads:          # frozen (a LoRA run's base): outside the layout
+                world.bcast_(p)
+        world.bcast_(self.opt.m)
+        world.bcast_(self.opt.v)
+        self.opt.t = world.bcast(self.opt.t)
+        world.check_same(layout.params, "the parameters after the broadcast")
 
     # --- public -----------------------------------------------------------------------------
     def run_loop(self) -> State:
@@ -112,7 +139,7 @@ class Trainer:
         t_start = time.perf_counter() - st.elapsed_s
         t_log, tokens_log = time.perf_counter(), 0
         while st.step < cfg.max_iters:
-            if self.stop_requested:
+            if self.world.any(self.stop_requested):     # every rank stops after the same step
                 self.interrupted = True
                 break
             lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
@@ -157,6 +184,10 @@ class Trainer:
         if best:
             st.best_val_loss, st.best_step = val_loss, st.step
         st.data_rng = self.data_rng.bit_generator.state
+        self.world.check_same(self.model.layout.params, f"step {st.step}: the parameters")
+        if not self.world.is_root:                   # rank 0 writes the run
+            self.last_saved_step = st.step
+            return
         self.saving = True
         try:
             if not self.header_written:
@@ -175,6 +206,8 @@ class Trainer:
 
     # --- internals --------------------------------------------------------------------------
     def _log(self, line: str) -> None:
+        if not self.world.is_root:
+            return
         if self.last_saved_step is None:
             self.pending_metrics.append(line)       # the run directory holds nothing yet
         else:
@@ -194,6 +227,9 @@ class Trainer:
             batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
             tokens += self.batches.tokens(batch)
             total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum) / cfg.grad_accum
+        # an MPI job: each rank holds its share of the gradient and loss; one sum completes both
+        self.world.sum_(model.layout.grads)
+        (total,) = self.world.sum_values(total)
         gnorm = clip_grads(model.layout.grads, cfg.grad_clip)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
@@ -203,6 +239,36 @@ class Trainer:
                                  f" (try a lower --lr){good}")
         self.opt.step(lr)
         return total, gnorm, tokens
+
+
+class _Threads:
+    """A rank's one-thread worker (parallel.Serial) with BLAS held to the rank's share of the
+    cores, so that the ranks on one machine do not oversubscribe it."""
+
+    def __init__(self, serial, threads: int):
+        self.serial, self.threads = serial, threads
+        self.workers = 1
+
+    def __enter__(self):
+        self._blas = blas_threads(self.threads)
+        self._blas.__enter__()
+        self.serial.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.serial.__exit__(*exc)
+        finally:
+            self._blas.__exit__(*exc)
+
+    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+        return self.serial.accumulate(batch, scale)
+
+    def each(self, fn) -> None:
+        fn(0)
+
+    def losses(self, batches: list) -> list[float]:
+        return self.serial.losses(batches)
 
 
 def trim_metrics(run: Path, step: int) -> None:

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .. import distributed
 from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
@@ -35,23 +36,42 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as e:
+            _end_ranks(e, 2, _one_line(e))
             raise click.UsageError(_one_line(e)) from None
         except (TbpError, OSError) as e:
+            _end_ranks(e, 1, _one_line(e))
             raise click.ClickException(_one_line(e)) from None
-        except Terminated:
+        except Terminated as e:
+            _end_ranks(e, 143, "terminated")
             console.print("terminated")
             sys.exit(143)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            _end_ranks(e, 130, "interrupted")
             console.print("interrupted")
             sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise                                   # click's own: usage errors, --help, aborts
-        except Exception:
+        except Exception as e:
             traceback.print_exc()
+            _end_ranks(e, 1, BUG)
             console.print(f"[bold red]error:[/] {BUG}")
             sys.exit(1)
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _end_ranks(e: BaseException, code: int, message: str) -> None:
+    """In an MPI job of several ranks (distributed.py): an error every rank raised alike ends each
+    on its own, rank 0 alone saying why; any other ends the whole job now, so that no rank waits
+    forever for one that has gone. Alone, nothing to do."""
+    world = distributed.current()
+    if world.size == 1:
+        return
+    if world.is_root or not getattr(e, "everywhere", False):
+        console.print(("" if world.is_root else f"rank {world.rank}: ") + f"[bold red]Error:[/] {message}")
+    if getattr(e, "everywhere", False):
+        sys.exit(code)
+    world.abort(code)
 
 
 def _one_line(e: Exception) -> str:

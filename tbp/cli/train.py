@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from .. import runs
+from .. import distributed, runs
 from ..checkpoint import read_metrics
 from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
@@ -70,13 +70,18 @@ class Progress(Callbacks):
             self.bar.close()
 
 
+class _Silent(Callbacks):
+    def close(self):
+        pass
+
+
 class Stopper:
     """Ctrl-C and SIGTERM (how timeout, systemd, docker, Slurm and Kubernetes stop a job): the
     first finishes the step, saves and stops; a second Ctrl-C quits at once (once a save in
     progress is complete). ``code`` is the exit status the signal asks for: 130 or 143."""
 
-    def __init__(self, trainer):
-        self.trainer, self.code = trainer, 130
+    def __init__(self, trainer, announce: bool = True):
+        self.trainer, self.code, self.announce = trainer, 130, announce
         self.previous = {sig: signal.signal(sig, self.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def handler(self, signum, frame):
@@ -85,7 +90,8 @@ class Stopper:
             trainer.stop_requested = True
             self.code = 143 if signum == signal.SIGTERM else 130
             what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (press again to quit at once)"
-            tqdm.write(f"{what}: finishing this step and saving", file=sys.stderr)
+            if self.announce:
+                tqdm.write(f"{what}: finishing this step and saving", file=sys.stderr)
         elif signum == signal.SIGTERM:
             pass                              # already stopping: let the save finish
         elif trainer.saving:
@@ -167,14 +173,16 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
     request = runs.RunRequest(out=out, data=data_arg, tokenizer=kind, vocab_size=vocab_size, resume=resume,
                               init_from=init_from, force=force, lora=lora,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
-    progress = Progress(quiet)
-    trainer = runs.start(request, progress, PrepareBar())
-    stopper = Stopper(trainer)
+    world = distributed.world()            # several ranks under mpiexec; else a world of one
+    progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
+    trainer = runs.start(request, progress, PrepareBar(), world)
+    stopper = Stopper(trainer, announce=world.is_root)
     try:
         state = trainer.run_loop()
     finally:
         stopper.restore()
         progress.close()
-    _summary(trainer, state, trainer.interrupted)
+    if world.is_root:
+        _summary(trainer, state, trainer.interrupted)
     if trainer.interrupted:
         sys.exit(stopper.code)

@@ -1,0 +1,224 @@
+"""Data parallelism across processes and machines, over MPI (mpi4py).   [the `mpi` extra]
+
+``mpiexec -n N tbp train ...`` starts N copies of tbp, the *ranks*; each holds a whole replica
+of the model. Every rank draws the same global batch (the same seed, the same generator), takes
+its contiguous share of the rows, and runs forward and backward on them with its own threads
+(parallel.py), its loss gradient scaled by its share of the rows (or of the loss weight). One
+``Allreduce`` then sums the packed gradient buffer over the ranks, in chunks, which gives every
+rank exactly the gradient of the mean loss over the whole batch; clipping, AdamW and the
+schedule then run identically everywhere, so the replicas never drift apart (checked at every
+checkpoint). Evaluation batches are shared out over the ranks and their losses summed.
+
+Only rank 0 reads and writes the run directory (and prints): it sets the run up exactly as a
+single process would, then broadcasts what the others need -- the configs, the training state,
+the dataset's path -- and, once they have built their replicas, every parameter and optimizer
+moment, so that all ranks start from rank 0's bits. Every rank must see the dataset at that
+path (one machine, a shared file system, or the same copy on each).
+
+Without an MPI launcher nothing here imports mpi4py: :func:`world` is then a world of one whose
+every collective is the identity, and ``tbp train`` runs exactly as it always has.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+import numpy as np
+
+from .errors import TbpError
+
+# what MPI launchers put in each rank's environment (MPICH/Hydra and Intel MPI: PMI_*; Open MPI:
+# OMPI_COMM_WORLD_*; PMIx launchers such as srun --mpi=pmix: PMIX_RANK)
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_LAUNCH_VARS = _SIZE_VARS + ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+CHUNK = 1 << 20        # elements per Allreduce: 4 MiB pieces measured 1.4-2x faster than one call
+
+
+class World:
+    """A world of one process: what tbp runs in without MPI. Every collective is the identity."""
+
+    rank, size, local_size = 0, 1, 1
+    is_root = True
+
+    def sum_(self, buf: np.ndarray) -> np.ndarray:
+        """Sum ``buf`` over the ranks, in place; returns it."""
+        return buf
+
+    def sum_values(self, *values: float) -> tuple[float, ...]:
+        return values
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank."""
+        return bool(flag)
+
+    def bcast_(self, buf: np.ndarray) -> np.ndarray:
+        """Rank 0's ``buf`` on every rank, in place."""
+        return buf
+
+    def bcast(self, obj=None):
+        """Rank 0's (small, picklable) object on every rank."""
+        return obj
+
+    def check_same(self, buf: np.ndarray, what: str) -> None:
+        """Raise TbpError unless ``buf`` holds the same bits on every rank."""
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job at once (nothing to do alone: the process is exiting)."""
+
+
+class MPIWorld(World):
+    """``MPI.COMM_WORLD`` of an mpiexec job (mpi4py's buffer methods: no pickling of arrays)."""
+
+    is_root = False
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        self.MPI, self.comm = MPI, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.is_root = self.rank == 0
+        # ranks on this machine, which share its cores
+        self.local_size = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_size()
+
+    def sum_(self, buf: np.ndarray) -> np.ndarray:
+        flat = buf.reshape(-1)
+        for s in range(0, flat.size, CHUNK):
+            self.comm.Allreduce(self.MPI.IN_PLACE, flat[s:s + CHUNK], op=self.MPI.SUM)
+        return buf
+
+    def sum_values(self, *values: float) -> tuple[float, ...]:
+        buf = np.array(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        return tuple(float(v) for v in buf)
+
+    def any(self, flag: bool) -> bool:
+        buf = np.array([1 if flag else 0], dtype=np.int32)
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+        return bool(buf[0])
+
+    def bcast_(self, buf: np.ndarray) -> np.ndarray:
+        flat = buf.reshape(-1)
+        for s in range(0, flat.size, CHUNK):
+            self.comm.Bcast(flat[s:s + CHUNK], root=0)
+        return buf
+
+    def bcast(self, obj=None):
+        return self.comm.bcast(obj, root=0)
+
+    def check_same(self, buf: np.ndarray, what: str) -> None:
+        crc = zlib.crc32(np.ascontiguousarray(buf).view(np.uint8))
+        crcs = self.comm.allgather(crc)
+        if len(set(crcs)) != 1:
+            differ = [r for r, c in enumerate(crcs) if c != crcs[0]]
+            raise _everywhere(TbpError(f"{what} differ between ranks (rank{'s' * (len(differ) > 1)} "
+                           f"{', '.join(map(str, differ))} vs rank 0): the ranks are not running the same "
+                           f"computation; stopping rather than saving a run that depends on the rank"))
+
+    def abort(self, code: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.comm.Abort(code)
+        os._exit(code)                 # Abort may return before the launcher's signal arrives
+
+
+def _everywhere(e: Exception) -> Exception:
+    """Mark an error that every rank raises at the same point (each then exits on its own)."""
+    e.everywhere = True
+    return e
+
+
+def current() -> World:
+    """The world :func:`world` connected to, or a world of one if nothing has asked (no MPI
+    is initialised here)."""
+    return _WORLD or World()
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process."""
+    return any(v in os.environ for v in _LAUNCH_VARS)
+
+
+_WORLD: World | None = None
+
+
+def world() -> World:
+    """The world this process runs in: an :class:`MPIWorld` when an MPI launcher started two or
+    more ranks, else a world of one. MPI is initialised on the first call, only when launched."""
+    global _WORLD
+    if _WORLD is None:
+        _WORLD = _connect() if launched() else World()
+    return _WORLD
+
+
+def _connect() -> World:
+    expected = next((int(os.environ[v]) for v in _SIZE_VARS if os.environ.get(v, "").isdigit()), None)
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        if expected == 1:
+            return World()
+        raise TbpError("started by an MPI launcher, but mpi4py is not installed: "
+                       "pip install 'tbp[mpi]' (or run without mpiexec)") from None
+    except RuntimeError as e:          # mpi4py without an MPI library it can load
+        raise TbpError(f"started by an MPI launcher, but mpi4py cannot load an MPI library ({e}); "
+                       f"pip install 'tbp[mpi]' brings one") from None
+    comm = MPI.COMM_WORLD
+    if expected is not None and comm.Get_size() != expected:
+        # the classic mismatch: one MPI's mpiexec, another MPI's library -> N worlds of one
+        raise TbpError(f"the launcher started {expected} processes but MPI sees a world of {comm.Get_size()}: "
+                       f"this mpiexec belongs to another MPI than the one mpi4py loaded "
+                       f"({MPI.Get_library_version().splitlines()[0].strip()}); use the mpiexec installed "
+                       f"beside {sys.executable}")
+    return MPIWorld(comm) if comm.Get_size() > 1 else World()
+
+
+class Ranks:
+    """The interface of parallel.Serial / DataParallel (what the trainer calls), one level up:
+    a batch's rows split over the ranks, each rank's rows over its own threads (``local``).
+
+    ``accumulate`` adds this rank's part of the gradient -- scaled by its share of the whole
+    batch -- and returns its part of the mean loss; :meth:`World.sum_` of the gradient buffer
+    and of the loss, once per optimizer step (after every micro-batch), completes both.
+    """
+
+    def __init__(self, local, world: World):
+        self.local, self.world = local, world
+        self.workers = local.workers
+
+    def __enter__(self) -> "Ranks":
+        self.local.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.local.__exit__(*exc)
+
+    def rows(self, B: int) -> tuple[int, int]:
+        """This rank's rows [lo, hi) of a batch of B (some ranks get none when B < ranks)."""
+        r, n = self.world.rank, self.world.size
+        return B * r // n, B * (r + 1) // n
+
+    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+        B = len(next(iter(batch.values())))
+        lo, hi = self.rows(B)
+        if hi == lo:
+            return 0.0
+        w = batch.get("weights")
+        if w is None:
+            share = (hi - lo) / B
+        else:                                   # every rank has the whole batch: the same total
+            share = float(np.sum(w[lo:hi], dtype=np.float64)) / float(np.sum(w, dtype=np.float64))
+            if share == 0.0:
+                return 0.0                      # no loss on these rows: nothing to add
+        part = {k: v[lo:hi] for k, v in batch.items()}
+        return self.local.accumulate(part, scale * share) * share
+
+    def each(self, fn) -> None:
+        self.local.each(fn)
+
+    def losses(self, batches: list) -> list[float]:
+        """Every batch's mean loss on every rank: batch i is evaluated on rank i mod size."""
+        mine = list(range(self.world.rank, len(batches), self.world.size))
+        out = np.zeros(len(batches))
+        out[mine] = self.local.losses([batches[i] for i in mine]) if mine else []
+        return list(self.world.sum_(out))

@@ -1,0 +1,216 @@
+"""Data-parallel training over MPI: `mpiexec -n 2 tbp train` against one process, resume across
+the two, LoRA, faults (a raising rank, a killed rank, SIGTERM). Each MPI test launches mpiexec
+as a subprocess (the test process itself never initialises MPI); they skip, saying why, where
+mpi4py or a working MPI is missing -- `pip install -e '.[test]'` brings both."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tbp import distributed
+from tbp.checkpoint import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "6",
+        "--eval-batches", "2", "--eval-interval", "3", "--log-interval", "1", "--threads", "1", "-q"]
+
+
+def _mpiexec() -> str | None:
+    here = Path(sys.executable).parent / "mpiexec"            # the launcher of the MPI mpi4py loads
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+def _env(mpiexec: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="120")
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_pml="ob1",
+                   OMPI_MCA_btl="self,vader" if "OpenRTE" in version else "self,sm",
+                   OMPI_MCA_rmaps_base_oversubscribe="1", PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+    return env
+
+
+def mpi(n, args, cwd, timeout=120, wait=True):
+    """`mpiexec -n N python ARGS` in cwd: (exit code, output), or the Popen with wait=False."""
+    exe = _mpiexec()
+    cmd = [exe, "-n", str(n), sys.executable, *map(str, args)]
+    p = subprocess.Popen(cmd, cwd=cwd, env=_env(exe), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if not wait:
+        return p
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"the MPI job was still running after {timeout}s:\n{out[-3000:]}")
+    return p.returncode, out
+
+
+def tbp(args, cwd):
+    """One process, no launcher."""
+    return subprocess.run([sys.executable, "-m", "tbp", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def mpi_ok(tmp_path_factory):
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install -e '.[mpi]')")
+    if _mpiexec() is None:
+        pytest.skip("no mpiexec: install an MPI (pip install -e '.[mpi]' brings MPICH)")
+    rc, out = mpi(2, ["-c", "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 2"],
+                  tmp_path_factory.mktemp("probe"), timeout=60)
+    if rc:
+        pytest.skip(f"MPI is installed but a 2-rank job does not run here:\n{out[-1500:]}")
+
+
+@pytest.fixture
+def prepared(tmp_path, corpus_file):
+    r = tbp(["prepare", "--data", corpus_file, "--out", tmp_path / "data"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "data"
+
+
+def losses(run):
+    return [(m["step"], m["train_loss"], m.get("val_loss")) for m in read_metrics(run)]
+
+
+def assert_same_run(a, b, rtol=2e-5):
+    la, lb = losses(a), losses(b)
+    assert [s for s, *_ in la] == [s for s, *_ in lb]
+    for (s, ta, va), (_, tb, vb) in zip(la, lb):
+        assert ta == pytest.approx(tb, rel=rtol), f"step {s}"
+        assert (va is None) == (vb is None) and (va is None or va == pytest.approx(vb, rel=rtol)), f"step {s}"
+    from safetensors.numpy import load_file
+    def last_weights(run):                                      # model-* or, for LoRA, adapter-*
+        return load_file(sorted([*Path(run).glob("model-*.safetensors"), *Path(run).glob("adapter-*.safetensors")])[-1])
+    wa, wb = last_weights(a), last_weights(b)
+    for k in wa:
+        np.testing.assert_allclose(wa[k], wb[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_two_ranks_give_the_one_process_run(mpi_ok, tmp_path, prepared):
+    rc, out = mpi(2, ["-m", "tbp", "train", "--data", prepared, "--out", "mpi", "--max-iters", 6, *TINY], tmp_path)
+    assert rc == 0, out
+    assert out.count("training finished") == 1                   # rank 0 speaks for the job
+    r = tbp(["train", "--data", prepared, "--out", "one", "--max-iters", 6, *TINY], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "mpi", tmp_path / "one")
+
+
+def test_resume_crosses_between_mpi_and_one_process(mpi_ok, tmp_path, prepared):
+    run = ["--data", prepared, "--out", "run", *TINY]
+    rc, out = mpi(2, ["-m", "tbp", "train", *run, "--max-iters", 3], tmp_path)
+    assert rc == 0, out
+    r = tbp(["train", "--out", "run", "--resume", "--max-iters", 6, "-q"], tmp_path)       # MPI -> one
+    assert r.returncode == 0, r.stderr
+    rc, out = mpi(2, ["-m", "tbp", "train", "--out", "run", "--resume", "--max-iters", 9, "-q"], tmp_path)
+    assert rc == 0, out                                                                     # one -> MPI
+    r = tbp(["train", "--data", prepared, "--out", "straight", *TINY, "--max-iters", 9], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+
+
+def test_lora_fine_tuning_under_mpi(mpi_ok, tmp_path, prepared):
+    r = tbp(["train", "--data", prepared, "--out", "base", "--max-iters", 3, *TINY, "--untie-head"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    lora = ["--init-from", "base", "--data", prepared, "--lora-rank", "2", "--lora-targets", "all,lm_head",
+            "--max-iters", 4, *TINY[8:]]
+    rc, out = mpi(2, ["-m", "tbp", "train", *lora, "--out", "mpi"], tmp_path)
+    assert rc == 0, out
+    r = tbp(["train", *lora, "--out", "one"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "mpi", tmp_path / "one")
+
+
+def test_a_setup_error_is_one_line_and_every_rank_exits(mpi_ok, tmp_path, prepared):
+    rc, out = mpi(2, ["-m", "tbp", "train", "--out", "nothing-here", "--resume", "-q"], tmp_path, timeout=60)
+    assert rc == 1, out
+    assert out.count("has no checkpoint") + out.count("no such") == 1, out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_failing_rank_ends_the_whole_job(mpi_ok, tmp_path, prepared, how):
+    start = time.monotonic()
+    rc, out = mpi(2, [ROOT / "tests" / "programs" / "faulty_rank.py", 1, 3, how, "train", "--data", prepared,
+                      "--out", "run", "--max-iters", 1000, *TINY], tmp_path, timeout=60)
+    assert rc != 0, out
+    assert time.monotonic() - start < 30, "the other rank waited for the one that failed"
+    if how == "raise":
+        assert "rank 1:" in out and "deliberate failure on rank 1" in out, out
+
+
+def test_sigterm_saves_once_and_the_run_resumes(mpi_ok, tmp_path, prepared):
+    p = mpi(2, ["-m", "tbp", "train", "--data", prepared, "--out", "run", *TINY, "--eval-interval", 50,
+                "--max-iters", 100000], tmp_path, wait=False)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run" / "state.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(p.pid, signal.SIGTERM)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the job did not stop after SIGTERM")
+    assert out.count("SIGTERM: finishing this step and saving") == 1, out
+    assert out.count("interrupted: saved") == 1, out
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["step"] % 50 != 0 or state["step"] > 50         # saved where it stopped, not only at evals
+    r = tbp(["train", "--out", "run", "--resume", "--max-iters", state["step"] + 2, "-q"], tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_ranks_with_different_parameters_are_caught(mpi_ok, tmp_path):
+    code = ("import numpy as np\nfrom tbp import distributed\nfrom tbp.errors import TbpError\n"
+            "w = distributed.world()\nx = np.arange(5, dtype=np.float32)\nw.check_same(x, 'same')\n"
+            "x[w.rank] += 1\ntry:\n    w.check_same(x, 'the parameters')\nexcept TbpError as e:\n"
+            "    print('caught', w.rank, e.everywhere, str(e)[:60])\n")
+    rc, out = mpi(2, ["-c", code], tmp_path, timeout=60)
+    assert rc == 0, out
+    assert "caught 0 True the parameters differ between ranks (rank 1 vs rank 0)" in out
+    assert "caught 1 True" in out
+
+
+class FakeWorld(distributed.World):
+    def __init__(self, rank, size):
+        self.rank, self.size, self.is_root = rank, size, rank == 0
+
+
+@pytest.mark.parametrize("B,size", [(6, 2), (5, 3), (2, 3)])
+def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
+    """Each rank's part, scaled by its share of the rows or of the loss weight, sums to the
+    gradient of the whole batch's mean loss (no MPI: the ranks' parts are summed here)."""
+    from tbp.nn import GPT, ModelConfig
+    from tbp.parallel import Serial
+    rng = np.random.default_rng(0)
+    model = GPT(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
+    batch = {"idx": rng.integers(0, 13, (B, 8)), "targets": rng.integers(0, 13, (B, 8)),
+             "weights": (rng.random((B, 8)) < 0.6) * 1.0}
+    batch["weights"][:, 0] = 1.0
+    for b in (batch, {k: v for k, v in batch.items() if k != "weights"}):
+        want_loss = model.loss_and_backward(**b)
+        want = model.layout.grads.copy()
+        model.zero_grad()
+        loss = sum(distributed.Ranks(Serial(model), FakeWorld(r, size)).accumulate(b) for r in range(size))
+        assert loss == pytest.approx(want_loss, rel=1e-12)
+        np.testing.assert_allclose(model.layout.grads, want, rtol=1e-10, atol=1e-14)
+        model.zero_grad()
+
+
+def test_without_a_launcher_mpi_is_never_loaded(tmp_path, corpus_file):
+    code = ("import sys\nfrom tbp.cli import main\nsys.argv = ['tbp', 'train', '--data', sys.argv[1], '--out', 'r', "
+            "'--max-iters', '2', '--n-layer', '1', '--d-model', '16', '--n-ctx', '16', '-q']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'mpi4py.MPI' not in sys.modules\nprint('no MPI')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "PMIX"))}
+    r = subprocess.run([sys.executable, "-c", code, str(corpus_file)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "no MPI" in r.stdout, r.stderr
