@@ -101,13 +101,8 @@ class Trainer:
         self.world = world
         if world.size == 1:
             return
-        cores = max(1, available_cores() // world.local_size)
-        threads = self.cfg.threads or cores
-        local = data_parallel(self.model, threads, -(-self.cfg.batch_size // world.size))
-        if local.workers == 1:
-            local = _Threads(local, threads)
-        self.workers = Ranks(local, world)
-        self.opt.workers = local
+        self.workers = rank_workers(self.model, world, self.cfg.threads, self.cfg.batch_size)
+        self.opt.workers = self.workers.local
         layout = self.model.layout
         world.bcast_(layout.params)
         for name, p in self.model.params.items():
@@ -239,6 +234,14 @@ class Trainer:
                                  f" (try a lower --lr){good}")
         self.opt.step(lr)
         return total, gnorm, tokens
+
+
+def rank_workers(model: LanguageModel, world, threads: int, batch_size: int) -> Ranks:
+    """What one rank of ``world`` computes its share of a batch with: its rows over ``threads``
+    threads (0: this machine's cores shared equally among the ranks on it)."""
+    threads = threads or max(1, available_cores() // world.local_size)
+    local = data_parallel(model, threads, -(-batch_size // world.size))
+    return Ranks(local if local.workers > 1 else _Threads(local, threads), world)
 
 
 class _Threads:
