@@ -1,6 +1,7 @@
 """Attention Residuals: the mean at initialisation, blocks of one = full, the sources each
 operation reads, cached decoding, data parallelism, LoRA and the command line."""
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -141,6 +142,13 @@ def test_attention_residuals_run_through_the_command_line(tmp_path, corpus_file,
     clean_fail(run(["export", out, "--out", tmp_path / "hf"]), 1, "no softmax over depth")
     r = run(["train", "--out", out, "--resume", "--max-iters", 8, "-q"])
     assert r.exit_code == 0, r.output
+    r = run(["attention", "--checkpoint", out, "--prompt", "the cat", "--depth", "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    assert shown["operations"] == ["m0", "a1", "m1", "final"] and shown["sources"] == ["emb", "a0–m0", "a1–m1"]
+    np.testing.assert_allclose(np.sum(shown["mean"], axis=1), 1.0, rtol=1e-5)
+    r = run(["attention", "--checkpoint", out, "--prompt", "the cat", "--depth"])
+    assert r.exit_code == 0 and "final" in r.output, r.output
     r = run(["bench", "--residual", "attention", "--n-layer", "2", "--n-ctx", "16", "--d-model", "16",
              "--n-head", "2", "--iters", "1", "--gen-tokens", "4", "--batch-size", "2", "--json"])
     assert r.exit_code == 0, r.output

@@ -81,7 +81,10 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
 @click.option("--budget", type=click.IntRange(min=2), default=16, show_default=True,
               help="With --sparse: the cached tokens each step keeps.")
 @click.option("--sparse-layers", default="1", show_default=True, help="With --sparse: the selection layers.")
-def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_layers):
+@click.option("--depth", is_flag=True,
+              help="Attention Residuals: what each sublayer's input takes from the embedding and each earlier "
+                   "output (mean over the prompt's tokens) instead of the heads' maps.")
+def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_layers, depth):
     """Show what each attention head looks at, for a prompt, from the model's own forward.
 
     Row t of a head's map is query token t; its cells are the weights that token gives each
@@ -93,6 +96,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
       tbp attention --prompt "def main():"                      # the last layer, in the terminal
       tbp attention --checkpoint checkpoints/pydoc --prompt "The quick brown fox" --out attn.png
       tbp attention --prompt "hello" --layer 0 --json
+      tbp attention --prompt "def main():" --depth               # Attention Residuals' depth weights
     """
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
@@ -105,6 +109,12 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
         return
     ids, _ = start_tokens(tok, prompt)
     ids = ids[-model.config.n_ctx:]
+    if depth:
+        if model.res_f is None:
+            raise click.UsageError("--depth shows Attention Residuals' weights over depth; this model adds its "
+                                   "sublayers into one residual sum (trained without --residual attention)")
+        _show_depth(model, ids, out, as_json, run)
+        return
     maps = model.attention_weights(np.array([ids]))                   # L x (1, H, T, T)
     L = len(maps)
     if layer is not None and layer >= L:
@@ -131,6 +141,35 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     for i, w in weights.items():
         for h in range(w.shape[0]):
             console.print(_terminal_map(w[h], labels, f"layer {i} · head {h}"))
+
+
+def _show_depth(model, ids, out, as_json, run) -> None:
+    """Attention Residuals: one row per operation (the input of a sublayer, then the final
+    state), one column per source (the embedding, then each block of sublayers: with full
+    AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
+    a block reads that block's partial sum so far in the block's column."""
+    per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
+    size = model.config.residual_block_size
+    n_sub = 2 * model.config.n_layer
+    name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
+    sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
+                         for b in range(n_sub // size)]
+    ops = [name(j) for j in range(1, n_sub)] + ["final"]
+    grid = np.zeros((len(ops), len(sources)))
+    for r, w in enumerate(per_op):
+        grid[r, :len(w)] = w.mean(axis=1)
+    if as_json:
+        click.echo(json.dumps({"run": str(run), "operations": ops, "sources": sources, "mean": grid.round(6).tolist(),
+                               "per_token": [w.round(6).tolist() for w in per_op]}))
+        return
+    if out is not None:
+        plot.save(plot.attention_figure({0: grid[None]}, ops, title="mean depth weights", label="depth weight",
+                                        keys=sources), out)
+        console.print(f"wrote {out} ({len(ops)} operations × {len(sources)} sources, {len(ids)} tokens)")
+        return
+    console.print("depth weights: a row per operation (the input of a sublayer, then the final state), "
+                  "a column per source: " + ", ".join(sources))
+    console.print(_terminal_map(grid, ops, ""))
 
 
 def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
