@@ -9,11 +9,11 @@ Three variants of the same GPT, trained with the same recipe, data and seeds:
 
 Two recipes: ``default`` is `tbp train`'s own (4 layers x 128, context 128, 1,500 steps on the
 built-in corpus); ``deep`` the same with a deep, narrow model (12 layers x 64, 4 heads).
-Validation loss is `tbp eval` over the whole held-out split. Runs already finished are kept,
-so the script can be stopped and started again, or run as two processes on two recipes.
+Validation loss is `tbp eval` over the whole held-out split. Runs already finished are kept
+and a run stopped part-way is resumed, so the script can be stopped and started again. Run
+one training at a time (each uses every core: two at once oversubscribe BLAS).
 
-    python benchmarks/attention_residuals.py train --recipes default --threads 1
-    python benchmarks/attention_residuals.py train --recipes deep --threads 1
+    python benchmarks/attention_residuals.py train          # both recipes, 3 seeds, one run at a time
     python benchmarks/attention_residuals.py timing        # quiet machine: step times, interleaved
     python benchmarks/attention_residuals.py report        # tables and docs/images/attention_residuals.png
 """
@@ -49,15 +49,19 @@ def train(args) -> None:
     if not (data / "meta.json").exists():
         tbp("prepare", "--out", data)
     results = work / "results.jsonl"
-    for recipe in args.recipes:
-        for seed in args.seeds:
+    # seeds outermost: a partial sweep has every recipe and variant at the seeds it reached
+    for seed in args.seeds:
+        for recipe in args.recipes:
             for variant in args.variants:
                 run = run_dir(work, recipe, variant, seed)
                 if finished(run):
                     continue
-                tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--threads", args.threads,
-                    *RECIPES[recipe], *VARIANTS[variant], *(["--max-iters", args.max_iters] if args.max_iters else []),
-                    "-q")
+                extra = ["--max-iters", args.max_iters] if args.max_iters else []
+                if (run / "state.json").exists():       # stopped part-way: continue it (tbp resumes exactly)
+                    tbp("train", "--out", run, "--resume", "--threads", args.threads, *extra, "-q")
+                else:
+                    tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--threads", args.threads,
+                        *RECIPES[recipe], *VARIANTS[variant], *extra, "-q")
                 ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
                 state = json.loads((run / "state.json").read_text())
                 row = {"recipe": recipe, "variant": variant, "seed": seed, "val_loss": ev["val_loss"],

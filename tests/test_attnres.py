@@ -167,3 +167,24 @@ def test_a_backward_that_treats_the_depth_weights_as_constants_fails_the_check(m
     case = next(c for c in gradcheck.cases(rng) if c.layer.startswith("depth attention"))
     rows = gradcheck.check_case(case, rng)
     assert [r.passed for r in rows if "source" in r.tensor] == [False] * 4
+
+
+def test_the_fast_operation_equals_the_plain_one(rng):
+    """DepthAttention (vectorised, deferred per-source terms) against reference.py's
+    token-by-token loops, forward and every gradient."""
+    from tbp.nn import reference as ref
+    op = DepthAttention(8, 1e-5, np.float64)
+    op.params["query"][...] = rng.standard_normal(8)
+    op.params["gain"][...] = 1 + 0.3 * rng.standard_normal(8)
+    vs = [rng.standard_normal((6, 8)) * s for s in (0.5, 1.0, 2.0)]
+    dh = rng.standard_normal((6, 8))
+    h = op.forward([(v, rms_inverse(v, 1e-5)) for v in vs])
+    dvs = [np.zeros_like(v) for v in vs]
+    op.backward(dh, dvs)
+    h_ref, cache = ref.depth_attention_forward(vs, op.params["query"], op.params["gain"], 1e-5)
+    dvs_ref, dw, dg = ref.depth_attention_backward(dh, cache)
+    np.testing.assert_allclose(h, h_ref, rtol=1e-12, atol=1e-14)
+    for d, d_ref in zip(dvs, dvs_ref):
+        np.testing.assert_allclose(d, d_ref, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(op.grads["query"], dw, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(op.grads["gain"], dg, rtol=1e-10, atol=1e-13)
