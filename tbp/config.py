@@ -29,7 +29,8 @@ class TrainConfig(DictConfig):
     seed: int = option(1337, "Seeds initialisation, batch order and eval batches.", min=0)
     dtype: str = option("float32", "float32 to train; float64 for checks.", choices=("float32", "float64"))
     threads: int = option(0, "Threads that each run forward and backward on a share of the batch "
-                             "(0: one per core). A run repeats bit for bit at a given count.", min=0)
+                             "(0: one per core; under mpiexec, the machine's cores shared among its ranks). A run "
+                             "repeats bit for bit at a given count.", min=0)
     KIND = "training config"
 
     def __post_init__(self) -> None:

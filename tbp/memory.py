@@ -49,11 +49,13 @@ def train_bytes(cfg: ModelConfig, tcfg) -> int:
     """A training step under ``tcfg`` (a TrainConfig): weights, gradients and two moments (4x
     the weights), one gradient buffer per extra worker, and the activations the backward keeps:
     per token and layer about 26 C numbers plus a row of H x T attention weights, plus the
-    logits and their softmax."""
+    logits and their softmax (and with Attention Residuals, two C-vectors per sublayer)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
     L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
     maps = 2 if cfg.attention == "standard" else 6       # MTA keeps S0, Z, A, A', A'' per head
     per_token = L * (26 * C + maps * H * T) + 3 * V + 4 * C
+    if cfg.residual == "attention":                      # partial sums, and each source's gradient
+        per_token += 2 * (2 * cfg.n_layer + 1) * C
     activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     return (model_bytes(cfg, tcfg.dtype) * (4 + workers - 1)

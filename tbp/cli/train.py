@@ -166,6 +166,7 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
       tbp train --data input.txt --out checkpoints/shakespeare --max-iters 2000 --n-ctx 64
       tbp train --out checkpoints/shakespeare --resume --max-iters 4000
       tbp train --init-from checkpoints/shakespeare --data poems.txt --lora-rank 8 --out checkpoints/poems
+      mpiexec -n 2 tbp train --data input.txt     # data-parallel over MPI ranks (pip install 'tbp[mpi]')
     """
     lora = None
     if lora_rank is not None:
