@@ -126,18 +126,25 @@ def report(args) -> None:
     work = Path(args.work)
     rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines() if line.strip()]
     timing_rows = json.loads((work / "timing.json").read_text()) if (work / "timing.json").exists() else {}
-    print("| recipe | residual | val loss (mean ± std) | seeds | train time (s) | step (ms) | generation (tok/s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| recipe | residual | val loss, mean ± std | per seed | Δ vs sum, same seed | train time (s) "
+          "| step (ms) | generation (tokens/s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for recipe in RECIPES:
+        base = {r["seed"]: r["val_loss"] for r in rows if r["recipe"] == recipe and r["variant"] == "sum"}
         for variant in VARIANTS:
             got = {r["seed"]: r for r in rows if r["recipe"] == recipe and r["variant"] == variant}
             if not got:
                 continue
-            losses = [r["val_loss"] for r in got.values()]
+            seeds = sorted(got)
+            losses = [got[s]["val_loss"] for s in seeds]
             std = statistics.stdev(losses) if len(losses) > 1 else float("nan")
+            deltas = [got[s]["val_loss"] - base[s] for s in seeds if s in base]
+            delta = "" if variant == "sum" or not deltas else \
+                f"{statistics.mean(deltas):+.4f} ± {statistics.stdev(deltas) if len(deltas) > 1 else float('nan'):.4f}"
             t = timing_rows.get(recipe, {}).get(variant, {})
-            print(f"| {recipe} | {variant} | {statistics.mean(losses):.4f} ± {std:.4f} | {len(losses)} | "
-                  f"{statistics.mean(r['train_s'] for r in got.values()):.0f} | {t.get('train_ms', float('nan')):.0f} | "
+            print(f"| {recipe} | {variant} | {statistics.mean(losses):.4f} ± {std:.4f} | "
+                  f"{', '.join(f'{x:.4f}' for x in losses)} | {delta} | "
+                  f"{statistics.mean(got[s]['train_s'] for s in seeds):.0f} | {t.get('train_ms', float('nan')):.0f} | "
                   f"{t.get('generate_tok_s', float('nan')):.0f} |")
     import matplotlib
     matplotlib.use("Agg")
@@ -165,11 +172,12 @@ def report(args) -> None:
         fig.colorbar(im, ax=ax, fraction=0.046)
     ax = axes[2]
     for recipe, style in zip(RECIPES, ("-", "--")):
-        for variant, colour in zip(VARIANTS, ("tab:gray", "tab:blue", "tab:orange")):
+        for variant, colour, marker in zip(VARIANTS, ("black", "tab:blue", "tab:orange"), "os^"):
             model = tbp_lib.load(run_dir(work, recipe, variant, args.seeds[0]))
             outs, _ = sublayer_outputs(model, idx)
             rms = [float(np.sqrt(np.mean(v.astype(np.float64) ** 2))) for v in outs]
-            ax.plot(np.linspace(0, 1, len(rms)), rms, style, color=colour, marker=".", label=f"{recipe}, {variant}")
+            ax.plot(np.linspace(0, 1, len(rms)), rms, style, color=colour, marker=marker, markersize=3,
+                    label=f"{recipe}, {variant}")
     ax.set_yscale("log")
     ax.set_xlabel("depth (sublayer / number of sublayers)")
     ax.set_ylabel("RMS of the sublayer's output")

@@ -37,6 +37,22 @@ def _env(mpiexec: str) -> dict:
     return env
 
 
+SHM = Path("/dev/shm")
+
+
+def _shm_files() -> set:
+    return set(SHM.glob("mpich_shm_*")) | set(SHM.glob("sm_segment.*")) if SHM.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def sweep_shared_memory():
+    """A job that aborts leaves its shared-memory segments behind: remove the ones a test made."""
+    before = _shm_files()
+    yield
+    for f in _shm_files() - before:
+        f.unlink(missing_ok=True)
+
+
 def mpi(n, args, cwd, timeout=120, wait=True):
     """`mpiexec -n N python ARGS` in cwd: (exit code, output), or the Popen with wait=False."""
     exe = _mpiexec()
