@@ -119,6 +119,12 @@ def test_two_ranks_give_the_one_process_run(mpi_ok, tmp_path, prepared):
     r = tbp(["train", "--data", prepared, "--out", "one", "--max-iters", 6, *TINY], tmp_path)
     assert r.returncode == 0, r.stderr
     assert_same_run(tmp_path / "mpi", tmp_path / "one")
+    rc, out = mpi(2, ["-m", "tbp", "train", "--data", prepared, "--out", "again", "--max-iters", 6, *TINY], tmp_path)
+    assert rc == 0, out                               # the same ranks and threads: the same bits
+    assert losses(tmp_path / "again") == losses(tmp_path / "mpi")
+    from safetensors.numpy import load_file
+    a, b = (load_file(tmp_path / run / "model-000006.safetensors") for run in ("again", "mpi"))
+    assert all(np.array_equal(a[k], b[k]) for k in b)
 
 
 def test_resume_crosses_between_mpi_and_one_process(mpi_ok, tmp_path, prepared):
