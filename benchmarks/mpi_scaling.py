@@ -81,6 +81,14 @@ def rank_program(args) -> None:
                 ts.append(world.comm.allreduce(time.perf_counter() - t, op=world.MPI.MAX))
             bw[n * 4] = statistics.median(ts)
         out["allreduce_s_by_bytes"] = bw
+        # the same 64 MiB in one call, against tbp's 4 MiB chunks above
+        ts = []
+        for _ in range(7):
+            world.comm.Barrier()
+            t = time.perf_counter()
+            world.comm.Allreduce(world.MPI.IN_PLACE, buf, op=world.MPI.SUM)
+            ts.append(world.comm.allreduce(time.perf_counter() - t, op=world.MPI.MAX))
+        out["allreduce_one_call_s"] = {buf.nbytes: statistics.median(ts)}
         # the compute phase differs between ranks: the slower one sets the pace
         out["compute_max"] = world.comm.allreduce(out["compute"], op=world.MPI.MAX)
     if world.is_root:
@@ -101,7 +109,7 @@ def run(args, model: str, layout: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def project(step_s: float, grad_bytes: int, link_gbit: float, machines: int, latency_s: float = 50e-6):
+def project(grad_bytes: int, link_gbit: float, machines: int, latency_s: float = 50e-6) -> float:
     """Ring Allreduce time of the gradient over ``machines`` on a link of ``link_gbit``."""
     traffic = 2 * (machines - 1) / machines * grad_bytes
     return traffic / (link_gbit * 1e9 / 8) + 2 * (machines - 1) * latency_s
@@ -146,12 +154,16 @@ def main():
         for size, ts in sorted(bw.items()):
             t = statistics.median(ts)
             print(f"  Allreduce alone, {size / 2**20:6.1f} MiB: {t * 1e3:7.2f} ms ({size / t / 1e9:.2f} GB/s)")
+        one_call = [t for r in rows["2x1"] for t in r["allreduce_one_call_s"].values()]
+        size = int(next(iter(rows["2x1"][0]["allreduce_one_call_s"])))
+        t = statistics.median(one_call)
+        print(f"  the same {size / 2**20:.1f} MiB as one call: {t * 1e3:7.2f} ms ({size / t / 1e9:.2f} GB/s)")
         T1 = one["step"]
         print("  projection (machines like this one, 1 x 2 threads each):")
         print("  | machines | link | Allreduce | speed-up, batch per machine fixed | speed-up, global batch fixed |")
         for link in (1, 10):
             for M in (2, 4, 8):
-                comm = project(T1, grad, link, M)
+                comm = project(grad, link, M)
                 weak = M * T1 / (T1 + comm)
                 strong = T1 / (one["compute"] / M + one["update"] + comm)
                 print(f"  | {M} | {link} Gbit/s | {comm * 1e3:.1f} ms | {weak:.2f}x | {strong:.2f}x |")

@@ -75,41 +75,44 @@ class StackedSources:
     """The sources for decoding, side by side in one buffer (slots, N, C): slot 0 the embedding,
     slots 1 .. n-1 the finished blocks, slot n the partial sum of block n while it is open (it
     becomes the block when it closes). No backward reads them, so the partial sum is updated
-    in place, and an operation is two products over the slots it reads: a few calls per
-    operation, whatever the depth -- the cost of one decoding step is the number of calls."""
+    in place, and an operation is a few calls over the slots it reads, whatever the depth: the
+    cost of a decoding step is the number of calls. The sources' RMS is recomputed by each
+    operation, one product over every slot (K x C numbers a token), rather than kept per source
+    (five calls each)."""
 
     def __init__(self, x0: np.ndarray, n_sublayers: int, block_size: int, eps: float):
         N, C = x0.shape
         slots = n_sublayers // block_size + 1
         self.v = np.empty((slots, N, C), x0.dtype)
-        self.rinv = np.empty((slots, N), x0.dtype)
         self.v[0] = x0
-        self.rinv[0] = rms_inverse(x0, eps)
-        self.block_size, self.eps = block_size, eps
+        self.block_size = block_size
+        self.eps, self.inv_c = x0.dtype.type(eps), x0.dtype.type(1 / C)
         self.n, self.count, self.open = 1, 0, False
 
     def add(self, out: np.ndarray) -> None:
-        n = self.n
         if self.open:
-            self.v[n] += out
+            self.v[self.n] += out
         else:
-            self.v[n] = out
-        self.rinv[n] = rms_inverse(self.v[n], self.eps)
+            self.v[self.n] = out
         self.count += 1
         self.open = self.count % self.block_size != 0
         if not self.open:
             self.n += 1
 
-    def mix(self, op: "DepthAttention", out: np.ndarray) -> None:
-        """out (N, C) = op's softmax over depth of the sources read now."""
-        K = self.n + self.open
-        v = self.v[:K]
-        q = op.params["query"] * op.params["gain"]
-        z = np.dot(v.reshape(-1, v.shape[2]), q).reshape(K, -1)      # (K, N)
-        z *= self.rinv[:K]
+    def mix(self, q: np.ndarray, out: np.ndarray) -> None:
+        """out (N, C) = the softmax over depth, with query q = g * w (C,), of the sources read now."""
+        v = self.v[:self.n + self.open]                               # (K, N, C)
+        z = np.dot(v, q)                                              # (K, N)
+        ms = np.einsum("knc,knc->kn", v, v)
+        ms *= self.inv_c
+        ms += self.eps
+        z /= np.sqrt(ms, out=ms)                                      # q . v_i / r_i
         z -= z.max(axis=0)
         e = np.exp(z, out=z)
-        np.einsum("kn,knc->nc", e, v, out=out)
+        if e.shape[1] == 1:                                           # one row: a vector-matrix product
+            np.dot(e[:, 0], v[:, 0], out=out[0])
+        else:
+            np.einsum("kn,knc->nc", e, v, out=out)
         out /= e.sum(axis=0)[:, None]
 
 
@@ -181,6 +184,10 @@ class DepthAttention(Module):
             d += _scale_rows(dh, alpha[i], scratch)
             a = dz[i] * rinv                                         # dz_i / r_i
             r.add(self, a, a * z[i] * rinv / z.dtype.type(C))      # dz_i z_i / (C r_i^2)
+
+    def decode_query(self) -> np.ndarray:
+        """q = g * w (C,), for a decoder built on the current weights."""
+        return self.params["query"] * self.params["gain"]
 
     def add_query_gradient(self, dq: np.ndarray) -> None:
         """dq (C,), the gradient of q = g * w: dw += dq * g, dg += dq * w."""

@@ -127,6 +127,9 @@ class Decoder:
         # Attention Residuals: each sublayer's input is mixed over depth, row by row (no cache:
         # the mixing never looks across positions)
         self.depth = model.res_f is not None
+        if self.depth:                            # each operation's query g * w, per block, then res_f's
+            self.depth_q = [(block.attn_res.decode_query() if i else None, block.mlp_res.decode_query())
+                            for i, block in enumerate(model.blocks)] + [model.res_f.decode_query()]
         L, H = len(self.layers), cfg.n_head
         self.keys = np.zeros((L, batch, H, cfg.d_qk, self.n_ctx), dt)
         # each value row carries a trailing 1: probabilities @ [v, 1] gives the weighted sum and
@@ -216,10 +219,11 @@ class Decoder:
         keep = None
         depth = StackedSources(buf.x, 2 * len(self.layers), model.config.residual_block_size,
                                model.res_f.eps) if self.depth else None
+        dq = self.depth_q if self.depth else None
         for i, ((block, attn_w, mlp_w, norm_1, norm_2, cross), keys, values) in enumerate(
                 zip(self.layers, self.keys, self.values)):
             if depth and i:                          # block 0's attention reads the embedding as it is
-                depth.mix(block.attn_res, buf.x)
+                depth.mix(dq[i][0], buf.x)
             block.ln_1.decode(buf, norm_1)
             if self.mta_states[i] is not None:
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, state=self.mta_states[i])
@@ -232,7 +236,7 @@ class Decoder:
                 block.attn.decode(buf, attn_w, keys, values, t0, t1, keep=keep if thin else None)
             if depth:
                 depth.add(buf.out)
-                depth.mix(block.mlp_res, buf.x)
+                depth.mix(dq[i][1], buf.x)
             if cross is not None:                                   # the encoder-decoder's third sublayer
                 block.ln_cross.decode(buf, cross[1])
                 block.cross.decode(buf, cross[0], *self.memory[i], self.memory_mask)
@@ -242,7 +246,7 @@ class Decoder:
                 depth.add(buf.out)
         self.kept = keep
         if depth:
-            depth.mix(model.res_f, buf.x)
+            depth.mix(dq[-1], buf.x)
         model.ln_f.decode(buf, self.norm_f)
         np.dot(buf.xa, self.head, out=buf.logits)
         self.length = t1
