@@ -15,9 +15,9 @@ w = 0 (the initialisation) every input is the plain mean of its sources.
 Block AttnRes groups the sublayers into blocks: inside a block outputs are summed, and each
 operation reads the embedding, the finished blocks' sums and the current block's partial sum.
 One sublayer per block is the full form. The first sublayer has no operation: it reads the
-embedding alone. The final state before ``ln_f`` is one more such
-operation (``res_f``) over every finished block: a plain sum would bring back the growth with
-depth the mixing is there to avoid, and with w = 0 it is the mean of all sources.
+embedding alone. The final state before ``ln_f`` is one more such operation (``res_f``) over
+every finished block: a plain sum would bring back the growth with depth the mixing is there
+to avoid, and with w = 0 it is the mean of all sources.
 
 Backward [derived; ``u_i = v_i / r_i``, ``q = g * w``, so ``z_i = q . u_i``]:
 
@@ -27,7 +27,9 @@ Backward [derived; ``u_i = v_i / r_i``, ``q = g * w``, so ``z_i = q . u_i``]:
 
 Each source feeds every later operation, so its gradient is a sum over consumers: ``backward``
 adds into the caller's arrays, and :func:`stack_backward` walks the operations in reverse so
-that a source's gradient is complete before the sublayer that made it is differentiated.
+that a source's gradient is complete before the sublayer that made it is differentiated. The
+terms that depend on the source alone wait for that moment (:class:`Reads`): summed over all
+its readers they are two matrix products, not a pass per reader.
 """
 from __future__ import annotations
 
