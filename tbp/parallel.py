@@ -75,15 +75,19 @@ class Serial:
 
     With flash attention, BLAS runs one thread inside: its tiles are small products, which
     a second BLAS thread slows down (T = 2048, batch 1: 0.78 s a step with two threads,
-    0.58-0.63 s with one; benchmarks/long_context.py --blas-threads 1)."""
+    0.58-0.63 s with one; benchmarks/long_context.py --blas-threads 1).
+
+    ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
+    None leaves it as it is."""
 
     workers = 1
 
-    def __init__(self, model: LanguageModel):
-        self.model = model
+    def __init__(self, model: LanguageModel, blas: int | None = None):
+        self.model, self.blas = model, blas
 
     def __enter__(self) -> "Serial":
-        self._blas = blas_threads(1) if self.model.config.attn_kernel == "flash" else contextlib.nullcontext()
+        n = 1 if self.model.config.attn_kernel == "flash" else self.blas
+        self._blas = blas_threads(n) if n is not None else contextlib.nullcontext()
         self._blas.__enter__()
         return self
 
@@ -193,8 +197,10 @@ class DataParallel:
         return out
 
 
-def data_parallel(model: LanguageModel, threads: int, batch_size: int) -> Serial | DataParallel:
+def data_parallel(model: LanguageModel, threads: int, batch_size: int,
+                  blas: int | None = None) -> Serial | DataParallel:
     """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
-    with: a DataParallel over that many workers (at most one per row), or Serial for one."""
+    with: a DataParallel over that many workers (at most one per row), or Serial for one (with
+    BLAS held to ``blas`` threads, if given)."""
     workers = min(threads or available_cores(), batch_size)
-    return DataParallel(model, workers) if workers > 1 else Serial(model)
+    return DataParallel(model, workers) if workers > 1 else Serial(model, blas)

@@ -25,7 +25,7 @@ from .fsutil import append_line, atomic_write_text
 from .nn import LanguageModel
 from .optim import AdamW, clip_grads, lr_at
 from .distributed import Ranks, World
-from .parallel import available_cores, blas_threads, data_parallel
+from .parallel import available_cores, data_parallel
 
 
 class Callbacks:
@@ -240,38 +240,8 @@ def rank_workers(model: LanguageModel, world, threads: int, batch_size: int) -> 
     """What one rank of ``world`` computes its share of a batch with: its rows over ``threads``
     threads (0: this machine's cores shared equally among the ranks on it)."""
     threads = threads or max(1, available_cores() // world.local_size)
-    local = data_parallel(model, threads, -(-batch_size // world.size))
-    return Ranks(local if local.workers > 1 else _Threads(local, threads), world)
-
-
-class _Threads:
-    """A rank's one-thread worker (parallel.Serial) with BLAS held to the rank's share of the
-    cores, so that the ranks on one machine do not oversubscribe it."""
-
-    def __init__(self, serial, threads: int):
-        self.serial, self.threads = serial, threads
-        self.workers = 1
-
-    def __enter__(self):
-        self._blas = blas_threads(self.threads)
-        self._blas.__enter__()
-        self.serial.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.serial.__exit__(*exc)
-        finally:
-            self._blas.__exit__(*exc)
-
-    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
-        return self.serial.accumulate(batch, scale)
-
-    def each(self, fn) -> None:
-        fn(0)
-
-    def losses(self, batches: list) -> list[float]:
-        return self.serial.losses(batches)
+    # one thread: BLAS held to the rank's share, so the ranks on a machine do not oversubscribe it
+    return Ranks(data_parallel(model, threads, -(-batch_size // world.size), blas=threads), world)
 
 
 def trim_metrics(run: Path, step: int) -> None:
