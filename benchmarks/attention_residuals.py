@@ -93,11 +93,10 @@ def timing(args) -> None:
 def sublayer_outputs(model, idx):
     """Each sublayer's output (N, C) in order, and each Attention Residuals operation's mean
     depth weights (K,), for the tokens idx (B, T)."""
-    import numpy as np
     from tbp.nn import attnres
     x = model.embed.forward(idx)
     C = x.shape[-1]
-    outs, weights = [], []
+    outs = []
     if model.res_f is None:
         for b in model.blocks:
             a = b.attn.forward(b.ln_1.forward(x))
@@ -105,18 +104,10 @@ def sublayer_outputs(model, idx):
             m = b.mlp.forward(b.ln_2.forward(x))
             x = x + m
             outs += [a.reshape(-1, C), m.reshape(-1, C)]
-        return outs, weights
-    sources = attnres.Sources(x.reshape(-1, C), model.config.residual_block_size, model.res_f.eps)
-    for op, norm, f in attnres.sublayers(model.blocks):
-        h = x if op is None else op.forward(sources.current())
-        v = f.forward(norm.forward(h.reshape(x.shape))).reshape(-1, C)
-        outs.append(v)
-        sources.add(v)
-        if op is not None:
-            weights.append(op.weights().mean(axis=1))
-    model.res_f.forward(sources.current())
-    weights.append(model.res_f.weights().mean(axis=1))
-    return outs, [np.asarray(w) for w in weights]
+        return outs, []
+    attnres.stack_forward(model.blocks, model.res_f, x, model.config.residual_block_size, outputs=outs)
+    ops = [op for op, _, _ in attnres.sublayers(model.blocks) if op is not None] + [model.res_f]
+    return outs, [op.weights().mean(axis=1) for op in ops]
 
 
 def report(args) -> None:

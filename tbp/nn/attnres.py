@@ -240,16 +240,21 @@ def sublayers(blocks) -> list[tuple]:
     return out
 
 
-def stack_forward(blocks, final: DepthAttention, x0: np.ndarray, block_size: int) -> np.ndarray:
+def stack_forward(blocks, final: DepthAttention, x0: np.ndarray, block_size: int,
+                  outputs: list | None = None) -> np.ndarray:
     """The state before ``ln_f`` (B, T, C) of the embedding x0 (B, T, C) through the blocks.
 
     Sublayer j reads h_j = its operation over the sources; its output f(norm(h_j)) becomes a
-    source (or joins its block's partial sum)."""
+    source (or joins its block's partial sum). ``outputs``, if given, collects each sublayer's
+    output (N, C), for looking inside."""
     shape, C = x0.shape, x0.shape[-1]
     sources = Sources(x0.reshape(-1, C), block_size, final.eps)
     for op, norm, f in sublayers(blocks):
         h = x0 if op is None else op.forward(sources.current())
-        sources.add(f.forward(norm.forward(h.reshape(shape))).reshape(-1, C))
+        v = f.forward(norm.forward(h.reshape(shape))).reshape(-1, C)
+        if outputs is not None:
+            outputs.append(v)
+        sources.add(v)
     return final.forward(sources.current()).reshape(shape)
 
 
