@@ -100,7 +100,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     tokens = batch_size * cfg.n_ctx
     return {"train_ms_per_iter": med * 1e3, "train_tokens_per_s": tokens / med,
             "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters,
-            "train_threads": workers.workers}
+            "train_threads": workers.workers, "train_gemm": workers.gemm.name, "train_gemm_reason": workers.gemm.reason}
 
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,

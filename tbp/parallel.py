@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import blas as blaslib
 from .nn import LanguageModel
 
 
@@ -69,6 +70,16 @@ def blas_threads(n: int):
         set_(ctypes.c_int(before))
 
 
+def _engage_gemm(worker) -> contextlib.AbstractContextManager:
+    """Choose the library for the engine's products (blas.py) at this worker's BLAS setting,
+    for the rows each thread multiplies, and install it: one measurement per shape, process-wide."""
+    cfg = worker.model.config
+    get = _openblas()
+    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows),
+                                      int(get[0]()) if get else None)
+    return blaslib.engaged(worker.gemm)
+
+
 class Serial:
     """One thread: the interface of :class:`DataParallel` with nothing to share out, so the
     training loop and the benchmark never ask which of the two they hold.
@@ -78,21 +89,26 @@ class Serial:
     0.58-0.63 s with one; benchmarks/long_context.py --blas-threads 1).
 
     ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
-    None leaves it as it is."""
+    None leaves it as it is. ``rows``: tokens per batch (the products' size, for choosing
+    their library on entering); by default one context's worth."""
 
     workers = 1
 
-    def __init__(self, model: LanguageModel, blas: int | None = None):
+    def __init__(self, model: LanguageModel, blas: int | None = None, rows: int | None = None):
         self.model, self.blas = model, blas
+        self.rows = rows or model.config.n_ctx
+        self.gemm = None                 # blas.Choice, made on entering
 
     def __enter__(self) -> "Serial":
         n = 1 if self.model.config.attn_kernel == "flash" else self.blas
-        self._blas = blas_threads(n) if n is not None else contextlib.nullcontext()
-        self._blas.__enter__()
+        self._context = contextlib.ExitStack()
+        if n is not None:
+            self._context.enter_context(blas_threads(n))
+        self._context.enter_context(_engage_gemm(self))
         return self
 
     def __exit__(self, *exc) -> None:
-        self._blas.__exit__(*exc)
+        self._context.__exit__(*exc)
 
     def accumulate(self, batch: dict, scale: float = 1.0) -> float:
         return self.model.accumulate(**batch, scale=scale)
@@ -117,15 +133,18 @@ class DataParallel:
     evaluates a list of batches, spread over the threads; ``each(fn)`` runs fn(k) on every
     worker k (AdamW uses it to share its update).
     Use it as a context manager: inside, BLAS runs one thread (each worker is a core's worth
-    of work already); on leaving, BLAS is restored and the worker threads stop.
+    of work already) and the engine's products use the library measured fastest for a
+    worker's ``rows`` tokens (blas.py); on leaving, both are restored and the worker threads stop.
     """
 
-    def __init__(self, model: LanguageModel, workers: int):
+    def __init__(self, model: LanguageModel, workers: int, rows: int | None = None):
         if workers < 2:
             raise ValueError(f"data parallelism needs 2 or more workers, got {workers}")
         self.model, self.workers = model, workers
+        self.rows = rows or model.config.n_ctx
         self.replicas = [model] + [model.replica() for _ in range(workers - 1)]
         self.pool = None
+        self.gemm = None                 # blas.Choice, made on entering
 
     def close(self) -> None:
         """Stop the worker threads (started again by the next call)."""
@@ -134,15 +153,14 @@ class DataParallel:
             self.pool = None
 
     def __enter__(self) -> "DataParallel":
-        self._blas = blas_threads(1)
-        self._blas.__enter__()
+        self._context = contextlib.ExitStack()
+        self._context.callback(self.close)
+        self._context.enter_context(blas_threads(1))
+        self._context.enter_context(_engage_gemm(self))
         return self
 
     def __exit__(self, *exc) -> None:
-        try:
-            self._blas.__exit__(*exc)
-        finally:
-            self.close()
+        self._context.__exit__(*exc)
 
     def _submit(self, fn, *args):
         if self.pool is None:
@@ -166,16 +184,31 @@ class DataParallel:
             total_w = float(np.sum(w, dtype=np.float64))
             shares = [float(np.sum(w[a:b], dtype=np.float64)) / total_w for a, b in zip(bounds, bounds[1:])]
         parts = [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds, bounds[1:])]
-        for r in self.replicas[1:n]:
-            r.zero_grad()
-        futures = [self._submit(lambda r, part, share: r.accumulate(**part, scale=scale * share), r, part, share)
+
+        def work(replica, part, share):        # a replica starts from zero, in its own thread
+            replica.zero_grad()
+            return replica.accumulate(**part, scale=scale * share)
+        futures = [self._submit(work, r, part, share)
                    for r, part, share in zip(self.replicas[1:n], parts[1:], shares[1:])]
         losses = [self.model.accumulate(**parts[0], scale=scale * shares[0])]
         losses += [f.result() for f in futures]
-        total = self.model.layout.grads
-        for r in self.replicas[1:n]:
-            total += r.layout.grads                 # in worker order: the same sum every run
+        self._sum_gradients(n)
         return sum(loss * share for loss, share in zip(losses, shares))
+
+    def _sum_gradients(self, n: int) -> None:
+        """model.grads += each of the first n replicas' gradients. Every thread sums one
+        contiguous slice of the buffer; each element still adds the replicas in worker order,
+        so the result is the same bit for bit as one thread's sum, whatever the split."""
+        total = self.model.layout.grads
+        others = [r.layout.grads for r in self.replicas[1:n]]
+        if not others:
+            return
+
+        def add(k: int) -> None:
+            a, b = total.size * k // self.workers, total.size * (k + 1) // self.workers
+            for g in others:
+                total[a:b] += g[a:b]
+        self.each(add)
 
     loss_and_backward = accumulate      # the name earlier releases documented
 
@@ -203,4 +236,5 @@ def data_parallel(model: LanguageModel, threads: int, batch_size: int,
     with: a DataParallel over that many workers (at most one per row), or Serial for one (with
     BLAS held to ``blas`` threads, if given)."""
     workers = min(threads or available_cores(), batch_size)
-    return DataParallel(model, workers) if workers > 1 else Serial(model, blas)
+    rows = -(-batch_size // workers) * model.config.n_ctx            # tokens each thread multiplies
+    return DataParallel(model, workers, rows) if workers > 1 else Serial(model, blas, rows)

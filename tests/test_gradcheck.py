@@ -45,19 +45,19 @@ def test_key_bias_gradient_is_zero_and_reported_as_expected():
 
 def layernorm_without_projection(self, dout):
     """Layer norm's backward with the mean(dxhat * xhat) term dropped."""
-    xhat, std = self.cache
+    xhat, rstd = self.cache                             # rstd = 1 / sqrt(var + eps)
     dxhat = dout.reshape(xhat.shape) * self.params["weight"]
-    return ((dxhat - dxhat.mean(-1, keepdims=True)) / std).reshape(dout.shape)
+    return ((dxhat - dxhat.mean(-1, keepdims=True)) * rstd).reshape(dout.shape)
 
 
 def gelu_with_a_flipped_sign(self, dout):
     """GELU's derivative with the tanh' term subtracted instead of added."""
-    u, s = self.cache                                   # s = (1 + tanh z) / 2, the gate
+    u, s = self.cache                                   # (N, 4C); s = (1 + tanh z) / 2, the gate
     tanh_z = 2 * s - 1
     dg = self.c_proj.backward(dout)
     k, a = np.sqrt(2 / np.pi), 0.044715
     dg_du = 0.5 * (1 + tanh_z) - 0.5 * u * (1 - tanh_z ** 2) * k * (1 + 3 * a * u * u)
-    return self.c_fc.backward(dg * dg_du)
+    return self.c_fc.backward(dg * dg_du.reshape(dg.shape))
 
 
 def softmax_without_row_sum(self, dout):

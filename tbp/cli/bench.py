@@ -58,6 +58,7 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
                  f"{cfg.positions} positions", "right")
     t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
                        f" · {res['train_threads']} thread(s)")
+    t.add_row("products", f"{res['train_gemm']}: {res['train_gemm_reason']}")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "
                           f"the matmul peak {res['peak_gflops']:.0f} GFLOP/s)")
     if res.get("generate_tokens_per_s"):

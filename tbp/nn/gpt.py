@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
-from . import attnres
+from . import attnres, gemm, init
 from .attention import CausalSelfAttention
 from .attnres import DepthAttention
 from .config import ModelConfig
@@ -148,7 +147,7 @@ class LanguageModel(Module):
             return self.lm_head.forward(xf)
         wte = self.embed.params["wte"]
         V, C = wte.shape
-        return np.dot(xf.reshape(-1, C), wte.T).reshape(xf.shape[:-1] + (V,))
+        return gemm.matmul(xf.reshape(-1, C), wte.T).reshape(xf.shape[:-1] + (V,))
 
     def _head_backward(self, dlogits: np.ndarray) -> np.ndarray:
         """[paper §7, Table 3]  Tied head: logits = xf wte^T gives dwte += dlogits^T xf and
@@ -160,8 +159,8 @@ class LanguageModel(Module):
         emb = self.embed
         dlogits2 = dlogits.reshape(-1, dlogits.shape[-1])                 # (N, V)
         if "wte" in emb.grads:
-            emb.grads["wte"] += np.dot(dlogits2.T, xf.reshape(-1, C))
-        return np.dot(dlogits2, emb.params["wte"]).reshape(xf.shape)
+            gemm.matmul_add(emb.grads["wte"], dlogits2.T, xf.reshape(-1, C))
+        return gemm.matmul(dlogits2, emb.params["wte"]).reshape(xf.shape)
 
     def _backward_from_loss(self, scale: float) -> None:
         dlogits = self.loss_fn.backward()

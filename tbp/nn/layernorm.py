@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
+from . import gemm, init
 from .module import Module
 
 
@@ -32,18 +32,20 @@ class LayerNorm(Module):
         return avg
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        # Few, in-place operations on a 2-D view: means as products with a column of 1/C
+        # Few, in-place passes on a 2-D view: the mean as a product with a column of 1/C, the
+        # variance as one row-wise dot product (no squared copy), a multiply by 1/std
         x2 = x.reshape(-1, x.shape[-1])                                    # (N, C)
         avg = self._mean_vector(x2.dtype)
         xc = x2 - np.dot(x2, avg)                                          # (N, C) x - mean
-        y = np.multiply(xc, xc)                                            # (N, C) scratch for xc^2
-        var = np.dot(y, avg)                                               # (N, 1)
-        var += x.dtype.type(self.eps)
-        std = np.sqrt(var, out=var)                                        # (N, 1) sqrt(var + eps)
+        rstd = np.einsum("ij,ij->i", xc, xc)[:, None]                      # (N, 1) sum of xc^2
+        rstd *= x.dtype.type(1.0 / x2.shape[1])
+        rstd += x.dtype.type(self.eps)
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)                                      # 1 / sqrt(var + eps)
         xhat = xc
-        xhat /= std                                                        # (N, C), in xc's memory
-        self.cache = xhat, std
-        np.multiply(xhat, self.params["weight"], out=y)                    # y: the output from here
+        xhat *= rstd                                                       # (N, C), in xc's memory
+        self.cache = xhat, rstd
+        y = xhat * self.params["weight"]
         if "bias" in self.params:
             y += self.params["bias"]
         return y.reshape(x.shape)
@@ -53,21 +55,21 @@ class LayerNorm(Module):
         dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std   (means over channels);
         dweight += sum over tokens of dout * xhat;  dbias += sum over tokens of dout.
         """
-        xhat, std = self.cache                                             # (N, C), (N, 1)
+        xhat, rstd = self.cache                                            # (N, C), (N, 1)
         dy = dout.reshape(xhat.shape)                                      # (N, C)
         w = self.params["weight"]
         dy_xhat = dy * xhat                                                # (N, C)
         if "weight" in self.grads:
-            self.grads["weight"] += np.add.reduce(dy_xhat, axis=0)
+            gemm.column_sums_add(self.grads["weight"], dy_xhat)
         if "bias" in self.grads:
-            self.grads["bias"] += np.add.reduce(dy, axis=0)
+            gemm.column_sums_add(self.grads["bias"], dy)
         # with dxhat = dy * weight, both means are products with the column weight / C
         w_avg = (w * w.dtype.type(1.0 / w.shape[0])).reshape(-1, 1)        # (C, 1)
         mean_dxhat_xhat = np.dot(dy_xhat, w_avg)                           # (N, 1)
         dx = dy * w                                                        # (N, C) dxhat
         dx -= np.dot(dy, w_avg)                                            # minus mean(dxhat)
         dx -= np.multiply(xhat, mean_dxhat_xhat, out=dy_xhat)
-        dx /= std
+        dx *= rstd
         return dx.reshape(dout.shape)
 
     # --- inference (the Decoder) ------------------------------------------------------------

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
+from . import gemm, init
 from .module import Module
 
 
@@ -34,9 +34,8 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self.cache = x
-        # fold (B, T) into one axis: one large GEMM, not B small ones. np.dot, not @: for 2-D
-        # operands both call BLAS, and np.dot has half the fixed cost (one-token decoding)
-        y = np.dot(x.reshape(-1, self.d_in), self.params["weight"])       # (N, out)
+        # fold (B, T) into one axis: one large GEMM, not B small ones
+        y = gemm.matmul(x.reshape(-1, self.d_in), self.params["weight"])  # (N, out)
         b = self.params.get("bias")
         if b is not None:
             y += b
@@ -52,10 +51,10 @@ class Linear(Module):
         x = self.cache
         dy = dout.reshape(-1, self.d_out)                                  # (N, out)
         if "weight" in self.grads:
-            self.grads["weight"] += np.dot(x.reshape(-1, self.d_in).T, dy)
+            gemm.matmul_add(self.grads["weight"], x.reshape(-1, self.d_in).T, dy)
         if "bias" in self.grads:
-            self.grads["bias"] += np.add.reduce(dy, axis=0)
-        return np.dot(dy, self.params["weight"].T).reshape(x.shape)       # (..., in)
+            gemm.column_sums_add(self.grads["bias"], dy)
+        return gemm.matmul(dy, self.params["weight"].T).reshape(x.shape)  # (..., in)
 
 
 class LoRA(Linear):
@@ -82,9 +81,9 @@ class LoRA(Linear):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x2 = x.reshape(-1, self.d_in)                                      # (N, in)
-        h = np.dot(x2, self.params["lora_down"])                           # (N, R)
+        h = gemm.matmul(x2, self.params["lora_down"])                      # (N, R)
         y = Linear.forward(self, x2)                                       # (N, out)
-        y += self.params["lora_up"].dtype.type(self.scale) * np.dot(h, self.params["lora_up"])
+        y += self.params["lora_up"].dtype.type(self.scale) * gemm.matmul(h, self.params["lora_up"])
         self.cache = x, h
         return y.reshape(*x.shape[:-1], self.d_out)
 
@@ -96,11 +95,11 @@ class LoRA(Linear):
         x, h = self.cache
         s = self.params["lora_up"].dtype.type(self.scale)
         dy = dout.reshape(-1, self.d_out)                                  # (N, out)
-        dh = s * np.dot(dy, self.params["lora_up"].T)                      # (N, R)
-        self.grads["lora_up"] += s * np.dot(h.T, dy)
-        self.grads["lora_down"] += np.dot(x.reshape(-1, self.d_in).T, dh)
-        dx = np.dot(dy, self.params["weight"].T)
-        dx += np.dot(dh, self.params["lora_down"].T)
+        dh = s * gemm.matmul(dy, self.params["lora_up"].T)                 # (N, R)
+        self.grads["lora_up"] += s * gemm.matmul(h.T, dy)
+        gemm.matmul_add(self.grads["lora_down"], x.reshape(-1, self.d_in).T, dh)
+        dx = gemm.matmul(dy, self.params["weight"].T)
+        gemm.matmul_add(dx, dh, self.params["lora_down"].T)
         return dx.reshape(x.shape)                                         # (..., in)
 
     def merged(self) -> np.ndarray:
