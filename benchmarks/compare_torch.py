@@ -1,12 +1,15 @@
 """tbp vs the PyTorch reference: training tokens/s for two shapes, generation tokens/s at batch 1.
 
 Runs `tbp bench --json` and `torch_ref.py` alternately, --repeats times each, and prints the
-medians and the ratio tbp / PyTorch. Example:
+medians and the ratio tbp / PyTorch. With --gemm numpy,auto, tbp runs once per setting of
+TBP_GEMM in each round (NumPy's BLAS only, and MKL where it measures faster: tbp/blas.py), so
+both are compared with the same PyTorch runs. Example:
 
-    python benchmarks/compare_torch.py --torch-python .torchenv/bin/python --repeats 5
+    python benchmarks/compare_torch.py --torch-python .torchenv/bin/python --repeats 5 --gemm numpy,auto
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,8 +27,8 @@ CASES = [
 ]
 
 
-def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def run_json(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -49,20 +52,33 @@ def main():
     p.add_argument("--torch-python", required=True, help="an interpreter with torch installed")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", help="run only the cases whose name contains this text")
+    p.add_argument("--gemm", default="", help="comma-separated TBP_GEMM settings to run tbp with "
+                                              "(default: the environment's)")
     a = p.parse_args()
+    modes = [m for m in a.gemm.split(",") if m] or [None]
     rows = []
     for name, model, batch, kind, (ours_iters, torch_iters) in CASES:
         if a.only and a.only not in name:
             continue
         key = "train_tokens_per_s" if kind == "train" else "generate_tokens_per_s"
-        ours, theirs = [], []
+        ours, theirs, chosen = {m: [] for m in modes}, [], {m: set() for m in modes}
         for _ in range(a.repeats):
-            ours.append(run_json(tbp_cmd(model, batch, kind, ours_iters))[key])
+            for m in modes:
+                env = {**os.environ, "TBP_GEMM": m} if m else None
+                res = run_json(tbp_cmd(model, batch, kind, ours_iters), env)
+                ours[m].append(res[key])
+                chosen[m].add(res.get("train_gemm"))
             theirs.append(run_json(torch_cmd(a.torch_python, model, batch, kind, torch_iters))[key])
-        o, t = statistics.median(ours), statistics.median(theirs)
-        rows.append((name, o, t, o / t))
-        print(f"{name:28s} tbp {o:10.0f} tok/s   torch {t:10.0f} tok/s   ratio {o / t:5.2f}x", flush=True)
-    print(json.dumps([{"case": r[0], "tbp": r[1], "torch": r[2], "ratio": r[3]} for r in rows]))
+        t = statistics.median(theirs)
+        for m in modes:
+            o = statistics.median(ours[m])
+            label = f"{name} [TBP_GEMM={m}]" if m else name
+            used = ",".join(sorted(c for c in chosen[m] if c)) or "-"
+            rows.append({"case": label, "tbp": o, "torch": t, "ratio": o / t, "gemm_used": used,
+                         "tbp_runs": ours[m], "torch_runs": theirs})
+            print(f"{label:44s} tbp {o:10.0f} tok/s   torch {t:10.0f} tok/s   ratio {o / t:5.2f}x   "
+                  f"products: {used}", flush=True)
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

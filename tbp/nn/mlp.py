@@ -55,6 +55,37 @@ def row_blocks(rows: int, width: int):
         yield slice(start, min(start + step, rows))
 
 
+def gelu_forward(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gelu(u), gate s) for u (N, W), gelu(u) = u s, one row block at a time."""
+    s, g = np.empty_like(u), np.empty_like(u)
+    for rows in row_blocks(*u.shape):
+        np.multiply(u[rows], gelu_gate(u[rows], s[rows]), out=g[rows])
+    return g, s
+
+
+def gelu_backward(u: np.ndarray, s: np.ndarray, dg: np.ndarray) -> None:
+    """dg *= dgelu/du in place, from u and the gate s (N, W) of ``gelu_forward``; u is overwritten.
+
+    g = u s with s = (1 + tanh z)/2, z = k (u + a u^3), so, as 1 - tanh^2 z = 4 s (1 - s):
+    dg/du = s + u s (1 - s) 2k (1 + 3a u^2)   (= (1 + tanh z)/2 + u/2 (1 - tanh^2 z) dz/du).
+    """
+    c = _constants(u.dtype)
+    blocks = list(row_blocks(*u.shape))
+    dz = np.empty_like(u[blocks[0]])                                       # one block's scratch
+    for rows in blocks:
+        ub, dzb = u[rows], dz[:rows.stop - rows.start]
+        np.multiply(ub, ub, out=dzb)
+        dzb *= c["6ka"]
+        dzb += c["2k"]
+        dzb *= ub                                                          # u dz/du 2 = 2k u (1 + 3a u^2)
+        # dg/du = s (1 + dz (1 - s)), in u's memory: u is not needed again
+        dg_du = np.subtract(1, s[rows], out=ub)
+        dg_du *= dzb
+        dg_du += 1
+        dg_du *= s[rows]
+        dg[rows] *= dg_du
+
+
 class MLP(Module):
     """y = c_proj(g(c_fc(x))).  x, y: (B, T, C); c_fc.weight: (C, 4C); c_proj.weight: (4C, C).
 
@@ -74,16 +105,12 @@ class MLP(Module):
             self.cache = u
             return self.c_proj.forward(np.maximum(u, 0))
         u2 = u.reshape(-1, u.shape[-1])                                    # (N, 4C)
-        s, g = np.empty_like(u2), np.empty_like(u2)
-        for rows in row_blocks(*u2.shape):
-            np.multiply(u2[rows], gelu_gate(u2[rows], s[rows]), out=g[rows])  # gelu(u) = u s
+        g, s = gelu_forward(u2)
         self.cache = u2, s
         return self.c_proj.forward(g.reshape(u.shape))
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        """[paper §7, FC_expand > g > FC_contract]  GELU: g = u s with s = (1 + tanh z)/2, z = k (u + a u^3),
-        so, as 1 - tanh^2 z = 4 s (1 - s):
-        dg/du = s + u s (1 - s) 2k (1 + 3a u^2)   (= (1 + tanh z)/2 + u/2 (1 - tanh^2 z) dz/du).
+        """[paper §7, FC_expand > g > FC_contract]  GELU: see ``gelu_backward``.
         ReLU: dg/du = [u > 0].
         """
         dg = self.c_proj.backward(dout)                                    # (B, T, 4C)
@@ -92,22 +119,7 @@ class MLP(Module):
             dg *= u > 0
             return self.c_fc.backward(dg)
         u2, s = self.cache                                                 # (N, 4C) each
-        c = _constants(u2.dtype)
-        dg2 = dg.reshape(u2.shape)
-        blocks = list(row_blocks(*u2.shape))
-        dz = np.empty_like(u2[blocks[0]])                                  # one block's scratch
-        for rows in blocks:
-            u, dzb = u2[rows], dz[:rows.stop - rows.start]
-            np.multiply(u, u, out=dzb)
-            dzb *= c["6ka"]
-            dzb += c["2k"]
-            dzb *= u                                                       # u dz/du 2 = 2k u (1 + 3a u^2)
-            # dg/du = s + u s (1 - s) 2k (1 + 3a u^2) = s (1 + dz (1 - s)), in u's memory
-            dg_du = np.subtract(1, s[rows], out=u)                         # u is not needed again
-            dg_du *= dzb
-            dg_du += 1
-            dg_du *= s[rows]
-            dg2[rows] *= dg_du
+        gelu_backward(u2, s, dg.reshape(u2.shape))
         self.cache = None
         return self.c_fc.backward(dg)
 
