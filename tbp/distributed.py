@@ -193,6 +193,11 @@ class Ranks:
     def __exit__(self, *exc) -> None:
         self.local.__exit__(*exc)
 
+    @property
+    def gemm(self):
+        """The library this rank's products use (blas.Choice), once entered."""
+        return self.local.gemm
+
     def rows(self, B: int) -> tuple[int, int]:
         """This rank's rows [lo, hi) of a batch of B (some ranks get none when B < ranks)."""
         r, n = self.world.rank, self.world.size

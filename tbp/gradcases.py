@@ -300,6 +300,9 @@ def cases(rng: np.random.Generator) -> list[Case]:
                                     ("no biases", 4, False, True), ("non-causal", 4, True, False)):
         attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, bias, causal)
         out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H if bias else None, Dk=dk))
+    # causal query blocks of 2 rows over T = 5: rows 0-1 read keys 0-1, rows 2-4 read all five
+    attn = CausalSelfAttention(C, H, 4, C // H, rng, f64, split_rows=2)
+    out.append(_projected_case("attention [causal, query blocks]", attn, x(), rng, H=H, Dk=4))
     # flash in tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
     for label, dk, causal, impl, rope in (("flash", 4, True, "flash", False),
                                           ("flash, non-causal", 4, False, "flash", False),

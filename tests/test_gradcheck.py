@@ -105,3 +105,16 @@ def test_run_filters_by_layer_and_rejects_unknown():
     assert rows and {r.layer.split(" ")[0] for r in rows} == {"layernorm"}
     with pytest.raises(ValueError, match="no gradcheck case"):
         gradcheck.run(layer="convolution")
+
+
+def test_causal_blocks_that_drop_the_earlier_blocks_key_gradients_fail(monkeypatch):
+    from tbp.nn import attention
+
+    def broken(dy, qs, k, v, blocks, y, out, rows):
+        dq, dk, dv = out
+        a, b = attention.query_blocks(qs.shape[2], rows)[-1]
+        attention.attend_backward(dy[:, :, a:], qs[:, :, a:], k, v, blocks[-1], y[:, :, a:], (dq[:, :, a:], dk, dv))
+        dq[:, :, :a] = 0                                # the first blocks' terms never computed
+    monkeypatch.setattr(attention, "attend_causal_blocks_backward", broken)
+    rows = _rows("attention [causal, query blocks]")
+    assert any(r.tensor == "x (input)" and not r.passed for r in rows)

@@ -224,3 +224,28 @@ def test_lora_frozen_base_gets_no_gradient(rng):
     assert all("lora_" in k for k in model.grads)
     for k, v in base.items():
         np.testing.assert_array_equal(model.params[k], v)
+
+
+@pytest.mark.parametrize("T,rows", [(64, 64), (128, 64), (129, 64), (200, 64), (13, 4)])
+def test_causal_query_blocks_equal_the_full_square(T, rows):
+    """Causal dense attention in query blocks (which skip the masked part of S) gives the full
+    square's output, weights and gradients, and the full square is what a split of 0 blocks is."""
+    from tbp.nn.attention import CausalSelfAttention, query_blocks
+    spans = query_blocks(T, rows)
+    assert spans[0][0] == 0 and spans[-1][1] == T and len(spans) == max(1, T // rows)
+    results = []
+    for split in (rows, 10 ** 9):
+        layer = CausalSelfAttention(32, 4, 8, 8, np.random.default_rng(0), np.float64, split_rows=split)
+        rng = np.random.default_rng(1)
+        x, d = rng.standard_normal((2, T, 32)), rng.standard_normal((2, T, 32))
+        y = layer.forward(x)
+        assert isinstance(layer.cache[3], tuple) == (split == rows and T >= 2 * rows)
+        P = layer.weights()
+        dx = layer.backward(d)
+        results.append((y, P, dx, {k: g.copy() for k, g in layer.grads.items()}))
+    (y1, P1, dx1, g1), (y0, P0, dx0, g0) = results
+    np.testing.assert_allclose(y1, y0, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(P1, P0, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(dx1, dx0, rtol=0, atol=1e-13)
+    for k in g0:
+        np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-12 * max(1.0, np.abs(g0[k]).max()))

@@ -45,7 +45,8 @@ class Progress(Callbacks):
             what += f" · {meta['train_examples']:,} training conversations (loss: {meta['loss']})"
         else:
             what += f" · {meta['train_tokens']:,} train tokens"
-        tqdm.write(f"{what} · vocabulary {V} · "
+        workers = trainer.workers
+        tqdm.write(f"{what} · vocabulary {V} · {workers.workers} thread(s), products by {workers.gemm.name} · "
                    f"run {trainer.run}", file=sys.stderr)
 
     def step(self, trainer, m):

@@ -68,6 +68,58 @@ def attend_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray
     np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                      # (B, H, Tk, Dk)
 
 
+SPLIT_ROWS = 64        # causal dense attention: query blocks of about this many rows, from 2 blocks on
+
+
+def query_blocks(T: int, rows: int = SPLIT_ROWS) -> list[tuple[int, int]]:
+    """(start, end) of causal dense attention's query blocks of about ``rows`` rows (one below 2 rows)."""
+    n = max(1, T // rows)
+    bounds = [T * i // n for i in range(n + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                         rows: int = SPLIT_ROWS) -> tuple:
+    """Causal ``attend`` with the queries in blocks; returns each block's P.
+
+    Queries [a, b) may read only keys [0, b), so block i's scores are (b - a, b): the masked
+    part of S to the right of the block is never computed. With n blocks, S, the softmax and
+    P v cost (n + 1) / 2n of the full square (3/4 for two), what flash attention's tiles skip
+    as well, without its recomputation in the backward. qs, k (B, H, T, Dk); v (B, H, T, Dv);
+    out (B, H, T, Dv); ``rows``: the blocks' size (query_blocks).
+    """
+    T = qs.shape[2]
+    mask = causal_mask(T, 0, qs.dtype)
+    blocks = []
+    for a, b in query_blocks(T, rows):
+        att = qs[:, :, a:b] @ k[:, :, :b].transpose(0, 1, 3, 2)           # (B, H, b - a, b)
+        att += mask[a:b, :b]
+        blocks.append(attend(att, v[:, :, :b], out=out[:, :, a:b]))
+    return tuple(blocks)
+
+
+def attend_causal_blocks_backward(dy, qs, k, v, blocks: tuple, y, out: tuple, rows: int = SPLIT_ROWS) -> None:
+    """``attend_backward`` of ``attend_causal_blocks``, into out = (dqs, dk, dv).
+
+    The last block's queries read every key: its products write dk and dv whole. Each other
+    block reads keys [0, b): its dk, dv are added to those rows.
+    """
+    dq, dk, dv = out
+    spans = query_blocks(qs.shape[2], rows)
+    for i in range(len(spans) - 1, -1, -1):
+        a, b = spans[i]
+        q_rows, keys = slice(a, b), slice(0, b)
+        if i == len(spans) - 1:
+            dk_i, dv_i = dk, dv
+        else:
+            dk_i, dv_i = np.empty_like(dk[:, :, keys]), np.empty_like(dv[:, :, keys])
+        attend_backward(dy[:, :, q_rows], qs[:, :, q_rows], k[:, :, keys], v[:, :, keys], blocks[i],
+                        y[:, :, q_rows], out=(dq[:, :, q_rows], dk_i, dv_i))
+        if dk_i is not dk:
+            dk[:, :, keys] += dk_i
+            dv[:, :, keys] += dv_i
+
+
 def padding_mask(pad: np.ndarray, dtype) -> np.ndarray:
     """(B, 1, 1, T) additive key mask from a boolean (B, T) ``pad`` (True: a padded position)."""
     return np.where(pad, -np.inf, 0).astype(dtype)[:, None, None, :]
@@ -81,7 +133,8 @@ class CausalSelfAttention(Module):
     Dk = Dv = C/H); c_proj.weight: (H*Dv, C). Heads are computed together as (B, H, T, D)
     arrays: no Python loop over heads or tokens.
 
-    ``impl``: "dense" keeps P (B, H, T, T) for the backward; "flash" computes the same numbers
+    ``impl``: "dense" keeps P (B, H, T, T) for the backward (causal, from T = 2 ``split_rows``
+    on, as blocks of that many query rows that skip the masked part); "flash" computes the same numbers
     in tiles and keeps only each row's log-sum-exp (flash.py; ``tiles`` = (block_q, block_k)).
     ``rotary``: a Rotary, to rotate queries and keys by their positions (rope.py), or None.
     ``window``: each query attends to at most this many positions (itself and the ones before);
@@ -92,9 +145,10 @@ class CausalSelfAttention(Module):
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02,
                  impl: str = "dense", rotary: Rotary | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
-                 window: int | None = None):
+                 window: int | None = None, split_rows: int = SPLIT_ROWS):
         super().__init__()
         self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal
+        self.split_rows = split_rows
         self.impl, self.rotary, self.tiles, self.window = impl, rotary, tiles, window
         self.c_attn = Linear(d_model, n_head * (2 * d_qk + d_v), rng, dtype, bias)
         self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
@@ -129,6 +183,8 @@ class CausalSelfAttention(Module):
                 raise ValueError("flash attention takes no key padding mask; use the dense kernel")
             _, lse = flash_forward(qs, k, v, self.causal, *self.tiles, out=y, window=self.window)
             self.cache = qs, k, v, lse, y                                  # lse: (B, H, T)
+        elif self.causal and T >= 2 * self.split_rows and key_mask is None and not (self.window and T > self.window):
+            self.cache = qs, k, v, attend_causal_blocks(qs, k, v, y, self.split_rows), y  # P in query blocks
         else:
             att = qs @ k.transpose(0, 1, 3, 2)                             # (B, H, T, T)
             if self.causal:
@@ -157,6 +213,8 @@ class CausalSelfAttention(Module):
         dq, dk, dv = self._heads(dqkv)
         if self.impl == "flash":
             flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=(dq, dk, dv), window=self.window)
+        elif isinstance(saved, tuple):
+            attend_causal_blocks_backward(dy, qs, k, v, saved, y, (dq, dk, dv), self.split_rows)
         else:
             attend_backward(dy, qs, k, v, saved, y, out=(dq, dk, dv))
         dq *= self.scale
@@ -170,6 +228,12 @@ class CausalSelfAttention(Module):
         attention kept them; flash recomputes them from its saved log-sum-exp, P = exp(S - L),
         exactly the probabilities it used. Changes nothing the backward reads."""
         qs, k, v, saved, y = self.cache
+        if isinstance(saved, tuple):                                       # causal query blocks
+            T = qs.shape[2]
+            P = np.zeros(qs.shape[:2] + (T, T), qs.dtype)
+            for (a, b), block in zip(query_blocks(T, self.split_rows), saved):
+                P[:, :, a:b, :b] = block
+            return P
         if self.impl != "flash":
             return saved.copy()
         s = qs @ k.transpose(0, 1, 3, 2)                                   # (B, H, T, T)
