@@ -166,7 +166,7 @@ def main():
                 for _ in range(a.rounds):
                     t["numpy"].append(timed(ours, reps))
                     if lib is not None and is_product:
-                        with gemm.using(lib.matmul, lib.matmul_add):
+                        with gemm.using(lib):
                             t["mkl"].append(timed(ours, reps))
                     t["torch"].append(timed(theirs, reps))
                 med = {k: statistics.median(v) * 1e3 for k, v in t.items() if v}

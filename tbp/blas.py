@@ -75,7 +75,7 @@ def _layout(a: np.ndarray) -> tuple[int, int] | None:
 
 
 class MKL:
-    """MKL's cblas_sgemm with NumPy's calling convention for the engine's seam."""
+    """MKL's cblas_sgemm with NumPy's calling conventions, for the engine's seam (tbp.nn.gemm)."""
 
     def __init__(self, path: str):
         lib = ctypes.CDLL(path)
@@ -106,6 +106,12 @@ class MKL:
         self._sgemm(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1],
                     b.ctypes.data, lb[1], beta, out.ctypes.data, n)
         return True
+
+    @staticmethod
+    def batched_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Attention's per-head products stay NumPy's: through MKL (cblas_sgemm_batch_strided, or
+        one call per head where the outputs interleave) a 6 x 384, T 256 step measured 0.99-1.01x."""
+        return np.matmul(a, b, out=out)
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a @ b (a new array): sgemm for large float32 products, NumPy for the rest."""
@@ -219,5 +225,5 @@ def _measured(shapes: tuple, blas_threads: int | None) -> float:
 def engaged(choice: Choice):
     """Install ``choice`` in the engine's seam for the block."""
     lib = mkl() if choice.name == "mkl" else None
-    with gemm.using(lib.matmul if lib else None, lib.matmul_add if lib else None):
+    with gemm.using(lib):
         yield

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import gemm
 from .flash import BLOCK_K, BLOCK_Q, flash_backward, flash_forward
 from .linear import Linear, weight_of
 from .module import Module
@@ -46,7 +47,7 @@ def attend(att: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None = None,
     att -= np.maximum.reduce(att, axis=-1, keepdims=True)
     np.exp(att, out=att)
     att /= np.add.reduce(att, axis=-1, keepdims=True)
-    np.matmul(att, v, out=out)
+    gemm.batched_matmul(att, v, out)
     return att
 
 
@@ -60,12 +61,12 @@ def attend_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray
     vanishes wherever a mask is, with no special case. qs (B, H, Tq, Dk), k (B, H, Tk, Dk).
     """
     dq, dk, dv = out
-    np.matmul(att.transpose(0, 1, 3, 2), dy, out=dv)                       # (B, H, Tk, Dv)
-    datt = dy @ v.transpose(0, 1, 3, 2)                                    # (B, H, Tq, Tk)
+    gemm.batched_matmul(att.transpose(0, 1, 3, 2), dy, dv)                 # (B, H, Tk, Dv)
+    datt = gemm.batched_matmul(dy, v.transpose(0, 1, 3, 2))                # (B, H, Tq, Tk)
     datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)                 # (B, H, Tq, 1) broadcast
     datt *= att                                                            # dS w.r.t. qs k^T
-    np.matmul(datt, k, out=dq)                                             # (B, H, Tq, Dk)
-    np.matmul(datt.transpose(0, 1, 3, 2), qs, out=dk)                      # (B, H, Tk, Dk)
+    gemm.batched_matmul(datt, k, dq)                                       # (B, H, Tq, Dk)
+    gemm.batched_matmul(datt.transpose(0, 1, 3, 2), qs, dk)                # (B, H, Tk, Dk)
 
 
 SPLIT_ROWS = 64        # causal dense attention: query blocks of about this many rows, from 2 blocks on
@@ -92,7 +93,7 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     mask = causal_mask(T, 0, qs.dtype)
     blocks = []
     for a, b in query_blocks(T, rows):
-        att = qs[:, :, a:b] @ k[:, :, :b].transpose(0, 1, 3, 2)           # (B, H, b - a, b)
+        att = gemm.batched_matmul(qs[:, :, a:b], k[:, :, :b].transpose(0, 1, 3, 2))   # (B, H, b - a, b)
         att += mask[a:b, :b]
         blocks.append(attend(att, v[:, :, :b], out=out[:, :, a:b]))
     return tuple(blocks)
@@ -186,7 +187,7 @@ class CausalSelfAttention(Module):
         elif self.causal and T >= 2 * self.split_rows and key_mask is None and not (self.window and T > self.window):
             self.cache = qs, k, v, attend_causal_blocks(qs, k, v, y, self.split_rows), y  # P in query blocks
         else:
-            att = qs @ k.transpose(0, 1, 3, 2)                             # (B, H, T, T)
+            att = gemm.batched_matmul(qs, k.transpose(0, 1, 3, 2))         # (B, H, T, T)
             if self.causal:
                 att += causal_mask(T, 0, att.dtype, self.window if self.window and T > self.window else None)
             att = attend(att, v, key_mask, out=y)                          # (B, H, T, T)
