@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -118,6 +119,9 @@ class MPIWorld(World):
     def abort(self, code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        # the launcher forwards a rank's output through its own pipes, and an abort can end the
+        # job before the last lines (the one saying why) are through: give them a moment
+        time.sleep(0.2)
         self.comm.Abort(code)
         os._exit(code)                 # Abort may return before the launcher's signal arrives
 
