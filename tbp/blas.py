@@ -154,9 +154,6 @@ class Choice:
     reason: str                # one line for a person
     ratio: float | None = None  # MKL's time / NumPy's on the model's products, when measured
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.reason})"
-
 
 def products(d_model: int, rows: int, hidden: int | None = None) -> tuple:
     """The linear layers' product shapes for ``rows`` tokens: (m, k, n, transpose a, transpose b)

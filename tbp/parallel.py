@@ -75,8 +75,7 @@ def _engage_gemm(worker) -> contextlib.AbstractContextManager:
     for the rows each thread multiplies, and install it: one measurement per shape, process-wide."""
     cfg = worker.model.config
     get = _openblas()
-    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows),
-                                      int(get[0]()) if get else None)
+    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows), int(get[0]()) if get else None)
     return blaslib.engaged(worker.gemm)
 
 
@@ -101,10 +100,11 @@ class Serial:
 
     def __enter__(self) -> "Serial":
         n = 1 if self.model.config.attn_kernel == "flash" else self.blas
-        self._context = contextlib.ExitStack()
-        if n is not None:
-            self._context.enter_context(blas_threads(n))
-        self._context.enter_context(_engage_gemm(self))
+        with contextlib.ExitStack() as stack:          # undone at once if entering fails
+            if n is not None:
+                stack.enter_context(blas_threads(n))
+            stack.enter_context(_engage_gemm(self))
+            self._context = stack.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -153,10 +153,11 @@ class DataParallel:
             self.pool = None
 
     def __enter__(self) -> "DataParallel":
-        self._context = contextlib.ExitStack()
-        self._context.callback(self.close)
-        self._context.enter_context(blas_threads(1))
-        self._context.enter_context(_engage_gemm(self))
+        with contextlib.ExitStack() as stack:          # undone at once if entering fails
+            stack.callback(self.close)
+            stack.enter_context(blas_threads(1))
+            stack.enter_context(_engage_gemm(self))
+            self._context = stack.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -159,3 +159,15 @@ def test_bench_reports_the_library_and_a_bad_setting_is_one_line(tmp_path):
 def _env():
     import os
     return dict(os.environ)
+
+
+def test_a_bad_setting_leaves_blas_as_it_was(monkeypatch):
+    from tbp.parallel import _openblas
+    fns = _openblas()
+    if fns is None:
+        pytest.skip("NumPy's OpenBLAS thread count cannot be read here")
+    before = fns[0]()
+    monkeypatch.setenv("TBP_GEMM", "fast")
+    with pytest.raises(TbpError):
+        DataParallel(GPT(ModelConfig(**CFG)), 2).__enter__()
+    assert fns[0]() == before and isinstance(gemm.library, gemm.NumPy)
