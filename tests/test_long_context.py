@@ -196,11 +196,12 @@ def test_training_and_generating_with_rope_and_flash_from_the_cli(tmp_path, corp
     clean_fail(run(["export", "r", "--out", "hf"]), 1, "positions = rope (GPT-2 has learned)")
 
 
-def test_auto_picks_flash_from_a_context_of_512():
+def test_auto_picks_flash_from_a_context_of_2048():
     assert ModelConfig(n_ctx=128).attn_kernel == "dense"
-    assert ModelConfig(n_ctx=512).attn_kernel == "flash"
+    assert ModelConfig(n_ctx=1024).attn_kernel == "dense"
+    assert ModelConfig(n_ctx=2048).attn_kernel == "flash"
     assert ModelConfig(n_ctx=4096, attn_impl="dense").attn_kernel == "dense"
-    model = GPT(ModelConfig(vocab_size=11, n_ctx=512, n_layer=1, n_head=2, d_model=8))
+    model = GPT(ModelConfig(vocab_size=11, n_ctx=2048, n_layer=1, n_head=2, d_model=8))
     assert model.blocks[0].attn.impl == "flash"
 
 
