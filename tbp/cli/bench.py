@@ -30,7 +30,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
     --iters steps. Generation: batch-1 sampling from a one-token prompt. Also reports the
-    achieved GFLOP/s (from the model's FLOP count) and this machine's float32 matmul peak.
+    achieved GFLOP/s (from the model's FLOP count) and this machine's float32 matmul peak,
+    and which library did the products: NumPy's BLAS, or MKL where the `mkl` extra is
+    installed and measured faster for this model (TBP_GEMM=numpy|mkl|auto pins it).
 
     \b
     Examples:
