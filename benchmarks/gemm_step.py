@@ -25,7 +25,7 @@ MODELS = {"small": (dict(n_layer=4, n_head=4, d_model=128, n_ctx=64), 12),
           "wide": (dict(n_layer=6, n_head=6, d_model=384, n_ctx=256), 8)}
 
 
-def products(lib, shapes, rounds: int) -> None:
+def per_product(lib, shapes, rounds: int) -> None:
     rng = np.random.default_rng(0)
     print(f"{'product m x k x n':26s} {'numpy GFLOP/s':>14s} {'MKL GFLOP/s':>12s} {'MKL time / numpy':>17s}")
     with blas_threads(1):
@@ -91,7 +91,7 @@ def main():
     shape, batch = MODELS[a.model]
     cfg = ModelConfig(vocab_size=65, **shape)
     rows = -(-batch // min(m["cores"], batch)) * cfg.n_ctx
-    products(lib, blas.products(cfg.d_model, rows), a.rounds)
+    per_product(lib, blas.products(cfg.d_model, rows), a.rounds)
     steps(lib, cfg, batch, a.steps)
 
 

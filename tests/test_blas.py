@@ -2,6 +2,7 @@
 default, MKL's sgemm when installed and chosen. The MKL tests skip where it cannot be loaded
 (``pip install -e '.[mkl]'``)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -149,16 +150,11 @@ def test_measure_times_both_libraries(mkl):
 def test_bench_reports_the_library_and_a_bad_setting_is_one_line(tmp_path):
     base = [sys.executable, "-m", "tbp", "bench", "--json", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
             "--n-ctx", "16", "--batch-size", "2", "--iters", "2", "--gen-tokens", "0"]
-    out = subprocess.run(base, capture_output=True, text=True, env={**_env(), "TBP_GEMM": "numpy"}, check=True)
+    out = subprocess.run(base, capture_output=True, text=True, env={**os.environ, "TBP_GEMM": "numpy"}, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert (res["train_gemm"], res["train_gemm_reason"]) == ("numpy", "TBP_GEMM=numpy")
-    bad = subprocess.run(base, capture_output=True, text=True, env={**_env(), "TBP_GEMM": "fast"})
+    bad = subprocess.run(base, capture_output=True, text=True, env={**os.environ, "TBP_GEMM": "fast"})
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == ["Error: TBP_GEMM must be auto, numpy or mkl, got 'fast'"]
-
-
-def _env():
-    import os
-    return dict(os.environ)
 
 
 def test_a_bad_setting_leaves_blas_as_it_was(monkeypatch):

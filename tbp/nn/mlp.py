@@ -119,9 +119,10 @@ class MLP(Module):
             dg *= u > 0
             return self.c_fc.backward(dg)
         u2, s = self.cache                                                 # (N, 4C) each
-        gelu_backward(u2, s, dg.reshape(u2.shape))
+        dg2 = dg.reshape(u2.shape)                       # what the in-place update writes is what goes on
+        gelu_backward(u2, s, dg2)
         self.cache = None
-        return self.c_fc.backward(dg)
+        return self.c_fc.backward(dg2)
 
     # --- inference (the Decoder) ------------------------------------------------------------
     def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
