@@ -169,7 +169,9 @@ def paired(engines: dict, rounds: int, per_sample: int) -> dict:
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             out[name].append(statistics.median(engines[name]() for _ in range(per_sample)))
-            time.sleep(0.05)                    # let PyTorch's OpenMP threads stop spinning
+            # idle worker threads spin for a while before they sleep (PyTorch's OpenMP pool, and
+            # OpenBLAS's for about 0.1 s): let them stop before the next engine's turn
+            time.sleep(0.25)
     return out
 
 
