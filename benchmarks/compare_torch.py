@@ -6,6 +6,9 @@ TBP_GEMM in each round (NumPy's BLAS only, and MKL where it measures faster: tbp
 both are compared with the same PyTorch runs. Example:
 
     python benchmarks/compare_torch.py --torch-python .torchenv/bin/python --repeats 5 --gemm numpy,auto
+
+Each engine runs in a process of its own here, as a user runs it; on a machine whose speed
+drifts, paired_torch.py (both engines in one process, taking turns) gives steadier ratios.
 """
 import argparse
 import json
