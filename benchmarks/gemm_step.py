@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 from tbp import blas
-from tbp.bench import machine, matmul_peak_gflops, train_flops_per_token
+from tbp.bench import machine, matmul_peak_gflops, train_flops_per_token, train_step
 from tbp.nn import GPT, ModelConfig, gemm
-from tbp.optim import AdamW, clip_grads
+from tbp.optim import AdamW
 from tbp.parallel import blas_threads, data_parallel
 
 MODELS = {"small": (dict(n_layer=4, n_head=4, d_model=128, n_ctx=64), 12),
@@ -58,10 +58,7 @@ def steps(lib, cfg: ModelConfig, batch: int, n: int) -> None:
             x, y = (rng.integers(0, cfg.vocab_size, (batch, cfg.n_ctx)) for _ in range(2))
             with gemm.using(None if which == "A" else lib):
                 t = time.perf_counter()
-                model.zero_grad()
-                workers.accumulate({"idx": x, "targets": y})
-                clip_grads(model.layout.grads, 1.0)
-                opt.step(1e-4)
+                train_step(model, opt, workers, x, y)
                 dt = time.perf_counter() - t
             if i >= 4:                                   # warm-up
                 times[which].append(dt)

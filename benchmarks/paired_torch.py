@@ -35,11 +35,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tbp.bench import machine
+from tbp.bench import machine, train_step
 from tbp.blas import MKL
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import GPT, ModelConfig, gemm
-from tbp.optim import AdamW, clip_grads
+from tbp.optim import AdamW
 from tbp.parallel import data_parallel
 
 V = 65
@@ -113,10 +113,7 @@ def tbp_trainer(model_shape, batch, rng, threads, stack):
     def step() -> float:
         x, y = rng.integers(0, V, (batch, T)), rng.integers(0, V, (batch, T))
         t = time.perf_counter()
-        model.zero_grad()
-        workers.accumulate({"idx": x, "targets": y})
-        clip_grads(model.layout.grads, 1.0)
-        opt.step(1e-4)
+        train_step(model, opt, workers, x, y)
         return time.perf_counter() - t
     return step
 

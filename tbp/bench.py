@@ -76,6 +76,15 @@ def train_flops_per_token(cfg: ModelConfig) -> float:
     return 3.0 * forward
 
 
+def train_step(model: GPT, opt: AdamW, workers, x: np.ndarray, y: np.ndarray, lr: float = 1e-4) -> None:
+    """One training step as `tbp train` takes it on a batch x, y (B, T): gradients from zero
+    over ``workers`` (parallel.data_parallel's, entered), clipped to norm 1.0, an AdamW update."""
+    model.zero_grad()
+    workers.accumulate({"idx": x, "targets": y})
+    clip_grads(model.layout.grads, 1.0)
+    opt.step(lr)
+
+
 def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int = 3,
                 seed: int = 0, dtype=np.float32, threads: int = 0) -> dict:
     """Median time of a full training step on random tokens, as `tbp train` runs it
@@ -90,10 +99,7 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
             x = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             y = rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))
             t = time.perf_counter()
-            model.zero_grad()
-            workers.accumulate({"idx": x, "targets": y})
-            clip_grads(model.layout.grads, 1.0)
-            opt.step(1e-4)
+            train_step(model, opt, workers, x, y)
             if i >= warmup:
                 times.append(time.perf_counter() - t)
     med = float(np.median(times))
