@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +38,24 @@ from .nn import ModelConfig, add_lora, build_model, model_class
 from .tokenizer import Tokenizer
 
 FORMAT = 1
-# every name tbp writes into a run directory: what --force may replace
-RUN_FILES = ("config.json", "tokenizer.json", "state.json", "metrics.jsonl", ".lock", ".*.tmp",
-             "model-*.safetensors", "adapter-*.safetensors", "best-*.safetensors", "optimizer-*.safetensors",
+# the checkpoint files tbp writes, by their role in state.json's "files": a step of 6 or more
+# digits (model-000250.safetensors), or none (the first release's fixed names)
+FILE_NAMES = {"weights": re.compile(r"(model|adapter)(-\d{6,})?\.safetensors"),
+              "best": re.compile(r"best-(model|adapter)(-\d{6,})?\.safetensors"),
+              "optimizer": re.compile(r"optimizer(-\d{6,})?\.safetensors")}
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether ``name`` is a weights or moments file name tbp writes into a run."""
+    return any(p.fullmatch(name) for p in FILE_NAMES.values())
+
+
+# every name tbp writes into a run directory: what --force may replace (a user's own
+# "model-good.safetensors" is not among them)
+_STEP = "[0-9]" * 6
+RUN_FILES = ("config.json", "tokenizer.json", "state.json", "metrics.jsonl", ".lock", ".*.tmp", ".owner",
+             *(f"{stem}-{_STEP}{more}.safetensors" for stem in ("model", "adapter", "best-model", "best-adapter",
+                                                                "optimizer") for more in ("", "[0-9]", "[0-9][0-9]")),
              "model.safetensors", "adapter.safetensors", "best-model.safetensors", "best-adapter.safetensors",
              "optimizer.safetensors")
 
@@ -79,25 +95,48 @@ def save(run: Path, model, optimizer, state: dict, adapter: bool, best: bool) ->
     """
     run = Path(run)
     step = state["step"]
-    best_before = None                     # kept until a better one: the previous set's best file
+    before = {}                            # the committed set: its best file is kept until a better one
     if (run / "state.json").is_file():
         with contextlib.suppress(TbpError):
-            path = checkpoint_files(run)["best"]
-            best_before = path.name if path is not None else None
-    files = {"weights": weights_name(adapter, step=step), "best": best_before, "optimizer": None}
-    write_arrays(run / files["weights"], model.layout.views(model.layout.params), step, "weights")
+            before = {k: p.name for k, p in checkpoint_files(run).items() if p is not None}
+    files = {"weights": weights_name(adapter, step=step), "best": before.get("best"), "optimizer": None}
     if best:
         files["best"] = weights_name(adapter, best=True, step=step)
-        link_or_copy(run / files["weights"], run / files["best"])
     if optimizer is not None:
         files["optimizer"] = f"optimizer-{step:06d}.safetensors"
-        write_arrays(run / files["optimizer"], optimizer.state_arrays(), step, "optimizer")
-    atomic_write_json(run / "state.json", {**state, "files": files})        # the commit
-    keep = set(files.values())
-    for p in run.glob("*.safetensors"):                  # the previous set, now unreferenced
-        if p.name not in keep:
+    try:
+        write_arrays(run / files["weights"], model.layout.views(model.layout.params), step, "weights")
+        if best:
+            link_or_copy(run / files["weights"], run / files["best"])
+        if optimizer is not None:
+            write_arrays(run / files["optimizer"], optimizer.state_arrays(), step, "optimizer")
+        atomic_write_json(run / "state.json", {**state, "files": files})        # the commit
+    except BaseException:
+        # a failed commit (a full disk) takes back the files it wrote, so a retry finds the room;
+        # unless it did commit (interrupted just after the rename): then they are the checkpoint
+        now = None
+        with contextlib.suppress(Exception):
+            now = {k: p.name if p is not None else None for k, p in checkpoint_files(run).items()}
+        if now != files:
+            _remove(run, set(files.values()) - set(before.values()))
+        raise
+    sweep_unreferenced(run, files)
+
+
+def _remove(run: Path, names) -> None:
+    for name in names:
+        if name:
             with contextlib.suppress(OSError):
-                p.unlink()
+                (run / name).unlink()
+
+
+def sweep_unreferenced(run: Path, files: dict) -> None:
+    """Remove the checkpoint files ``files`` (the committed set) does not name -- the previous
+    set, or what a commit killed half-way wrote -- and killed writers' temporaries. Only names
+    tbp writes (:func:`is_checkpoint_file`) are ever removed: a user's own copy stays."""
+    keep = set(files.values())
+    _remove(run, [p.name for p in Path(run).iterdir() if p.name not in keep and is_checkpoint_file(p.name)
+                  and p.is_file()])
     sweep_temporaries(run)
 
 
@@ -141,6 +180,10 @@ def checkpoint_files(run: Path, state: dict | None = None) -> dict[str, Path | N
         files = {k: (v if (run / v).is_file() else None) for k, v in files.items()}
         if files["weights"] is None:
             raise TbpError(f"{run}: no weights saved yet (state.json is missing)")
+    for key, name in files.items():
+        # a plain name of tbp's own: "../x" or "/abs/x" would read weights from outside the run
+        if (name is not None or key == "weights") and not (isinstance(name, str) and FILE_NAMES[key].fullmatch(name)):
+            raise TbpError(f"{run / 'state.json'}: files.{key} is {name!r}, not a checkpoint file name tbp writes")
     return {k: (run / v if v else None) for k, v in files.items()}
 
 
@@ -314,7 +357,8 @@ def is_run(path: Path) -> bool:
 def latest_run(root: str | Path = "checkpoints") -> Path:
     """The run under ``root`` that committed a checkpoint most recently."""
     root = Path(root)
-    found = [p for p in root.iterdir() if p.is_dir() and is_run(p)] if root.is_dir() else []
+    found = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and is_run(p)] \
+        if root.is_dir() else []
     if not found:
         raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
     return max(found, key=lambda p: max(f.stat().st_mtime for f in p.iterdir() if f.is_file()))

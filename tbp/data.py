@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__
 from .errors import TbpError
 from . import schema
-from .fsutil import atomic_write_json, claim_output, staged_dir
+from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_dir, write_raw
 from .tokenizer import KINDS, Tokenizer, token_dtype, train_bpe, train_char
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".h", ".js", ".html",
@@ -121,7 +121,7 @@ def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = N
 # --- preparing ------------------------------------------------------------------------------
 DEFAULT_BPE_VOCAB = 1024
 DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # what --force may replace
-                 "train.idx", "val.idx", "train.mask", "val.mask")
+                 "train.idx", "val.idx", "train.mask", "val.mask", ".owner")
 
 
 class PrepareReport:
@@ -219,9 +219,9 @@ def write_dataset(out: Path, force: bool, tokenizer: Tokenizer, arrays: dict[str
     meta.json (with the seconds since ``t0``) go into a temporary sibling renamed into place.
     Returns ``meta`` with the folder's "path"; text, pairs and chat datasets all end here."""
     with staged_dir(out, force) as tmp:
-        tokenizer.save(tmp / "tokenizer.json")
+        atomic_write_text(tmp / "tokenizer.json", tokenizer.to_str())
         for name, a in arrays.items():
-            a.tofile(tmp / name)
+            write_raw(tmp / name, a)
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(tmp / "meta.json", meta)
     meta["path"] = str(out)

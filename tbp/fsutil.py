@@ -9,6 +9,7 @@ import fnmatch
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -35,10 +36,16 @@ def _fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Temp file in the same directory, fsync, os.replace, fsync the directory.
 
+    ``os.replace`` puts a new file where the old name was: a symlink planted at ``path`` is
+    replaced, never written through.
+
     A failure (a full disk, a file-size limit) removes the temporary file, leaves ``path`` as
     it was, and raises an OSError that names ``path``, not the temporary file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
@@ -77,12 +84,44 @@ def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+def open_own(path: str | Path, flags: int) -> int:
+    """``os.open`` of a file tbp writes in place (a lock, a log it appends to), refusing a
+    symlink or a hard link planted there: tbp never writes through a name it did not make.
+    Returns the descriptor of a regular file with one link."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666 & ~_UMASK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TbpError(f"{path}: is a symbolic link; tbp writes only files it made, remove it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise TbpError(f"{path}: is not a plain file of its own (a device, a folder or a hard link); "
+                       f"tbp writes only files it made, remove it")
+    return fd
+
+
 def append_line(path: str | Path, line: str) -> None:
     """Append one line and fsync: a crash loses at most the line being written."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line.rstrip("\n") + "\n")
+    fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "ab") as f:
+        f.write((line.rstrip("\n") + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_raw(path: Path, a) -> None:
+    """Write an array's bytes to a new file and fsync it. Unlike ``ndarray.tofile``, a full
+    disk raises OSError(ENOSPC) naming ``path``."""
+    import numpy as np
+    try:
+        with open(path, "xb") as f:
+            f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
 def claim_output(out: Path, force: bool, patterns: tuple[str, ...], marker: str, what: str,
@@ -100,11 +139,7 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
     or holds only files tbp writes there (``patterns``, fnmatch, with ``marker`` among them), and
     it is not, does not contain and does not lie inside any of the command's ``inputs``."""
     out = Path(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise TbpError(f"{out}: is a file, not a folder; refusing to replace it")
-    here = out.resolve()
+    here = out.resolve()                    # also for a folder not made yet: never inside an input
     for given in inputs:
         if given is None:
             continue
@@ -112,6 +147,10 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
         if here == src or here in src.parents or src in here.parents:
             raise TbpError(f"{out}: is (or holds, or lies inside) this command's own input {given}; "
                            f"choose another --out")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise TbpError(f"{out}: is a file, not a folder; refusing to replace it")
     names = [str(p.relative_to(out)) for p in out.rglob("*")]
     if not names:
         return
@@ -126,12 +165,16 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
 class RunLock:
     """One writer per run directory: an exclusive lock on ``RUN/.lock`` (fcntl.flock), held while
     the process lives; a second writer is refused with the holder's pid. Where flock does not
-    exist (Windows) it does nothing."""
+    exist (Windows) it does nothing.
+
+    The lock file is opened with :func:`open_own`: a symlink or hard link planted at ``.lock``
+    is refused, never truncated. ``created`` and ``made_lock`` record what this process made,
+    so that a refused claim takes away exactly that (``release(remove_if_alone=True)``)."""
 
     NAME = ".lock"
 
     def __init__(self, run: Path):
-        self.run, self.fd, self.created = Path(run), None, False
+        self.run, self.fd, self.created, self.made_lock = Path(run), None, False, False
 
     def acquire(self) -> "RunLock":
         try:
@@ -140,30 +183,43 @@ class RunLock:
             return self
         self.created = not self.run.exists()
         self.run.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run / self.NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        path = self.run / self.NAME
+        for _ in range(5):                      # again if a releasing holder unlinked the file under us
+            try:
+                fd, self.made_lock = open_own(path, os.O_RDWR | os.O_CREAT | os.O_EXCL), True
+            except FileExistsError:
+                fd = open_own(path, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise TbpError(f"{self.run}: another tbp process (pid {holder}) is writing this run; "
+                                   f"wait for it or stop it first") from None
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_ino == os.fstat(fd).st_ino:
+                    break
             os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise TbpError(f"{self.run}: another tbp process (pid {holder}) is writing this run; "
-                               f"wait for it or stop it first") from None
-            raise
+        else:
+            raise TbpError(f"{path}: the lock file keeps changing; is another tbp starting here?")
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self.fd = fd
         return self
 
     def release(self, remove_if_alone: bool = False) -> None:
-        """Drop the lock; with ``remove_if_alone``, also remove the run directory if the lock
-        file is all it holds (a run that failed before its first save leaves nothing)."""
+        """Drop the lock; with ``remove_if_alone``, also take away what acquiring made: the lock
+        file, and the run directory if it is empty then (a run that failed before its first save,
+        or a refused --out, leaves nothing behind)."""
         if self.fd is None:
             return
-        if remove_if_alone and self.created and [p.name for p in self.run.iterdir()] == [self.NAME]:
+        if remove_if_alone and self.made_lock:
             with contextlib.suppress(OSError):
                 os.unlink(self.run / self.NAME)
-                self.run.rmdir()
+                if self.created:
+                    self.run.rmdir()
         os.close(self.fd)                       # closing drops the lock
         self.fd = None
 
@@ -179,26 +235,84 @@ def sweep_temporaries(folder: Path) -> None:
             p.unlink()
 
 
+OWNER = ".owner"                        # inside a staging folder: flocked while its writer lives
+
+
+def _owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
+    """A new hidden folder under ``parent`` holding a flocked OWNER file: (folder, descriptor)."""
+    folder = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=suffix))
+    fd = os.open(folder / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with contextlib.suppress(ImportError):
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return folder, fd
+
+
+def _owner_gone(folder: Path) -> bool:
+    """True if ``folder`` has an OWNER file whose lock no live process holds."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(folder / OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False                    # no owner file: not ours, or its writer is finishing
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_staging(out: Path) -> None:
+    """Remove the staging folders of ``out`` that a killed writer left (``.OUT.XXXX.tmp``), and
+    put back a previous ``out`` that a writer killed mid-swap had moved aside (``.OUT.XXXX.old``).
+    Only folders whose OWNER lock is free are touched: a live writer's are left alone. (A
+    writer killed between its rename and its last unlink leaves OWNER in ``out``: removed too.)"""
+    if _owner_gone(out):
+        with contextlib.suppress(OSError):
+            os.unlink(out / OWNER)
+    for p in sorted(out.parent.glob(f".{glob_escape(out.name)}.*")):
+        if not p.is_dir() or p.is_symlink() or p.suffix not in (".tmp", ".old") or not _owner_gone(p):
+            continue
+        if p.suffix == ".old" and (p / "x").is_dir() and not os.path.lexists(out):
+            os.replace(p / "x", out)
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 @contextlib.contextmanager
 def staged_dir(out: str | Path, force: bool = False):
     """Yield a temporary sibling folder; on success it replaces ``out`` in one rename.
 
     On any failure (or Ctrl-C) the temporary folder is removed and ``out`` is untouched.
-    With ``force`` an existing ``out`` is moved aside first and deleted after the swap.
+    With ``force`` an existing ``out`` is moved aside first and deleted after the swap. What a
+    writer killed with SIGKILL leaves is swept by the next writer of ``out`` (:func:`sweep_staging`).
+    The folder is private while it is written and follows the umask once it is ``out``.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    sweep_staging(out)
+    tmp, owner = _owned_dir(out.parent, f".{out.name}.", ".tmp")
+    old_owner = None
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_UMASK)
         _fsync_dir(tmp)
         old = None
         if out.exists():
             if not force:
                 raise FileExistsError(f"{out} already exists (use --force to replace it)")
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+            old, old_owner = _owned_dir(out.parent, f".{out.name}.", ".old")
             os.replace(out, old / "x")
         os.replace(tmp, out)
+        os.unlink(out / OWNER)                  # the lock stays on the open descriptor
         _fsync_dir(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -208,3 +322,7 @@ def staged_dir(out: str | Path, force: bool = False):
             # name the folder being written, not the temporary one that is gone now
             raise OSError(e.errno, e.strerror or str(e), str(out)) from None
         raise
+    finally:
+        for fd in (owner, old_owner):
+            if fd is not None:
+                os.close(fd)

@@ -8,6 +8,7 @@ without it.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -26,11 +27,19 @@ def figure(width: float, height: float):
 
 
 def save(fig, path) -> None:
-    """Write a figure as PNG or SVG (by the file's suffix)."""
+    """Write a figure as PNG or SVG (by the file's suffix), atomically: drawn in memory, then
+    renamed into place, so a full disk keeps the old picture and a symlink at ``path`` is
+    replaced, never written through."""
+    import io
+    from .fsutil import atomic_write_bytes
     suffix = str(path).rsplit(".", 1)[-1].lower()
     if suffix not in ("png", "svg"):
         raise TbpError(f"{path}: the picture must be a .png or .svg file")
-    fig.savefig(path, dpi=120)
+    if Path(path).is_dir():
+        raise TbpError(f"{path}: is a folder; give a picture's file name")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=suffix, dpi=120)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 # --- training curves ----------------------------------------------------------------------------

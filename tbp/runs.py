@@ -209,25 +209,31 @@ def claim_run_dir(out: Path, force: bool, inputs: tuple = ()) -> RunLock:
     """Lock ``out`` for this process, then make sure a new run may start there: it is new or
     empty, or holds only the uncommitted files of a run killed before its first checkpoint, or
     (with ``force``) a previous run; those are then removed. A folder with anything tbp did not
-    write, or one of the run's own inputs, is never touched."""
+    write, or one of the run's own inputs, is never touched: the check runs before the lock is
+    taken (a refused --out gets no .lock), and again under it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise TbpError(f"{out}: is a file, not a run directory")
+    _check_claim(out, force, inputs)
     lock = RunLock(out).acquire()
     try:
-        contents = [p for p in out.iterdir() if p.name != RunLock.NAME]
-        if contents:
-            committed = (out / "state.json").is_file()
-            if not force:
-                _refuse_a_committed_run(out)
-            check_replaceable(out, checkpoint.RUN_FILES, "config.json" if committed else RunLock.NAME,
-                              "a tbp run", inputs)
-            for p in contents:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        for p in _check_claim(out, force, inputs):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
     except BaseException:
-        lock.release()
+        lock.release(remove_if_alone=True)
         raise
     return lock
+
+
+def _check_claim(out: Path, force: bool, inputs: tuple) -> list[Path]:
+    """What must be removed for a new run to start in ``out``; TbpError if it may not."""
+    contents = [p for p in out.iterdir() if p.name != RunLock.NAME] if out.is_dir() else []
+    committed = (out / "state.json").is_file()
+    if contents and not force:
+        _refuse_a_committed_run(out)
+    check_replaceable(out, checkpoint.RUN_FILES, "config.json" if committed else RunLock.NAME,
+                      "a tbp run", inputs)
+    return contents
 
 
 def _refuse_a_committed_run(out: Path) -> None:
@@ -313,6 +319,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
         raise TbpError(f"{out}: has no checkpoint to resume from (state.json is missing)")
     state_d = checkpoint.read_state(out)
     files = checkpoint.checkpoint_files(out, state_d)
+    checkpoint.sweep_unreferenced(out, {k: p.name for k, p in files.items() if p is not None})
     if files["optimizer"] is None:
         raise TbpError(f"{out}: holds weights but no optimizer state (imported or merged), so it cannot be "
                        f"resumed; fine-tune it with tbp train --init-from {out}")

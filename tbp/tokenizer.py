@@ -27,9 +27,15 @@ KINDS = ("char", "bpe")
 
 
 class Tokenizer:
-    """A `tokenizers.Tokenizer` plus what tbp needs: its kind, end-of-text id, strict checks."""
+    """A `tokenizers.Tokenizer` plus what tbp needs: its kind, end-of-text id, strict checks.
+
+    Text is encoded with special-token matching off (``encode_special_tokens``): a literal
+    ``<|end|>`` typed by a user, or found in a corpus, is those seven characters, never the
+    reserved id. Reserved ids enter a sequence only by id (the chat template, a pair's
+    separator), so no text can forge a role or end a document."""
 
     def __init__(self, hf: HFTokenizer):
+        hf.encode_special_tokens = True         # not part of to_str(): the file and its hash are unchanged
         self.hf = hf
         vocab = hf.get_vocab()
         self.kind = "bpe" if isinstance(hf.pre_tokenizer, pre_tokenizers.ByteLevel) else "char"
@@ -42,23 +48,27 @@ class Tokenizer:
         return self.hf.get_vocab_size()
 
     def check(self, text: str, where: str = "text") -> None:
-        """Raise TbpError naming the first character a char tokenizer has never seen."""
+        """Raise TbpError if ``text`` cannot be encoded: it is not valid Unicode (a lone surrogate,
+        how Python carries undecodable bytes of argv or stdin), or it holds characters a char
+        tokenizer has never seen (all of them named, with counts, in one line)."""
+        check_unicode(text, where)
         if self._alphabet is None or set(text) <= self._alphabet:
             return
-        for i, ch in enumerate(text):
-            if ch not in self._alphabet:
-                line = text.count("\n", 0, i) + 1
-                raise TbpError(f"{where}: character {ch!r} (U+{ord(ch):04X}, line {line}) is not in "
-                               f"this char tokenizer's vocabulary of {self.vocab_size}; "
-                               f"use a bpe tokenizer for open-ended text")
+        missing = sorted(set(text) - self._alphabet, key=lambda c: (-text.count(c), text.index(c)))
+        first = min(text.index(c) for c in missing)
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X}) x{text.count(c)}" for c in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise TbpError(f"{where}: {len(missing)} character(s) not in this char tokenizer's vocabulary of "
+                       f"{self.vocab_size}, first on line {text.count(chr(10), 0, first) + 1}: {shown}{more}; "
+                       f"use a bpe tokenizer for open-ended text")
 
-    def encode(self, text: str) -> list[int]:
-        self.check(text)
+    def encode(self, text: str, where: str = "text") -> list[int]:
+        self.check(text, where)
         return self.hf.encode(text).ids
 
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    def encode_batch(self, texts: list[str], where: str = "text") -> list[np.ndarray]:
         for t in texts:
-            self.check(t)
+            self.check(t, where)
         return [np.asarray(e.ids, dtype=np.int64) for e in self.hf.encode_batch(texts)]
 
     def decode(self, ids) -> str:
@@ -87,6 +97,18 @@ class Tokenizer:
     @classmethod
     def from_str(cls, s: str) -> "Tokenizer":
         return cls(HFTokenizer.from_str(s))
+
+
+def check_unicode(text: str, where: str) -> None:
+    """TbpError naming the first code point UTF-8 cannot carry: a lone surrogate, which is how
+    Python holds an undecodable byte (U+DC80..U+DCFF) or a JSON escape like "\\ud800"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        cp = ord(text[e.start])
+        what = f"byte 0x{cp - 0xDC00:02x}" if 0xDC80 <= cp <= 0xDCFF else f"lone surrogate U+{cp:04X}"
+        line = text.count("\n", 0, e.start) + 1
+        raise TbpError(f"{where}: {what} at character {e.start} (line {line}) is not valid UTF-8 text") from None
 
 
 def train_char(text: str, specials: tuple[str, ...] = ()) -> Tokenizer:

@@ -47,7 +47,8 @@ def test_several_samples(run_dir):
     (["--top-p", "1.5"], 2, "Invalid value for '--top-p'"),
     (["--top-p", "nan"], 2, "not a finite number"),
     (["--top-k", "0"], 2, "Invalid value for '--top-k'"),
-    (["--prompt", "Zé"], 1, "character 'Z' (U+005A, line 1) is not in this char tokenizer"),
+    (["--prompt", "Zé"], 1, "2 character(s) not in this char tokenizer's vocabulary of 27, first on line 1: "
+                                "'Z' (U+005A) x1, 'é' (U+00E9) x1"),
 ])
 def test_bad_input(run_dir, args, code, msg):
     r = run(["generate", "--checkpoint", run_dir, *args])
