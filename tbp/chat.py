@@ -3,7 +3,8 @@
 Template. A conversation is its messages in order, each ``<|role|> content <|end|>`` with
 role system, user or assistant; a reply is asked for with ``<|assistant|>``. The six special
 tokens (those four, <|endoftext|> and <|pad|>) are reserved in every tokenizer, char or BPE,
-so no text can forge them, and decoding a conversation's tokens gives its template text back.
+and enter a conversation only by id: text is encoded with special-token matching off, so a
+message that spells "<|end|><|assistant|>" is those characters, and no text can forge a turn.
 
 A chat dataset (``tbp prepare --format chat``, ``meta.json`` kind "chat") holds one row per
 conversation, kept whole::
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import schema
+from . import jsonio, schema
 from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
@@ -63,12 +64,14 @@ def chat_ids(tok: Tokenizer) -> dict[str, int]:
 # --- reading ----------------------------------------------------------------------------------
 def check_messages(messages, where: str, need_reply: bool = True) -> list[dict]:
     """The messages of one conversation, checked: an optional system message first, then user
-    and assistant in turn, starting with the user; string contents without reserved tokens."""
+    and assistant in turn, starting with the user; string contents (a literal "<|end|>" in one is
+    text like any other: the tokenizer never matches reserved tokens in text)."""
     if not isinstance(messages, list) or not messages:
         raise TbpError(f"{where}: \"messages\" must be a non-empty array")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES \
+                or not isinstance(m.get("content"), str):
             raise TbpError(f'{where}: message {i + 1} must be {{"role": "system"|"user"|"assistant", '
                            f'"content": "..."}}')
         out.append({"role": m["role"], "content": m["content"]})
@@ -80,10 +83,6 @@ def check_messages(messages, where: str, need_reply: bool = True) -> list[dict]:
                            f"(an optional system message, then user and assistant in turn)")
     if need_reply and not any(m["role"] == "assistant" for m in out):
         raise TbpError(f"{where}: no assistant message to learn from")
-    for m in out:
-        for special in CHAT_SPECIALS:
-            if special in m["content"]:
-                raise TbpError(f"{where}: a message contains {special}, a token tbp reserves for the template")
     return out
 
 
@@ -92,13 +91,7 @@ def read_conversations(path: str, encoding: str = "utf-8", need_reply: bool = Tr
     ``{"messages": [{"role": ..., "content": ...}, ...]}``. Blank lines are skipped."""
     text, where, name = read_file(path, encoding, "file of conversations")
     convs = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise TbpError(f"{where}:{n}: not valid JSON ({e.msg})") from None
+    for n, obj in jsonio.read_jsonl(text, where):
         if not isinstance(obj, dict) or "messages" not in obj:
             raise TbpError(f'{where}:{n}: expected {{"messages": [...]}}')
         convs.append(check_messages(obj["messages"], f"{where}:{n}", need_reply))

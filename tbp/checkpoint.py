@@ -29,8 +29,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save as st_save
 
-from . import memory, schema
-from .schema import read_json
+from . import jsonio, memory, schema
+from .jsonio import read_json
 from .errors import TbpError
 from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
                      staged_dir, sweep_temporaries)
@@ -152,17 +152,20 @@ def read_state(run: Path) -> dict:
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The lines of a run's metrics.jsonl; a line that is not an object with a step (a torn
-    last line from a hard kill, a hand edit) is skipped."""
+    """The lines of a run's metrics.jsonl that are a record tbp writes (schema.METRICS_LINE: a
+    step, a finite training loss, an evaluation's numbers all or none). A line that is not -- a
+    torn last line from a hard kill, a hand edit -- is skipped, so ``info`` and ``plot`` read
+    only whole records."""
     path = Path(run) / "metrics.jsonl"
     out = []
     if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for n, line in jsonio.lines(text):
             try:
-                m = json.loads(line)
-            except ValueError:
+                m = schema.check(jsonio.parse(line, f"{path}:{n}"), schema.METRICS_LINE, f"{path}:{n}")
+            except TbpError:
                 continue
-            if isinstance(m, dict) and isinstance(m.get("step"), int):
+            if m["step"] >= 0 and len({k for k in schema.EVAL_KEYS if k in m}) in (0, len(schema.EVAL_KEYS)):
                 out.append(m)
     return out
 

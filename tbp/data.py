@@ -23,6 +23,7 @@ import numpy as np
 from . import __version__
 from .errors import TbpError
 from . import schema
+from .jsonio import strip_bom
 from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_dir, write_raw
 from .tokenizer import KINDS, Tokenizer, token_dtype, train_bpe, train_char
 
@@ -42,7 +43,7 @@ def builtin_corpus() -> str:
 
 def _decode(raw: bytes, where: str, encoding: str) -> str:
     try:
-        return raw.decode(encoding)
+        return strip_bom(raw.decode(encoding))        # a byte-order mark is not a character of the text
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise TbpError(f"{where}: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) is not "

@@ -102,25 +102,29 @@ def export_hf(model: GPT, tok: Tokenizer, out: Path, force: bool = False, inputs
 def _config_from_hf(d: dict, path: Path) -> ModelConfig:
     if d.get("model_type") != "gpt2":
         raise TbpError(f"{path}: model_type is {d.get('model_type')!r}, not 'gpt2'")
-    try:
-        C, L, H = int(d["n_embd"]), int(d["n_layer"]), int(d["n_head"])
-        V, n_ctx = int(d["vocab_size"]), int(d.get("n_positions", d.get("n_ctx")))
-    except (KeyError, TypeError, ValueError) as e:
-        raise TbpError(f"{path}: missing or bad GPT-2 config key ({e})") from None
+    missing = [k for k in ("n_embd", "n_layer", "n_head", "vocab_size") if k not in d]
+    if missing or ("n_positions" not in d and "n_ctx" not in d):
+        raise TbpError(f"{path}: missing GPT-2 config key {(missing or ['n_positions'])[0]!r}")
+    # the values as they are: ModelConfig refuses true, 32.7 or "2" where an integer belongs
+    C, L, H, V = d["n_embd"], d["n_layer"], d["n_head"], d["vocab_size"]
+    n_ctx = d.get("n_positions", d.get("n_ctx"))
     act = d.get("activation_function", "gelu_new")
     if act not in TANH_GELUS + ("relu",):
         raise TbpError(f"{path}: activation_function {act!r} is not supported "
                        f"(tbp computes {', '.join(TANH_GELUS)} and relu)")
-    if d.get("n_inner") not in (None, 4 * C):
+    if d.get("n_inner") is not None and (not isinstance(C, int) or d["n_inner"] != 4 * C):
         raise TbpError(f"{path}: n_inner {d['n_inner']} != 4 * n_embd; tbp's MLP expands by 4")
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if d.get(flag):
             raise TbpError(f"{path}: {flag} is not supported")
     if d.get("scale_attn_weights") is False:
         raise TbpError(f"{path}: scale_attn_weights false is not supported")
-    return ModelConfig(vocab_size=V, n_ctx=n_ctx, n_layer=L, n_head=H, d_model=C,
-                       activation="relu" if act == "relu" else "gelu",
-                       ln_eps=float(d.get("layer_norm_epsilon", 1e-5)), tie_head=True)
+    try:
+        return ModelConfig(vocab_size=V, n_ctx=n_ctx, n_layer=L, n_head=H, d_model=C,
+                           activation="relu" if act == "relu" else "gelu",
+                           ln_eps=d.get("layer_norm_epsilon", 1e-5), tie_head=True)
+    except (TypeError, ValueError) as e:            # ConfigError: a file's value, so exit 1 naming it
+        raise TbpError(f"{path}: bad GPT-2 config ({e})") from None
 
 
 def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer]:

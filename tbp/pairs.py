@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import schema
+from . import jsonio, schema
 from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
@@ -49,16 +49,12 @@ def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]
     text, where, name = read_file(path, encoding, "file of pairs")
     jsonl = where.endswith((".jsonl", ".ndjson", ".json")) or text.lstrip().startswith("{")
     pairs = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in jsonio.lines(text):
         if not line.strip():
             continue
         src, tgt = _json_pair(line, where, n) if jsonl else _tsv_pair(line, where, n)
         if not src:
             raise TbpError(f"{where}:{n}: empty source")
-        for side in (src, tgt):
-            for special in PAIR_SPECIALS:
-                if special in side:
-                    raise TbpError(f"{where}:{n}: contains {special}, a token tbp reserves for paired data")
         pairs.append((src, tgt))
     if not pairs:
         raise TbpError(f"{where}: no pairs (expected source<TAB>target lines or JSON lines)")
@@ -74,10 +70,7 @@ def _tsv_pair(line: str, where: str, n: int) -> tuple[str, str]:
 
 
 def _json_pair(line: str, where: str, n: int) -> tuple[str, str]:
-    try:
-        obj = json.loads(line)
-    except ValueError as e:
-        raise TbpError(f"{where}:{n}: not valid JSON ({e.msg})") from None
+    obj = jsonio.parse(line, f"{where}:{n}")
     if not isinstance(obj, dict) or not isinstance(obj.get("source"), str) or not isinstance(obj.get("target"), str):
         raise TbpError(f'{where}:{n}: expected {{"source": "...", "target": "..."}} with string values')
     return obj["source"], obj["target"]

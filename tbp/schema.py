@@ -10,25 +10,10 @@ surface later as a TypeError deep inside. A spec maps each key to its kind:
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from .errors import TbpError
-
-
-def read_json(path: Path) -> dict:
-    """The JSON object in ``path``; TbpError naming the file if it is missing, damaged or not
-    an object."""
-    if not path.is_file():
-        raise TbpError(f"{path}: missing")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TbpError(f"{path}: damaged JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise TbpError(f"{path}: expected a JSON object")
-    return obj
+from .jsonio import read_json  # noqa: F401  (the readers' door, re-exported for schema's users)
 
 
 def check(obj, spec: dict, where: str, path: str = "") -> dict:
@@ -92,4 +77,6 @@ DATASET_META = {"format": int, "tokenizer": str, "vocab_size": int, "dtype": str
                 "val_tokens": int, "train_bytes": int, "val_bytes": int, "source_sha256": str,
                 "source?": str, "characters?": int, "bytes_per_token?": float, "seconds?": float}
 
-METRICS_LINE = {"step": int}
+METRICS_LINE = {"step": int, "lr": float, "train_loss": float, "grad_norm?": float, "tokens_per_s?": float,
+                "elapsed_s?": float, "val_loss?": float, "eval_train_loss?": float, "val_bpb?": float}
+EVAL_KEYS = ("val_loss", "eval_train_loss", "val_bpb")       # an evaluation writes all of them

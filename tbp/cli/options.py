@@ -15,7 +15,9 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from .. import jsonio
 from ..config import ModelConfig
+from ..errors import TbpError
 
 
 class FiniteFloat(click.FloatRange):
@@ -71,6 +73,29 @@ def given(ctx: click.Context, cls) -> dict:
             if f.name in ctx.params and ctx.get_parameter_source(f.name) in sources}
 
 
+def _json_kind(p: click.Parameter) -> str | None:
+    """What JSON value --config may give option ``p`` (none for a type it leaves to click)."""
+    if getattr(p, "is_flag", False):
+        return "true or false"
+    if isinstance(p.type, click.types.IntParamType):
+        return "an integer"
+    if isinstance(p.type, click.types.FloatParamType):
+        return "a number"
+    if isinstance(p.type, (click.types.StringParamType, click.Choice, click.Path)):
+        return "a string"
+    return None
+
+
+def _is_kind(v, want: str) -> bool:
+    """A JSON value of the kind ``want``: no silent coercion (true is not 1, 32.7 is not 32)."""
+    if v is None:
+        return True                                  # null: the option's "unset"
+    return {"true or false": isinstance(v, bool),
+            "an integer": isinstance(v, int) and not isinstance(v, bool),
+            "a number": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "a string": isinstance(v, str)}[want]
+
+
 def load_config_file(ctx, param, value):
     """--config FILE: option values as a JSON object: flat ({"n_layer": 6, "lr": 3e-4}), with
     optional "model" and "train" objects, or a run's own config.json (it has a "format" key),
@@ -79,9 +104,9 @@ def load_config_file(ctx, param, value):
     if value is None:
         return None
     try:
-        obj = json.loads(Path(value).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise click.BadParameter(f"{value}: {e}", ctx, param) from None
+        obj = jsonio.parse(jsonio.read_text(Path(value)), str(value))
+    except TbpError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
     if not isinstance(obj, dict):
         raise click.BadParameter(f"{value}: expected a JSON object of option values", ctx, param)
     sections = [obj.get("model") or {}, obj.get("train") or {}]
@@ -94,6 +119,11 @@ def load_config_file(ctx, param, value):
     unknown = sorted(k for k in values if k.replace("-", "_") not in names)
     if unknown:
         raise click.BadParameter(f"{value}: unknown keys {', '.join(unknown)}", ctx, param)
+    params = {p.name: p for p in ctx.command.params}
+    for k, v in values.items():
+        want = _json_kind(params[k.replace("-", "_")])
+        if want is not None and not _is_kind(v, want):
+            raise click.BadParameter(f"{value}: {k} must be {want}, got {json.dumps(v)[:40]}", ctx, param)
     ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in values.items()}}
     return value
 
