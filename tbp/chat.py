@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from . import jsonio, schema
-from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
+from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, row_starts, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
 from .tokenizer import ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, Tokenizer, token_dtype, train_bpe, \
@@ -86,28 +86,33 @@ def check_messages(messages, where: str, need_reply: bool = True) -> list[dict]:
     return out
 
 
-def read_conversations(path: str, encoding: str = "utf-8", need_reply: bool = True) -> tuple[list, str, str]:
-    """(conversations, name, source) from a JSON-lines file (or '-'), one conversation per line:
-    ``{"messages": [{"role": ..., "content": ...}, ...]}``. Blank lines are skipped."""
+def read_conversations(path: str, encoding: str = "utf-8",
+                       need_reply: bool = True) -> tuple[list, str, str, list[int]]:
+    """(conversations, name, source, line numbers) from a JSON-lines file (or '-'), one
+    conversation per line: ``{"messages": [{"role": ..., "content": ...}, ...]}``. Blank lines
+    are skipped."""
     text, where, name = read_file(path, encoding, "file of conversations")
-    convs = []
+    convs, numbers = [], []
     for n, obj in jsonio.read_jsonl(text, where):
         if not isinstance(obj, dict) or "messages" not in obj:
             raise TbpError(f'{where}:{n}: expected {{"messages": [...]}}')
         convs.append(check_messages(obj["messages"], f"{where}:{n}", need_reply))
+        numbers.append(n)
     if not convs:
         raise TbpError(f"{where}: no conversations")
-    return convs, name, where
+    return convs, name, where, numbers
 
 
 # --- the template -----------------------------------------------------------------------------
-def render(tok: Tokenizer, messages: list[dict], loss: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of a conversation in the template; mask[i] = 1 where the loss predicts ids[i]."""
+def render(tok: Tokenizer, messages: list[dict], loss: str = "assistant",
+           where: str = "message") -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of a conversation in the template; mask[i] = 1 where the loss predicts ids[i].
+    Contents are text: encoded with special-token matching off, never a role or an end."""
     ids = chat_ids(tok)
     replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     parts, masks = [], []
     for i, m in enumerate(messages):
-        body = tok.encode(m["content"]) if m["content"] else []
+        body = tok.encode(m["content"], where) if m["content"] else []
         seg = [ids[m["role"]], *body, ids["end"]]
         trained = loss == "all" or (m["role"] == "assistant" and (loss == "assistant" or i == replies[-1]))
         parts.append(seg)
@@ -151,13 +156,23 @@ def ghost_attention(messages: list[dict]) -> list[dict]:
     for m in messages[1:]:
         text = m["content"]
         if m["role"] == "user":
-            stripped = text.strip()
-            if stripped.startswith(inst):
-                text = stripped[len(inst):].lstrip()
-            elif stripped.endswith(inst):
-                text = stripped[:-len(inst)].rstrip()
+            text = strip_instruction(text, inst)
         out.append({"role": m["role"], "content": text})
     return out
+
+
+def strip_instruction(text: str, inst: str) -> str:
+    """``text`` without a copy of ``inst`` attached at its start or end -- attached meaning set
+    apart by whitespace (or the whole message): "French\nHello" loses it, "Frenchmen style"
+    does not."""
+    stripped = text.strip()
+    if stripped == inst:
+        return ""
+    if stripped.startswith(inst) and stripped[len(inst)].isspace():
+        return stripped[len(inst):].lstrip()
+    if stripped.endswith(inst) and stripped[-len(inst) - 1].isspace():
+        return stripped[:-len(inst)].rstrip()
+    return text
 
 
 def fit(tok: Tokenizer, messages: list[dict], max_tokens: int) -> list[dict] | None:
@@ -279,13 +294,16 @@ def load_split(path: Path, split: str, tokens: np.ndarray, meta: dict) -> ChatSp
     if f.stat().st_size != n * 8:
         raise TbpError(f"{f}: {f.stat().st_size} bytes, meta.json says {n} conversations; the file is damaged")
     length = np.fromfile(f, dtype=np.int64)
-    if (length < 2).any() or int(length.sum()) != tokens.size:
-        raise TbpError(f"{f}: conversation lengths do not add up to the {tokens.size} tokens of {split}.bin; "
-                       f"the file is damaged")
+    bound = min(tokens.size, meta.get("max_example_tokens", tokens.size))
+    if (length < 2).any() or (length > bound).any():
+        raise TbpError(f"{f}: a conversation length is out of range (2 .. {bound}); the file is damaged")
+    start = row_starts(length, tokens.size, f, split, "conversation")
     if fm.stat().st_size != tokens.size:
         raise TbpError(f"{fm}: {fm.stat().st_size} bytes, one per token of {split}.bin ({tokens.size}) expected")
     mask = np.memmap(fm, dtype=np.uint8, mode="r") if tokens.size else np.zeros(0, np.uint8)
-    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    if mask.size and (mask.max() > 1 or (np.add.reduceat(mask, start, dtype=np.int64) == 0).any()):
+        raise TbpError(f"{fm}: every conversation needs a token the loss is on (mask values 0 or 1, "
+                       f"at least one 1 per conversation); the file is damaged")
     return ChatSplit(tokens, mask, length, start)
 
 

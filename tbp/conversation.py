@@ -40,6 +40,10 @@ class Conversation:
         self.rng = rng or np.random.default_rng()
         self.decoder = model.decoder(1)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        self.system_tokens = len(render(self.tok, self.messages, "all", where="--system")[0])
+        if self.system_tokens + 4 > self.n_ctx - self.max_reply:
+            raise TbpError(f"--system: {self.system_tokens} tokens leave no room for a message and a reply "
+                           f"in this model's context of {self.n_ctx}")
         self.cached: list[int] = []             # the tokens the cache holds, in order
         self.pending: list[int] = []            # the last reply's closing <|end|>, fed with the next turn
         self.refills = 0
@@ -66,12 +70,19 @@ class Conversation:
         self.cached, self.pending = [], []
         return self._feed(ids)
 
-    def reply(self, text: str) -> Iterator[str]:
-        self.tok.check(text, "message")
+    def reply(self, text: str, where: str = "message") -> Iterator[str]:
+        """The reply to user message ``text``, in pieces. A message that cannot be taken (a
+        character a char tokenizer lacks, one too long for the context) raises TbpError naming
+        ``where`` before anything changes: the conversation goes on as it was."""
+        body = self.tok.encode(text, where)
+        alone = self.system_tokens + len(body) + 3           # <|user|> body <|end|> <|assistant|>
+        if alone > self.n_ctx - self.max_reply:
+            raise TbpError(f"{where}: {len(body)} tokens; with the system message and room for a "
+                           f"{self.max_reply}-token reply it does not fit this model's context of {self.n_ctx}")
         self.messages.append({"role": "user", "content": text})
         first = not self.cached
         head = render(self.tok, self.messages[:-1], "all")[0].tolist() if first else self.pending
-        new = head + [self.sp["user"], *self.tok.encode(text), self.sp["end"], self.sp["assistant"]]
+        new = head + [self.sp["user"], *body, self.sp["end"], self.sp["assistant"]]
         if len(self.cached) + len(new) + self.max_reply > self.n_ctx:
             logits = self._refill()
         else:

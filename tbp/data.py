@@ -230,6 +230,19 @@ def write_dataset(out: Path, force: bool, tokenizer: Tokenizer, arrays: dict[str
     return meta
 
 
+def row_starts(totals: np.ndarray, size: int, where: Path, split: str, what: str) -> np.ndarray:
+    """Each row's first token in a split of ``size`` tokens, from the rows' lengths (each in
+    0 .. size, checked by the caller), which must add up to ``size``. The running sum is
+    checked at every row, so lengths crafted to wrap int64 around are caught before they do."""
+    ends = np.cumsum(totals, dtype=np.int64)
+    if ends.size == 0 and size == 0:
+        return np.zeros(0, np.int64)
+    if ends.size == 0 or (ends > size).any() or ends[-1] != size:
+        raise TbpError(f"{where}: {what} lengths do not add up to the {size} tokens of {split}.bin; "
+                       f"the file is damaged")
+    return np.concatenate([[0], ends[:-1]]).astype(np.int64)
+
+
 def _versions() -> dict:
     import tokenizers
     return {"tbp": __version__, "tokenizers": tokenizers.__version__, "numpy": np.__version__,

@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from . import jsonio, schema
-from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, write_dataset
+from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, row_starts, write_dataset
 from .errors import TbpError
 from .fsutil import claim_output
+from .nn.config import N_CTX_MAX
 from .tokenizer import EOT, PAD, PAIR_SPECIALS, SEP, Tokenizer, token_dtype, train_bpe, train_char
 
 TASKS = {
@@ -42,13 +43,13 @@ PAIRS_META = {"train_examples": int, "val_examples": int, "sep_id": int, "pad_id
 
 
 # --- reading ----------------------------------------------------------------------------------
-def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]], str, str]:
-    """(pairs, name, source) from a TSV file (``source<TAB>target`` per line) or JSON lines
-    (``{"source": ..., "target": ...}``), or '-' for stdin. Blank lines are skipped; any other
-    line that is not a pair is refused, naming the file and line."""
+def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]], str, str, list[int]]:
+    """(pairs, name, source, line numbers) from a TSV file (``source<TAB>target`` per line) or
+    JSON lines (``{"source": ..., "target": ...}``), or '-' for stdin. Blank lines are skipped;
+    any other line that is not a pair is refused, naming the file and line."""
     text, where, name = read_file(path, encoding, "file of pairs")
     jsonl = where.endswith((".jsonl", ".ndjson", ".json")) or text.lstrip().startswith("{")
-    pairs = []
+    pairs, numbers = [], []
     for n, line in jsonio.lines(text):
         if not line.strip():
             continue
@@ -56,9 +57,14 @@ def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]
         if not src:
             raise TbpError(f"{where}:{n}: empty source")
         pairs.append((src, tgt))
+        numbers.append(n)
     if not pairs:
         raise TbpError(f"{where}: no pairs (expected source<TAB>target lines or JSON lines)")
-    return pairs, name, where
+    return pairs, name, where, numbers
+
+
+def _where(lines: list[int] | None, i: int) -> str:
+    return f"line {lines[i]}" if lines else f"example {i + 1}"
 
 
 def _tsv_pair(line: str, where: str, n: int) -> tuple[str, str]:
@@ -106,9 +112,11 @@ def make_task(task: str, examples: int = TASK_EXAMPLES, min_len: int = 1, max_le
 def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str | Path | None = None,
                   kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
                   force: bool = False, tokenizer: Tokenizer | None = None,
-                  report: PrepareReport | None = None, origin: dict | None = None) -> dict:
+                  report: PrepareReport | None = None, origin: dict | None = None,
+                  lines: list[int] | None = None) -> dict:
     """Tokenize ``pairs`` and write a pairs dataset folder atomically; returns its meta (with
-    "path"). ``origin`` (a task's parameters) is recorded in the meta."""
+    "path"). ``origin`` (a task's parameters) is recorded in the meta; ``lines`` (each pair's
+    line in its file) names a refused pair."""
     report = report or PrepareReport()
     out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
     claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
@@ -132,17 +140,19 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
             raise TbpError(f"the tokenizer has no {', '.join(missing)}: paired data needs its own "
                            f"(prepare it without a given tokenizer)")
         tokenizer.check(text, source)
+    for i, (s, t) in enumerate(pairs):
+        if tokenizer.min_tokens(s) + tokenizer.min_tokens(t) + 2 > N_CTX_MAX:
+            raise TbpError(f"{source}: {_where(lines, i)} is at least {tokenizer.min_tokens(s) + tokenizer.min_tokens(t)} "
+                           f"tokens, more than any model's context ({N_CTX_MAX}) can hold")
     report.start(name, len(text) + len(pairs))
     splits = {"train": pairs[:len(pairs) - n_val], "val": pairs[len(pairs) - n_val:]}
     dtype = token_dtype(tokenizer.vocab_size)
     encoded = {}
     for split, items in splits.items():
-        src = tokenizer.encode_batch([s for s, _ in items]) if items else []
-        tgt = tokenizer.encode_batch([t for _, t in items]) if items else []
+        # source, target, source, target ...: the ids come out in the file's order
+        ids, lengths = tokenizer.encode_flat([side for pair in items for side in pair], source, dtype)
         report.advance(sum(len(s) + len(t) + 1 for s, t in items))
-        lengths = np.array([[len(a), len(b)] for a, b in zip(src, tgt)], dtype=np.int64).reshape(-1, 2)
-        ids = np.concatenate([x for a, b in zip(src, tgt) for x in (a, b)] or [np.zeros(0, np.int64)])
-        encoded[split] = ids.astype(dtype), lengths
+        encoded[split] = ids, lengths.reshape(-1, 2)
     all_lengths = np.concatenate([encoded["train"][1], encoded["val"][1]])
     val_targets = splits["val"]
     vocab = tokenizer.hf.get_vocab()
@@ -196,11 +206,10 @@ def load_split(path: Path, split: str, tokens: np.ndarray, meta: dict) -> PairSp
     if size != n * 16:
         raise TbpError(f"{f}: {size} bytes, meta.json says {n} examples ({n * 16} bytes); the file is damaged")
     lengths = np.fromfile(f, dtype=np.int64).reshape(n, 2)
-    if (lengths < 0).any() or (lengths[:, 0] < 1).any() or int(lengths.sum()) != tokens.size:
-        raise TbpError(f"{f}: example lengths do not add up to the {tokens.size} tokens of {split}.bin; "
-                       f"the file is damaged")
-    total = lengths.sum(1)
-    start = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
+    bound = min(tokens.size, meta.get("max_example_tokens", tokens.size))
+    if (lengths < 0).any() or (lengths[:, 0] < 1).any() or (lengths > bound).any():
+        raise TbpError(f"{f}: an example length is out of range (0 .. {bound}); the file is damaged")
+    start = row_starts(lengths.sum(1), tokens.size, f, split, "example")
     return PairSplit(tokens, lengths[:, 0].copy(), lengths[:, 1].copy(), start)
 
 

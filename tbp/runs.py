@@ -174,9 +174,13 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
                          tokenizer=tokenizer, report=report)
             ds = Dataset.load(out)
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
-        raise TbpError(f"{ds.path}: its tokenizer differs from the checkpoint's "
-                       f"(SHA-256 {ds.tokenizer.sha256()[:12]} vs {tokenizer.sha256()[:12]}); "
-                       f"pass the raw text file instead and it will be encoded with the checkpoint's")
+        why = (f"{ds.path}: its tokenizer differs from the checkpoint's "
+               f"(SHA-256 {ds.tokenizer.sha256()[:12]} vs {tokenizer.sha256()[:12]}); ")
+        if ds.kind == "text":
+            raise TbpError(why + "pass the raw text file instead and it will be encoded with the checkpoint's")
+        source = ds.meta.get("source") or "FILE"
+        raise TbpError(why + f"prepare the {ds.kind} again with the checkpoint's tokenizer (tbp prepare --format "
+                             f"{ds.kind} --data {source} --tokenizer-from RUN --out DIR) and pass that folder")
     return ds
 
 

@@ -24,6 +24,7 @@ PAIR_SPECIALS = (EOT, SEP, PAD)
 SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIALS = (EOT, PAD, SYSTEM, USER, ASSISTANT, END)
 KINDS = ("char", "bpe")
+ENCODE_SLICE = 1 << 20          # characters encoded in one call of the library (encode_flat)
 
 
 class Tokenizer:
@@ -42,6 +43,7 @@ class Tokenizer:
         self.eot_id = vocab.get(EOT)
         self.sep_id, self.pad_id = vocab.get(SEP), vocab.get(PAD)
         self._alphabet = None if self.kind == "bpe" else frozenset(vocab)
+        self._max_chars = None
 
     @property
     def vocab_size(self) -> int:
@@ -70,6 +72,39 @@ class Tokenizer:
         for t in texts:
             self.check(t, where)
         return [np.asarray(e.ids, dtype=np.int64) for e in self.hf.encode_batch(texts)]
+
+    def encode_flat(self, texts: list[str], where: str = "text", dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, lengths): the texts' ids back to back and each one's count. Encoded in slices of
+        about ENCODE_SLICE characters, so the library's per-token records (offsets, strings) of
+        only one slice are alive at a time: memory follows the ids, not the text times 200."""
+        pieces, lengths, i = [], [], 0
+        while i < len(texts):
+            j, size = i, 0
+            while j < len(texts) and (j == i or size + len(texts[j]) <= ENCODE_SLICE):
+                size += len(texts[j])
+                j += 1
+            for e in self.encode_batch(texts[i:j], where):
+                pieces.append(e.astype(dtype, copy=False))
+                lengths.append(e.size)
+            i = j
+        ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
+        return ids, np.array(lengths, dtype=np.int64)
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token stands for (1 for char; BPE: its longest merge)."""
+        if self._max_chars is None:
+            specials = {t.content for t in self.hf.get_added_tokens_decoder().values()}
+            if self.kind == "char":
+                self._max_chars = 1
+            else:                      # a byte-level token's symbols are bytes: one byte is at most one char
+                self._max_chars = max((len(t) for t in self.hf.get_vocab() if t not in specials), default=1)
+        return self._max_chars
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), without encoding it (a bound to refuse text that
+        no model's context could hold before the library spends gigabytes on it)."""
+        return -(-len(text) // self.max_token_chars)
 
     def decode(self, ids) -> str:
         # keep special tokens: a literal "<|endoftext|>" in the text must survive the round trip

@@ -148,8 +148,12 @@ def test_a_full_context_drops_the_oldest_turns_and_keeps_the_instruction(chat_ru
     assert talk.refills > 0
     assert len(talk.cached) <= model.config.n_ctx
     assert chat.parse(tok, talk.cached)[0] == {"role": "system", "content": "Be loud."}
-    with pytest.raises(TbpError, match="does not fit the context"):
+    before, cached = list(talk.messages), list(talk.cached)
+    with pytest.raises(TbpError, match="message: 180 tokens; .* does not fit this model's context of 72"):
         "".join(talk.reply("the sky? " * 20))
+    assert talk.messages == before and talk.cached == cached       # refused whole: nothing changed
+    "".join(talk.reply("the sky?"))
+    assert [m["role"] for m in talk.messages[-2:]] == ["user", "assistant"]
 
 
 def test_a_tokenizer_without_the_template_is_refused():

@@ -11,6 +11,7 @@ import numpy as np
 from .. import checkpoint
 from ..chat import read_conversations
 from ..conversation import Conversation
+from ..errors import TbpError
 from ..generate import Sampling
 from .common import console
 from .options import FiniteFloat
@@ -50,37 +51,59 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
     model, tok, _ = checkpoint.load_model(run, best=best)
     sampling = Sampling(temperature, top_k, top_p)
     if messages_file is not None:
-        convs, _, _ = read_conversations(messages_file, need_reply=False)
-        for conv in convs:
-            sys_msg = conv[0]["content"] if conv[0]["role"] == "system" else system
-            talk = Conversation(model, tok, sys_msg, sampling, np.random.default_rng(seed), max_new_tokens)
-            for m in conv:
-                if m["role"] == "user":
-                    for _ in talk.reply(m["content"]):
-                        pass
-            click.echo(json.dumps({"messages": talk.messages}, ensure_ascii=False))
+        _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens)
         return
     talk = Conversation(model, tok, system, sampling, np.random.default_rng(seed), max_new_tokens)
     interactive = sys.stdin.isatty()
     if interactive:
         console.print(f"[dim]{run} · Ctrl-D to end[/]")
-    out = sys.stdout
+    out, refused, n = sys.stdout, 0, 0
     while True:
         if interactive:
             print("you> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()     # bytes: an undecodable one is named, not a traceback
+        if not raw:
             break
-        text = line.rstrip("\n")
+        n += 1
+        text = raw.decode("utf-8", errors="surrogateescape").rstrip("\r\n")
         if not text.strip():
             continue
         refills = talk.refills
-        for piece in talk.reply(text):
-            out.write(piece)
-            out.flush()
+        try:
+            for piece in talk.reply(text, "message" if interactive else f"stdin:{n}"):
+                out.write(piece)
+                out.flush()
+        except TbpError as e:                 # the message was not taken; the conversation is kept
+            refused += 1
+            console.print(f"[red]{e}[/] [dim](not sent; the conversation goes on)[/]")
+            continue
         out.write("\n")
         out.flush()
         if talk.refills > refills:
             console.print("[dim]the context filled up: the oldest turns were dropped[/]")
     if interactive:
         print(file=sys.stderr)
+    elif refused:
+        raise TbpError(f"stdin: {refused} message(s) refused (named above); the others were answered")
+
+
+def _answer_file(model, tok, path, system, sampling, seed, max_new_tokens) -> None:
+    """--messages: every conversation checked first (each refusal names the file and line), then
+    each one's user messages answered in turn, printed as JSON lines."""
+    convs, _, where, lines = read_conversations(path, need_reply=False)
+    for conv, n in zip(convs, lines):
+        for k, m in enumerate(conv, 1):
+            if m["role"] != "assistant":                 # replies are the model's, made anew
+                tok.check(m["content"], f"{where}:{n}: message {k}")
+    for conv, n in zip(convs, lines):
+        has_system = conv[0]["role"] == "system"
+        try:
+            talk = Conversation(model, tok, conv[0]["content"] if has_system else system, sampling,
+                                np.random.default_rng(seed), max_new_tokens)
+        except TbpError as e:
+            raise TbpError(f"{where}:{n}: {e}") from None
+        for k, m in enumerate(conv[1:] if has_system else conv, 1 + has_system):
+            if m["role"] == "user":
+                for _ in talk.reply(m["content"], f"{where}:{n}: message {k}"):
+                    pass
+        click.echo(json.dumps({"messages": talk.messages}, ensure_ascii=False))

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import checkpoint, memory
+from .. import checkpoint, data, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
@@ -16,19 +16,23 @@ from ..nn.sparse import KINDS, Sparsity
 from .options import FiniteFloat
 
 
-def _prompt_text(prompt, prompt_file) -> str:
+def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
+    """(the prompt, whether it came from a file or stdin: text whose last newline ends the
+    file rather than belongs to the prompt)."""
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give --prompt or --prompt-file, not both")
     if prompt is not None:
-        return prompt
+        return prompt, False
     if prompt_file is not None:
-        try:
-            return Path(prompt_file).read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TbpError(f"{prompt_file}: not valid UTF-8 at byte {e.start}") from None
+        return data.read_file(prompt_file, what="prompt file")[0], True
     if not sys.stdin.isatty():
-        return sys.stdin.read()
-    return ""
+        return data.read_file("-")[0], True
+    return "", False
+
+
+def _one_line_end_off(text: str) -> str:
+    """``echo 12345 | tbp generate`` on a run that completes sources: the source is 12345."""
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
 def source_tokens(tok, text: str, n_ctx: int, seq2seq: bool) -> tuple[list[int], str]:
@@ -36,22 +40,31 @@ def source_tokens(tok, text: str, n_ctx: int, seq2seq: bool) -> tuple[list[int],
     <|sep|>, as the pairs it trained on were laid out. Never cropped: a cut source is another."""
     if not text:
         raise TbpError("this model completes a source: give one with --prompt (or on stdin)")
-    tok.check(text, "prompt")
     if tok.sep_id is None:
         raise TbpError("this run's tokenizer has no <|sep|> token, so it was not trained on pairs")
-    ids = tok.encode(text)
-    ids = ids if seq2seq else ids + [tok.sep_id]
     limit = n_ctx if seq2seq else n_ctx - 1
+    if tok.min_tokens(text) > limit:        # refused before the library spends memory on it
+        raise TbpError(f"the source has at least {tok.min_tokens(text)} tokens; this model reads at most {limit}")
+    ids = tok.encode(text, "prompt")
+    ids = ids if seq2seq else ids + [tok.sep_id]
     if len(ids) > limit:
         raise TbpError(f"the source has {len(ids)} tokens; this model reads at most {limit}")
     return ids, ""
 
 
-def start_tokens(tok, text: str) -> tuple[list[int], str]:
-    """Prompt ids; an empty prompt starts from <|endoftext|> or, for a char tokenizer, a newline."""
+def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], str]:
+    """Prompt ids; an empty prompt starts from <|endoftext|> or, for a char tokenizer, a newline.
+    Of a prompt far longer than the context ``n_ctx`` only its tail is encoded (from a space
+    well before the last ``n_ctx`` tokens can begin): the model keeps the last ``n_ctx`` anyway."""
     if text:
         tok.check(text, "prompt")
-        return tok.encode(text), ""
+        note = ""
+        if n_ctx is not None and tok.min_tokens(text) > 4 * n_ctx:
+            keep = 2 * n_ctx * tok.max_token_chars
+            cut = text.find(" ", len(text) - keep)
+            note = f"prompt of {len(text):,} characters: encoding its last {len(text) - max(cut, 0):,}"
+            text = text[max(cut, len(text) - keep):]
+        return tok.encode(text, "prompt"), note
     if tok.eot_id is not None:
         return [tok.eot_id], "starting from <|endoftext|>"
     if "\n" in tok.hf.get_vocab():
@@ -123,7 +136,7 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         except ValueError as e:
             raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
     run = run or checkpoint.latest_run()
-    text = _prompt_text(prompt, prompt_file)
+    text, streamed = _prompt_text(prompt, prompt_file)
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = isinstance(model, EncoderDecoder)
@@ -140,12 +153,12 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
                       f"sampling {num_samples} sequence(s) from {run}")
     n_ctx = model.config.n_ctx
     if completes:
-        ids, note = source_tokens(tok, text, n_ctx, seq2seq)
+        ids, note = source_tokens(tok, _one_line_end_off(text) if streamed else text, n_ctx, seq2seq)
         # a target never holds these: the training data had none (and the pad carried no loss)
         sampling.banned = tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None)
         text = ""                          # stdout carries the completion alone
     else:
-        ids, note = start_tokens(tok, text)
+        ids, note = start_tokens(tok, text, n_ctx)
     if len(ids) > n_ctx:
         console.print(f"[yellow]warning:[/] prompt has {len(ids)} tokens; keeping the last {n_ctx} (the context)")
         ids = ids[-n_ctx:]

@@ -166,15 +166,15 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
     if fmt == "chat":
         if path is None:
             raise click.UsageError("--format chat needs --data FILE (JSON lines of conversations)")
-        convs, name, source = read_conversations(path, encoding)
+        convs, name, source, _ = read_conversations(path, encoding)
         prepare_chat(convs, name, source, out, kind, vocab_size, val_fraction, force, loss, ghost_attention,
                      max_tokens, tokenizer=tokenizer, report=PrepareBar())
         return
     if fmt == "pairs":
         if path is None:
             raise click.UsageError("--format pairs needs --data FILE (or a built-in --task)")
-        pairs, name, source = read_pairs(path, encoding)
+        pairs, name, source, lines = read_pairs(path, encoding)
         prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, tokenizer=tokenizer,
-                      report=PrepareBar())
+                      report=PrepareBar(), lines=lines)
         return
     data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar())

@@ -100,6 +100,9 @@ ATTENTIONS = ("standard", "mta")
 RESIDUALS = ("sum", "attention")
 
 
+N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
+
+
 @dataclass
 class ModelConfig(DictConfig):
     arch: str = option("gpt", "gpt: a decoder-only language model; encoder-decoder: a non-causal encoder reads "
@@ -108,7 +111,7 @@ class ModelConfig(DictConfig):
     vocab_size: int = option(65, "V: tokens the model reads and predicts (set by the tokenizer).",
                              min=1, cli=False)
     n_ctx: int = option(128, "Context length: tokens per training sequence (learned positions).",
-                        min=2, max=65536)
+                        min=2, max=N_CTX_MAX)
     n_layer: int = option(4, "L: transformer blocks.", min=1, max=96)
     n_enc_layer: int | None = option(None, "Encoder blocks of an encoder-decoder (default: --n-layer, the "
                                            "decoder's).", min=1, max=96)
