@@ -21,6 +21,17 @@ from .data import Dataset, get_batch
 from .errors import TbpError
 
 
+class DoesNotFit(TbpError):
+    """The data does not suit this model's context. The message says why; ``new_run`` is the
+    remedy a new run has (a flag of tbp train, worded to follow the message), which a fixed model
+    -- resumed, fine-tuned or evaluated -- has not: only the caller that can take it adds it
+    (:func:`tbp.runs.new_run`)."""
+
+    def __init__(self, message: str, new_run: str):
+        super().__init__(message)
+        self.new_run = new_run
+
+
 class TextBatches:
     """Random windows of n_ctx + 1 tokens."""
 
@@ -29,8 +40,8 @@ class TextBatches:
         for split in ("train", "val"):
             n = getattr(ds, split).size
             if n < self.n_ctx + 1:
-                raise TbpError(f"{ds.path}: the {split} split has {n} tokens, fewer than one block "
-                               f"of {self.n_ctx} + 1; use more text or a smaller --n-ctx")
+                raise DoesNotFit(f"{ds.path}: the {split} split has {n} tokens, fewer than one block "
+                                 f"of this model's context {self.n_ctx} + 1; use more text", "or a smaller --n-ctx")
 
     def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
         x, y = get_batch(getattr(self.ds, split), batch_size, self.n_ctx, rng)
@@ -65,13 +76,15 @@ class PairBatches:
         if cfg.arch == "gpt":
             need = meta["max_example_tokens"] + 1            # source, <|sep|>, target (inputs)
             if need > cfg.n_ctx:
-                raise TbpError(f"{ds.path}: its longest example is {need} tokens as one sequence (source, "
-                               f"separator, target); pass --n-ctx {need} or more")
+                raise DoesNotFit(f"{ds.path}: its longest example is {need} tokens as one sequence (source, "
+                                 f"separator, target), more than this model's context of {cfg.n_ctx}",
+                                 f"; pass --n-ctx {need} or more")
         else:
             need = max(meta["max_source_tokens"], meta["max_target_tokens"] + 1)
             if need > cfg.n_ctx:
-                raise TbpError(f"{ds.path}: its longest source or target is {need} tokens (a target with its "
-                               f"start token); pass --n-ctx {need} or more")
+                raise DoesNotFit(f"{ds.path}: its longest source or target is {need} tokens (a target with its "
+                                 f"start token), more than this model's context of {cfg.n_ctx}",
+                                 f"; pass --n-ctx {need} or more")
 
     def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
         n = len(getattr(self.ds, split))
@@ -131,8 +144,9 @@ class ChatBatches:
                 raise TbpError(f"{ds.path}: the {split} split has no conversations")
         need = ds.meta["max_example_tokens"] - 1
         if need > cfg.n_ctx:
-            raise TbpError(f"{ds.path}: its longest conversation is {need} tokens of input; pass --n-ctx {need} "
-                           f"or more, or prepare it with --max-tokens (whole messages are kept)")
+            raise DoesNotFit(f"{ds.path}: its longest conversation is {need} tokens of input, more than this "
+                             f"model's context of {cfg.n_ctx}; prepare it with --max-tokens {cfg.n_ctx + 1} "
+                             f"(whole messages are kept)", f", or pass --n-ctx {need} or more")
 
     def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
         return self.collate(split, rng.integers(0, len(getattr(self.ds, split)), batch_size))

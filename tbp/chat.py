@@ -202,8 +202,8 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
     claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
                  inputs=(source,) if Path(source).exists() else ())
-    if not 0 <= val_fraction < 1:
-        raise TbpError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
+        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     t0 = time.perf_counter()
     if ghost:
         convs = [ghost_attention(c) for c in convs]
@@ -224,7 +224,7 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
             if f is not None:
                 kept.append(f)
         convs = kept
-    n_val = max(1, round(len(convs) * val_fraction)) if val_fraction > 0 else 0
+    n_val = max(1, round(len(convs) * val_fraction))
     if len(convs) - n_val < 1:
         raise TbpError(f"{source}: {len(convs)} conversation(s) leave nothing to train on after the "
                        f"validation split" + (f" ({dropped} did not fit --max-tokens)" if dropped else ""))

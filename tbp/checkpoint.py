@@ -38,6 +38,7 @@ from .nn import ModelConfig, add_lora, build_model, model_class
 from .tokenizer import Tokenizer
 
 FORMAT = 1
+DATA_FIELDS = ("data", "data_source_sha256", "data_kind")   # a run record's data: carried by merge
 # the checkpoint files tbp writes, by their role in state.json's "files": a step of 6 or more
 # digits (model-000250.safetensors), or none (the first release's fixed names)
 FILE_NAMES = {"weights": re.compile(r"(model|adapter)(-\d{6,})?\.safetensors"),

@@ -172,8 +172,8 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
         raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
     if not text.strip():
         raise TbpError(f"{source}: corpus is empty")
-    if not 0 <= val_fraction < 1:
-        raise TbpError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
+        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     t0 = time.perf_counter()
     train_text, val_text = split_text(text, val_fraction)
     if tokenizer is None:

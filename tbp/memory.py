@@ -16,6 +16,7 @@ import numpy as np
 from .errors import TbpError
 from .nn import ModelConfig, model_class
 from .nn.decode import kv_cache_bytes
+from .nn.flash import BLOCK_K as FLASH_BLOCK
 from .parallel import available_cores
 
 GiB = 1 << 30
@@ -48,12 +49,16 @@ def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
 def train_bytes(cfg: ModelConfig, tcfg) -> int:
     """A training step under ``tcfg`` (a TrainConfig): weights, gradients and two moments (4x
     the weights), one gradient buffer per extra worker, and the activations the backward keeps:
-    per token and layer about 26 C numbers plus a row of H x T attention weights, plus the
-    logits and their softmax (and with Attention Residuals, two C-vectors per sublayer)."""
+    per token and layer about 26 C numbers plus a row of H x T attention weights (flash keeps
+    none: one log-sum-exp per head, and one block of scores at a time), plus the logits and
+    their softmax (and with Attention Residuals, two C-vectors per sublayer)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
     L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
     maps = 2 if cfg.attention == "standard" else 6       # MTA keeps S0, Z, A, A', A'' per head
-    per_token = L * (26 * C + maps * H * T) + 3 * V + 4 * C
+    weights = 2 * H if cfg.attn_kernel == "flash" else maps * H * T
+    per_token = L * (26 * C + weights) + 3 * V + 4 * C
+    if cfg.attn_kernel == "flash":                       # a block's scores and probabilities, per row
+        per_token += 2 * H * FLASH_BLOCK
     if cfg.residual == "attention":                      # partial sums, and each source's gradient
         per_token += 2 * (2 * cfg.n_layer + 1) * C
     activations = tcfg.batch_size * T * per_token

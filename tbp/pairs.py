@@ -36,6 +36,9 @@ TASKS = {
     "copy": lambda s: s,
 }
 TASK_EXAMPLES = 20000
+MAX_TASK_LEN = (N_CTX_MAX - 2) // 2     # a source and its target (and two specials) in the longest context
+MAX_TASK_CHARS = 1 << 28                 # digits a task makes at most (its strings are held in memory)
+MAX_TASK_EXAMPLES = MAX_TASK_CHARS
 TASK_VAL_FRACTION = 0.05          # 1,000 of the default 20,000 held out
 PAIRS_META = {"train_examples": int, "val_examples": int, "sep_id": int, "pad_id": int, "eot_id": int,
               "max_source_tokens": int, "max_target_tokens": int, "max_example_tokens": int,
@@ -89,19 +92,28 @@ def make_task(task: str, examples: int = TASK_EXAMPLES, min_len: int = 1, max_le
     backwards; sort: in ascending order; copy: unchanged."""
     if task not in TASKS:
         raise TbpError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    if not 1 <= min_len <= max_len:
-        raise TbpError(f"task lengths must satisfy 1 <= min ({min_len}) <= max ({max_len})")
-    space = sum(10 ** n for n in range(min_len, max_len + 1))
-    if examples > space // 2:
-        raise TbpError(f"{examples} distinct digit strings of length {min_len}..{max_len} would be more than "
-                       f"half of the {space:,} there are; ask for fewer, or longer strings")
+    if not 1 <= min_len <= max_len <= MAX_TASK_LEN:
+        raise TbpError(f"task lengths must satisfy 1 <= min ({min_len}) <= max ({max_len}) <= {MAX_TASK_LEN}")
+    if examples * (min_len + max_len) // 2 > MAX_TASK_CHARS:
+        raise TbpError(f"{examples:,} strings of {min_len}..{max_len} digits are about "
+                       f"{examples * (min_len + max_len) // 2:,} characters, more than the {MAX_TASK_CHARS:,} "
+                       f"a built-in task makes; ask for fewer or shorter")
+    if max_len < 20:                                  # past that, 10^20 strings: never half taken
+        space = (10 ** (max_len + 1) - 10 ** min_len) // 9
+        if examples > space // 2:
+            raise TbpError(f"{examples} distinct digit strings of length {min_len}..{max_len} would be more "
+                           f"than half of the {space:,} there are; ask for fewer, or longer strings")
     rng = np.random.default_rng(seed)
     seen: dict[str, None] = {}                        # insertion-ordered set
-    while len(seen) < examples:
+    rows = max(1, (1 << 22) // max_len)               # digits drawn a block of rows at a time: bounded memory,
+    while len(seen) < examples:                       # the same stream as one draw of every row
         lengths = rng.integers(min_len, max_len + 1, examples)
-        digits = rng.integers(0, 10, (examples, max_len))
-        for n, row in zip(lengths, digits):
-            seen.setdefault("".join(map(str, row[:n])))
+        for a in range(0, examples, rows):
+            digits = rng.integers(0, 10, (min(rows, examples - a), max_len))
+            for n, row in zip(lengths[a:a + rows], digits):
+                seen.setdefault((row[:n] + 48).astype(np.uint8).tobytes().decode("ascii"))
+                if len(seen) == examples:
+                    break
             if len(seen) == examples:
                 break
     fn = TASKS[task]
@@ -121,9 +133,9 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
     claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
                  inputs=(source,) if Path(source).exists() else ())
-    if not 0 <= val_fraction < 1:
-        raise TbpError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    n_val = max(1, round(len(pairs) * val_fraction)) if val_fraction > 0 else 0
+    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
+        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    n_val = max(1, round(len(pairs) * val_fraction))
     if len(pairs) - n_val < 1:
         raise TbpError(f"{source}: {len(pairs)} pair(s) leave nothing to train on after the validation split")
     t0 = time.perf_counter()

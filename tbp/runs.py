@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, data, memory
-from .batches import batches_for
+from .batches import DoesNotFit, batches_for
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport
 from .errors import ConfigError, TbpError
@@ -256,7 +256,10 @@ def _record(mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, lora: LoraSpec | 
 def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force: bool,
             callbacks=None) -> Trainer:
     """A fresh model on ``ds``. Nothing is written into ``out`` before the first checkpoint."""
-    batches_for(ds, mcfg)                 # the data suits the model: refused before anything is built
+    try:
+        batches_for(ds, mcfg)             # the data suits the model: refused before anything is built
+    except DoesNotFit as e:
+        raise TbpError(f"{e}{e.new_run}") from None
     memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       "training this model")
     lock = claim_run_dir(out, force, inputs=(ds.path,))

@@ -69,7 +69,7 @@ STATE = {"step": int, "tokens_seen?": int, "elapsed_s?": float, "best_val_loss?"
          "files?": {"weights": str, "best?": (str, None), "optimizer?": (str, None)}}
 
 RUN_CONFIG = {"format": int, "model": dict, "train?": (dict, None), "data?": (str, None),
-              "data_source_sha256?": (str, None),
+              "data_source_sha256?": (str, None), "data_kind?": (str, None),
               "lora?": ({"rank": int, "alpha": float, "targets": [str]}, None),
               "base?": ({"path": str, "sha256": str}, None)}
 

@@ -78,8 +78,9 @@ def test_encoder_decoder_batches_shift_the_target_behind_a_start_token(tmp_path)
 
 def test_a_context_too_short_for_the_longest_example_is_named(tmp_path):
     ds, _ = prepared(tmp_path)
-    with pytest.raises(TbpError, match="pass --n-ctx 13 or more"):
+    with pytest.raises(TbpError, match="is 13 tokens as one sequence .* more than this model's context of 8$") as e:
         batches_for(ds, ModelConfig(vocab_size=13, n_ctx=8))
+    assert e.value.new_run == "; pass --n-ctx 13 or more"         # what only a new run can do
     with pytest.raises(TbpError, match="trains on paired data"):
         from tbp import data
         data.prepare("some text\n" * 50, "t", "test", tmp_path / "text")

@@ -13,6 +13,7 @@ from ..errors import TbpError
 from ..evaluate import evaluate
 from ..nn import EncoderDecoder
 from .common import console, kv_table
+from .options import refuse_unused
 
 
 @click.command("eval")
@@ -46,6 +47,8 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
             raise TbpError(f"{run / 'config.json'}: names no dataset; pass --data")
         data_dir = Path(cfg["data"])
     ds = Dataset.load(data_dir)
+    if ds.kind != "pairs":
+        refuse_unused(click.get_current_context(), ("limit",), "a pairs dataset (exact match on its examples)")
     if ds.tokenizer.sha256() != tok.sha256():
         raise TbpError(f"{ds.path}: its tokenizer differs from the one {run} was trained with")
     if zero_encoder:

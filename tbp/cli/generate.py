@@ -13,7 +13,7 @@ from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
 from ..nn import EncoderDecoder
 from ..nn.sparse import KINDS, Sparsity
-from .options import FiniteFloat
+from .options import FiniteFloat, refuse_unused
 
 
 def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
@@ -127,6 +127,10 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     """
     sampling = Sampling(temperature, top_k, top_p)
     rule = None
+    if sparse is None:
+        refuse_unused(click.get_current_context(), ("budget", "sparse_layers", "recency"), "--sparse")
+    elif sparse != "lessismore":
+        refuse_unused(click.get_current_context(), ("recency",), "--sparse lessismore")
     if sparse is not None:
         if not kv_cache:
             raise click.UsageError("--sparse thins the KV cache's attention: it cannot run with --no-kv-cache")

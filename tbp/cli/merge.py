@@ -34,8 +34,9 @@ def merge(run, out, force):
     model, tok, cfg = checkpoint.load_model(run)
     merge_lora(model)
     state = checkpoint.read_state(run)
-    record = {"model": model.config.to_dict(), "train": cfg.get("train"), "data": cfg.get("data"),
-              "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
+    record = {"model": model.config.to_dict(), "train": cfg.get("train"),
+              # what it was trained on, and how (a pairs run completes sources): the merged model's too
+              **{k: cfg.get(k) for k in checkpoint.DATA_FIELDS}, "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
                                                           "base": cfg.get("base")},
               "step": state.get("step", 0)}
     checkpoint.save_plain(out, model, tok, record, force, inputs)

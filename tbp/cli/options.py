@@ -73,6 +73,31 @@ def given(ctx: click.Context, cls) -> dict:
             if f.name in ctx.params and ctx.get_parameter_source(f.name) in sources}
 
 
+def text_encoding(ctx, param, value):
+    """--encoding: a codec Python knows that turns bytes into text (exit 2 otherwise)."""
+    import codecs
+    try:
+        info = codecs.lookup(value)
+    except LookupError:
+        raise click.BadParameter(f"unknown encoding {value!r} (for example utf-8, latin-1, utf-16)", ctx, param) \
+            from None
+    if not getattr(info, "_is_text_encoding", True):
+        raise click.BadParameter(f"{value!r} is not a text encoding", ctx, param)
+    return value
+
+
+def refuse_unused(ctx: click.Context, names: tuple[str, ...], mode: str) -> None:
+    """Exit 2 if the user gave any of ``names`` (parameter names), which only ``mode`` reads: an
+    option silently ignored would let a user believe it took effect. Whether it was given is
+    where its value came from (command line, environment, --config), never the value itself."""
+    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    used = [flags[n] for n in names if ctx.get_parameter_source(n) in sources]
+    if used:
+        raise click.UsageError(f"{', '.join(used)} {'is' if len(used) == 1 else 'are'} for {mode}; "
+                               f"drop {'it' if len(used) == 1 else 'them'} or add {mode.split(' (')[0]}")
+
+
 def _json_kind(p: click.Parameter) -> str | None:
     """What JSON value --config may give option ``p`` (none for a type it leaves to click)."""
     if getattr(p, "is_flag", False):

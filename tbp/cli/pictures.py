@@ -15,6 +15,7 @@ from .common import console
 from ..nn.sparse import KINDS, Sparsity
 from ..generate import Sampling, generate_ids
 from .generate import source_tokens, start_tokens
+from .options import refuse_unused
 
 
 def _run_curves(run: Path) -> dict:
@@ -98,6 +99,12 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
       tbp attention --prompt "hello" --layer 0 --json
       tbp attention --prompt "def main():" --depth               # Attention Residuals' depth weights
     """
+    ctx = click.get_current_context()
+    if sparse is None:
+        refuse_unused(ctx, ("budget", "sparse_layers"), "--sparse")
+    elif depth:
+        raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
+                               "give one of them")
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
     if sparse is not None and model.config.attention != "standard":

@@ -9,10 +9,13 @@ from tqdm import tqdm
 
 from .. import data
 from ..chat import LOSSES, prepare_chat, read_conversations
-from ..pairs import TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, prepare_pairs, read_pairs
+from ..pairs import MAX_TASK_EXAMPLES, MAX_TASK_LEN, TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, \
+    prepare_pairs, read_pairs
 from ..tokenizer import KINDS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
-from .options import FiniteFloat
+from click.core import ParameterSource
+
+from .options import FiniteFloat, refuse_unused, text_encoding
 
 
 class PrepareBar(data.PrepareReport):
@@ -107,27 +110,28 @@ def pairs_summary(meta: dict) -> None:
 @click.option("--task", type=click.Choice(tuple(TASKS)), default=None,
               help="A built-in pairs task instead of --data: digit strings and their reversal, sorted "
                    "digits, or a copy.")
-@click.option("--examples", type=click.IntRange(min=2), default=TASK_EXAMPLES, show_default=True,
+@click.option("--examples", type=click.IntRange(2, MAX_TASK_EXAMPLES), default=TASK_EXAMPLES, show_default=True,
               help="With --task: distinct source strings to make.")
 @click.option("--min-len", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --task: shortest string.")
-@click.option("--max-len", type=click.IntRange(min=1), default=12, show_default=True,
+@click.option("--max-len", type=click.IntRange(1, MAX_TASK_LEN), default=12, show_default=True,
               help="With --task: longest string.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="With --task: the draw.")
 @click.option("--tokenizer", "kind", type=click.Choice(KINDS), default="char", show_default=True,
               help="char: one token per character; bpe: byte-level BPE, lossless on any text.")
 @click.option("--vocab-size", type=click.IntRange(min=1, max=2 ** 32 - 1), default=None,
               help="BPE vocabulary size (default 1024). For char, a floor the alphabet must fit in.")
-@click.option("--val-fraction", type=FiniteFloat(0, 1, max_open=True), default=None,
+@click.option("--val-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None,
               help="Last fraction of the text kept for validation, cut at a line boundary (pairs: of "
                    f"the examples). Default 0.1; {TASK_VAL_FRACTION} with --task.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder. Default: data/<name of the corpus>.")
 @click.option("--tokenizer-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Pairs: reuse the tokenizer of this run or dataset folder (it must have <|sep|>, "
-                   "<|pad|> and <|endoftext|>) instead of training one.")
+              help="Pairs and chat: reuse the tokenizer of this run or dataset folder (it must have the "
+                   "format's special tokens) instead of training one.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
-@click.option("--encoding", default="utf-8", show_default=True, help="Text encoding of the input.")
+@click.option("--encoding", default="utf-8", show_default=True, callback=text_encoding,
+              help="Text encoding of the input (any Python codec name: latin-1, utf-16, cp1252 ...).")
 def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_len, max_len, seed, kind,
             vocab_size, val_fraction, out, tokenizer_from, force, encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
@@ -144,14 +148,22 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
       tbp prepare --format pairs --data questions.tsv
       tbp prepare --task reverse                    # 20,000 digit strings -> data/reverse
     """
+    ctx = click.get_current_context()
     tokenizer = None
     if tokenizer_from is not None:
         if task is None and fmt == "text":
             raise click.UsageError("--tokenizer-from is for pairs and conversations (--format pairs|chat, --task)")
+        if ctx.get_parameter_source("kind") is not ParameterSource.DEFAULT or vocab_size is not None:
+            raise click.UsageError("--tokenizer and --vocab-size choose a tokenizer to train; "
+                                   "--tokenizer-from reuses one: give one or the other")
         tokenizer = Tokenizer.load(tokenizer_from / "tokenizer.json")
+    if task is None:
+        refuse_unused(ctx, ("examples", "min_len", "max_len", "seed"), "--task")
     if task is not None:
         if path is not None:
             raise click.UsageError("give --data or --task, not both")
+        if fmt == "chat" or ctx.get_parameter_source("encoding") is not ParameterSource.DEFAULT:
+            raise click.UsageError("--task makes pairs of digit strings: --format chat and --encoding do not apply")
         if min_len > max_len:
             raise click.UsageError(f"--min-len {min_len} is longer than --max-len {max_len}")
         pairs = make_task(task, examples, min_len, max_len, seed)

@@ -63,7 +63,10 @@ class Encoder(Module):
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
         super().__init__()
-        bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", n_enc_layer=None)
+        # the encoder-decoder's own kernel ("dense": a padded source needs the key mask), not the one
+        # "auto" would pick for a GPT of this context
+        bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", n_enc_layer=None,
+                                            attn_impl=cfg.attn_kernel)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, dtype)
         self.blocks = Stack(Block(bidirectional, rng, dtype) for _ in range(cfg.n_enc_layer))
         self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
