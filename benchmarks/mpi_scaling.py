@@ -93,6 +93,7 @@ def rank_program(args) -> None:
         out["compute_max"] = world.comm.allreduce(out["compute"], op=world.MPI.MAX)
     if world.is_root:
         print(json.dumps(out), flush=True)
+    world.finish()                                         # the job's clean end, on every rank
 
 
 def run(args, model: str, layout: str) -> dict:

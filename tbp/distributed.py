@@ -15,11 +15,20 @@ the dataset's path -- and, once they have built their replicas, every parameter 
 moment, so that all ranks start from rank 0's bits. Every rank must see the dataset at that
 path (one machine, a shared file system, or the same copy on each).
 
+Faults end the job, never hang it. An error one rank alone raises aborts every rank; a rank
+that exits before the job's end for any other reason does too (MPI is finalised only by
+:meth:`World.finish`, which every rank calls at the clean end, so the launcher sees any other
+exit as abnormal); and every collective is waited for in Python, so a rank waiting for another
+still handles SIGTERM and Ctrl-C. A program of its own that calls :func:`world` ends with
+``world().finish()``.
+
 Without an MPI launcher nothing here imports mpi4py: :func:`world` is then a world of one whose
 every collective is the identity, and ``tbp train`` runs exactly as it always has.
 """
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import sys
 import time
@@ -68,9 +77,20 @@ class World:
     def abort(self, code: int) -> None:
         """End every rank of the job at once (nothing to do alone: the process is exiting)."""
 
+    def finish(self) -> None:
+        """The job's clean end, on every rank (nothing to do alone)."""
+
+    def leave(self) -> None:
+        """This rank exits as every rank does (nothing to do alone)."""
+
 
 class MPIWorld(World):
-    """``MPI.COMM_WORLD`` of an mpiexec job (mpi4py's buffer methods: no pickling of arrays)."""
+    """``MPI.COMM_WORLD`` of an mpiexec job (mpi4py's buffer methods: no pickling of arrays).
+
+    Every collective is started non-blocking and waited for in Python (:meth:`_wait`), so that a
+    signal -- SIGTERM from the launcher or a scheduler, Ctrl-C -- is handled while a rank waits
+    for the others, as it is everywhere else: a rank blocked inside a C call would never see it.
+    """
 
     is_root = False
 
@@ -81,40 +101,76 @@ class MPIWorld(World):
         self.is_root = self.rank == 0
         # ranks on this machine, which share its cores
         self.local_size = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_size()
+        self.ending = False             # every rank leaves alike (an error they all raised): see leave()
+        atexit.register(self._at_exit)
+
+    def leave(self) -> None:
+        """Say that this rank exits as every rank does (each on its own, rank 0 saying why)."""
+        self.ending = True
+
+    def _at_exit(self) -> None:
+        """A rank that leaves before the job's end, for no reason every rank shares (an early
+        exit; an error a front end did not see), ends every rank with one line saying so: the
+        others would otherwise wait for it for ever."""
+        if self.ending or self.MPI.Is_finalized():
+            return
+        print(f"rank {self.rank}: left the job before its end; stopping every rank", file=sys.stderr)
+        self.abort(1)
+
+    @staticmethod
+    def _wait(request) -> None:
+        """Poll ``request`` to completion. Python runs its signal handlers between the polls."""
+        while not request.Test():
+            pass
 
     def sum_(self, buf: np.ndarray) -> np.ndarray:
         flat = buf.reshape(-1)
         for s in range(0, flat.size, CHUNK):
-            self.comm.Allreduce(self.MPI.IN_PLACE, flat[s:s + CHUNK], op=self.MPI.SUM)
+            self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, flat[s:s + CHUNK], op=self.MPI.SUM))
         return buf
 
     def sum_values(self, *values: float) -> tuple[float, ...]:
         buf = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
         return tuple(float(v) for v in buf)
 
     def any(self, flag: bool) -> bool:
         buf = np.array([1 if flag else 0], dtype=np.int32)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+        self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX))
         return bool(buf[0])
 
     def bcast_(self, buf: np.ndarray) -> np.ndarray:
         flat = buf.reshape(-1)
         for s in range(0, flat.size, CHUNK):
-            self.comm.Bcast(flat[s:s + CHUNK], root=0)
+            self._wait(self.comm.Ibcast(flat[s:s + CHUNK], root=0))
         return buf
 
     def bcast(self, obj=None):
-        return self.comm.bcast(obj, root=0)
+        """Rank 0's ``obj`` (JSON: strings, numbers, lists, dicts) on every rank; its length
+        first, then its UTF-8 bytes."""
+        data = json.dumps(obj).encode() if self.is_root else b""
+        n = np.array([len(data)], dtype=np.int64)
+        self._wait(self.comm.Ibcast(n, root=0))
+        buf = np.frombuffer(data, dtype=np.uint8).copy() if self.is_root else np.empty(int(n[0]), np.uint8)
+        self._wait(self.comm.Ibcast(buf, root=0))
+        return json.loads(buf.tobytes().decode())
 
     def check_same(self, buf: np.ndarray, what: str) -> None:
-        crc = zlib.crc32(np.ascontiguousarray(buf).view(np.uint8))
-        crcs = self.comm.allgather(crc)
-        if len(set(crcs)) != 1:
+        crc = np.array([zlib.crc32(np.ascontiguousarray(buf).view(np.uint8))], dtype=np.int64)
+        crcs = np.empty(self.size, dtype=np.int64)
+        self._wait(self.comm.Iallgather(crc, crcs))
+        if len(set(crcs.tolist())) != 1:
             differ = [r for r, c in enumerate(crcs) if c != crcs[0]]
             raise _everywhere(TbpError(f"{what} differ between ranks (rank{'s' * (len(differ) > 1)} "
                            f"{', '.join(map(str, differ))} vs rank 0): the ranks are not running the same "
                            f"computation; stopping rather than saving a run that depends on the rank"))
+
+    def finish(self) -> None:
+        """The job's clean end: every rank finalises MPI. A rank that leaves without it (an early
+        exit, a crash) is then an abnormal end to the launcher, which ends every other rank --
+        instead of leaving them waiting for ever in a collective the leaver never joins."""
+        if not self.MPI.Is_finalized():
+            self.MPI.Finalize()
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()
@@ -158,6 +214,8 @@ def world() -> World:
 def _connect() -> World:
     expected = next((int(os.environ[v]) for v in _SIZE_VARS if os.environ.get(v, "").isdigit()), None)
     try:
+        import mpi4py
+        mpi4py.rc.finalize = False     # finalised only by a clean end (MPIWorld.finish), never at exit
         from mpi4py import MPI
     except ImportError:
         if expected == 1:

@@ -67,6 +67,30 @@ def train_bytes(cfg: ModelConfig, tcfg) -> int:
             + activations * np.dtype(tcfg.dtype).itemsize)
 
 
+MTA_WORK_LIMIT = 3 * 10 ** 10        # multiply-adds of the convolutions in one step: about 10 s on 2 cores
+
+
+def mta_step_work(cfg: ModelConfig, batch_size: int) -> int:
+    """Multiply-adds of Multi-Token Attention's key-query convolutions in one training step:
+    each of cq x ck taps passes over every B x H x T x T score map once forward and twice
+    backward (dX and the kernel's gradient), in each convolution layer (twice with mta_post)."""
+    if cfg.attention != "mta":
+        return 0
+    taps = cfg.mta_cq * cfg.mta_ck
+    maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(cfg.mta_conv_layers()) * (2 if cfg.mta_post else 1)
+    return 3 * taps * maps
+
+
+def check_step_work(cfg: ModelConfig, batch_size: int) -> None:
+    """Refuse a configuration whose step would run for minutes (a 64 x 255 MTA kernel at T 512):
+    a step that long cannot stop in time when a scheduler sends SIGTERM."""
+    work = mta_step_work(cfg, batch_size)
+    if work > MTA_WORK_LIMIT:
+        raise TbpError(f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} over {cfg.n_ctx} x {cfg.n_ctx} maps makes "
+                       f"{work:.1e} multiply-adds a step ({MTA_WORK_LIMIT:.0e} at most: minutes per step on a "
+                       f"CPU); use a smaller kernel (the paper's is 6 x 11), context or batch")
+
+
 def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
     """A Decoder beside the loaded weights: the folded copies of the matrices that read a layer
     norm (about as much as the weights) and the KV cache."""

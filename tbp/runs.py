@@ -8,6 +8,7 @@ while a raw text file is turned into a dataset on the fly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import shutil
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from .data import Dataset, PrepareReport
 from .errors import ConfigError, TbpError
 from .fsutil import RunLock, check_replaceable, sweep_temporaries
 from .nn import LORA_TARGETS, add_lora, build_model
+from .nn.config import KERNEL_FIELDS
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
 
@@ -113,11 +115,12 @@ def _start_ranks(req: RunRequest, callbacks, report, world) -> Trainer:
                  "data": str(trainer.data.path.resolve()), "source_sha256": trainer.data.meta["source_sha256"],
                  "adapter": trainer.adapter, "state": trainer.state.to_dict(),
                  "data_rng": trainer.data_rng.bit_generator.state, "last_saved_step": trainer.last_saved_step,
-                 "shapes": {k: p.shape for k, p in trainer.model.params.items()}}
+                 "shapes": {k: list(p.shape) for k, p in trainer.model.params.items()}}
         world.bcast(setup)
     else:
         setup = world.bcast()
         if "failed" in setup:
+            world.leave()                   # as rank 0 does, which says why
             raise SystemExit(setup["failed"])
         trainer = _follow(setup, callbacks, world)
     trainer.join(world)
@@ -140,7 +143,7 @@ def _follow(setup: dict, callbacks, world) -> Trainer:
     lora = setup["record"].get("lora")
     if lora:
         add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]), seed=tcfg.seed)
-    shapes = {k: p.shape for k, p in model.params.items()}
+    shapes = {k: list(p.shape) for k, p in model.params.items()}
     if shapes != setup["shapes"]:
         raise TbpError(f"rank {world.rank}: built a model whose parameters differ from rank 0's")
     state = State(**setup["state"])
@@ -262,6 +265,7 @@ def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force:
         raise TbpError(f"{e}{e.new_run}") from None
     memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       "training this model")
+    memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(ds.path,))
     with _released_on_failure(lock):
         model = build_model(mcfg, seed=tcfg.seed, dtype=np.dtype(tcfg.dtype))
@@ -288,9 +292,10 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     mcfg = _check_base(base_run, lora, model_overrides)
     memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       f"fine-tuning {base_run}")
+    memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
-        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype))
+        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype), kernel=_kernel(model_overrides))
         base = None
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
@@ -349,9 +354,12 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     mcfg = checkpoint.read_model_config(out, cfg)
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
     checkpoint.verify_weights(out, cfg, mcfg)
+    kernel = _kernel(model_overrides)
+    mcfg = dataclasses.replace(mcfg, **kernel)
     memory.check_fits(memory.train_bytes(mcfg, tcfg),
                       f"resuming {out}")
-    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype))
+    memory.check_step_work(mcfg, tcfg.batch_size)
+    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), kernel=kernel)
     if ds is None:
         if not cfg.get("data"):
             raise TbpError(f"{out / 'config.json'}: names no dataset; pass --data")
@@ -369,8 +377,8 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta_step}
     if len({str(v) for v in steps.values()}) != 1:
         raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
-    record = {**{k: v for k, v in cfg.items() if k != "format"}, "train": tcfg.to_dict(), "data": str(ds.path),
-              "data_source_sha256": ds.meta["source_sha256"], "data_kind": ds.kind}
+    record = {**{k: v for k, v in cfg.items() if k != "format"}, "model": mcfg.to_dict(), "train": tcfg.to_dict(),
+              "data": str(ds.path), "data_source_sha256": ds.meta["source_sha256"], "data_kind": ds.kind}
     trainer = Trainer(model, ds, tcfg, out, record, adapter=adapter, callbacks=callbacks, state=state,
                       lock=lock, tokenizer=tok)
     try:
@@ -394,13 +402,19 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
     if lora:
         _check_lora(lora, mcfg)
     checkpoint.verify_weights(base_run, base_cfg, mcfg)
-    return mcfg
+    return dataclasses.replace(mcfg, **_kernel(model_overrides))
+
+
+def _kernel(overrides: dict) -> dict:
+    """The options among ``overrides`` that choose a kernel (same results), which a trained
+    model may change: dense <-> flash on resume or fine-tune."""
+    return {k: v for k, v in overrides.items() if k in KERNEL_FIELDS}
 
 
 def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
     current = cfg.to_dict()
     for k, v in overrides.items():
-        if current.get(k) != v:
+        if k not in KERNEL_FIELDS and current.get(k) != v:
             raise ConfigError(f"--{k.replace('_', '-')} {v} differs from {what} ({current.get(k)}); "
                               f"a model's shape is fixed once trained")
 

@@ -170,6 +170,40 @@ def test_a_failing_rank_ends_the_whole_job(mpi_ok, tmp_path, prepared, how):
         assert "rank 1:" in out and "deliberate failure on rank 1" in out, out
 
 
+def test_a_rank_that_leaves_before_joining_ends_the_job(mpi_ok, tmp_path, prepared):
+    """A rank that exits (status 0) before the ranks join: the others must not wait for ever."""
+    start = time.monotonic()
+    rc, out = mpi(2, [ROOT / "tests" / "programs" / "rank_leaves.py", "exit", "train", "--data", prepared,
+                      "--out", "run", "--max-iters", 5, *TINY], tmp_path, timeout=60)
+    assert rc != 0, out
+    assert time.monotonic() - start < 30, "rank 0 waited for the rank that left"
+    assert "rank 1: left the job before its end; stopping every rank" in out, out
+    assert not (tmp_path / "run" / "state.json").exists()
+
+
+@pytest.mark.parametrize("how,target", [("stall", "mpiexec"), ("stall-follower", "rank0")])
+def test_sigterm_ends_ranks_waiting_in_a_collective(mpi_ok, tmp_path, prepared, how, target):
+    """One rank waits in a collective while the other is busy (rank 1 in the set-up broadcast;
+    rank 0 in the join). SIGTERM -- to mpiexec, or to the waiting rank alone, as a scheduler
+    signalling every process does -- ends the job in seconds: the rank handles the signal while
+    it waits (blocked inside MPI's C call it would not, until the other rank came: a minute)."""
+    p = mpi(2, [ROOT / "tests" / "programs" / "rank_leaves.py", how, "train", "--data", prepared,
+                "--out", "run", "--max-iters", 5, *TINY], tmp_path, wait=False)
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"rank{r}.pid").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)                                         # the waiting rank is in the collective by now
+    os.kill(p.pid if target == "mpiexec" else int((tmp_path / "rank0.pid").read_text()), signal.SIGTERM)
+    start = time.monotonic()
+    try:
+        out, _ = p.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the job did not end after SIGTERM")
+    assert p.returncode != 0, out
+    assert time.monotonic() - start < 15, out
+
+
 def test_sigterm_saves_once_and_the_run_resumes(mpi_ok, tmp_path, prepared):
     p = mpi(2, ["-m", "tbp", "train", "--data", prepared, "--out", "run", *TINY, "--eval-interval", 50,
                 "--max-iters", 100000], tmp_path, wait=False)
@@ -194,7 +228,7 @@ def test_ranks_with_different_parameters_are_caught(mpi_ok, tmp_path):
     code = ("import numpy as np\nfrom tbp import distributed\nfrom tbp.errors import TbpError\n"
             "w = distributed.world()\nx = np.arange(5, dtype=np.float32)\nw.check_same(x, 'same')\n"
             "x[w.rank] += 1\ntry:\n    w.check_same(x, 'the parameters')\nexcept TbpError as e:\n"
-            "    open(f'caught{w.rank}', 'w').write(f'{e.everywhere} {e}')\n")
+            "    open(f'caught{w.rank}', 'w').write(f'{e.everywhere} {e}')\nw.finish()\n")
     rc, out = mpi(2, ["-c", code], tmp_path, timeout=60)
     assert rc == 0, out
     for rank in (0, 1):                                 # both ranks raise, alike

@@ -34,7 +34,9 @@ class Group(click.Group):
     def invoke(self, ctx):
         previous = signal.signal(signal.SIGTERM, _terminate)
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            distributed.current().finish()          # every rank got here: the job ends cleanly
+            return result
         except ConfigError as e:
             _end_ranks(e, 2, _one_line(e))
             raise click.UsageError(_one_line(e)) from None
@@ -70,6 +72,7 @@ def _end_ranks(e: BaseException, code: int, message: str) -> None:
     if world.is_root or not getattr(e, "everywhere", False):
         console.print(("" if world.is_root else f"rank {world.rank}: ") + f"[bold red]Error:[/] {message}")
     if getattr(e, "everywhere", False):
+        world.leave()
         sys.exit(code)
     world.abort(code)
 

@@ -101,6 +101,7 @@ RESIDUALS = ("sum", "attention")
 
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
+KERNEL_FIELDS = ("attn_impl",)   # how the model computes, not what: free to change on resume or fine-tune
 
 
 @dataclass
@@ -203,6 +204,10 @@ class ModelConfig(DictConfig):
             raise ConfigError("Multi-Token Attention uses learned positions here (rope is not wired into it)")
         if self.mta_ck % 2 == 0:
             raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {self.mta_ck}")
+        # taps past these reach only the zero padding around a T x T map: work for nothing
+        if self.mta_cq > self.n_ctx or self.mta_ck > 2 * self.n_ctx - 1:
+            raise ConfigError(f"an MTA kernel of {self.mta_cq} x {self.mta_ck} is wider than a {self.n_ctx} x "
+                              f"{self.n_ctx} score map can use (mta_cq <= n_ctx, mta_ck <= 2 n_ctx - 1)")
         if self.mta_group and self.n_head % self.mta_group:
             raise ConfigError(f"mta_group ({self.mta_group}) must divide n_head ({self.n_head})")
         self.mta_conv_layers()
