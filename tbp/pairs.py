@@ -51,7 +51,8 @@ def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]
     JSON lines (``{"source": ..., "target": ...}``), or '-' for stdin. Blank lines are skipped;
     any other line that is not a pair is refused, naming the file and line."""
     text, where, name = read_file(path, encoding, "file of pairs")
-    jsonl = where.endswith((".jsonl", ".ndjson", ".json")) or text.lstrip().startswith("{")
+    jsonl = where.endswith((".jsonl", ".ndjson", ".json")) or \
+        (not where.endswith((".tsv", ".tab")) and text.lstrip().startswith("{"))
     pairs, numbers = [], []
     for n, line in jsonio.lines(text):
         if not line.strip():
