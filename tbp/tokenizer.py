@@ -83,9 +83,9 @@ class Tokenizer:
             while j < len(texts) and (j == i or size + len(texts[j]) <= ENCODE_SLICE):
                 size += len(texts[j])
                 j += 1
-            for e in self.encode_batch(texts[i:j], where):
-                pieces.append(e.astype(dtype, copy=False))
-                lengths.append(e.size)
+            encoded = self.encode_batch(texts[i:j], where)
+            lengths += [e.size for e in encoded]
+            pieces.append(np.concatenate(encoded).astype(dtype, copy=False) if encoded else np.zeros(0, dtype))
             i = j
         ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
         return ids, np.array(lengths, dtype=np.int64)

@@ -625,3 +625,44 @@ def test_fuzz_conversations_read_back_exactly(tmp_path, convs):
     path.write_text("".join(json.dumps({"messages": m}, ensure_ascii=False) + "\n" for m in messages),
                     encoding="utf-8")
     assert chat.read_conversations(str(path), need_reply=False)[0] == messages
+
+
+# --- D33: a full disk, for real (a small tmpfs, where root can mount one) --------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system at tmp_path/disk, or a skip saying why there is none."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()})")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("fmt", ["text", "pairs"])
+def test_d33_a_full_disk_during_prepare_says_so_and_leaves_nothing(small_disk, tmp_path, monkeypatch, fmt):
+    monkeypatch.chdir(tmp_path)
+    if fmt == "pairs":
+        (tmp_path / "p.tsv").write_text("".join(f"{i:07d} abcdefgh\t{i:07d} hgfedcba\n" for i in range(20000)))
+        args = ["--format", "pairs", "--data", "p.tsv"]
+    else:
+        (tmp_path / "t.txt").write_text("".join(f"line {i} of some text to encode\n" for i in range(20000)))
+        args = ["--data", "t.txt"]
+    clean_fail(run(["prepare", *args, "--out", small_disk / "ds"]), 1, f"{small_disk / 'ds'}: No space left on device")
+    assert not list(small_disk.iterdir())                       # nothing half-written, no staging folder
+
+
+def test_d4_an_undecodable_prompt_on_a_bpe_model_is_one_line(bpe_chat_run, tmp_path):
+    """The previous release's open case: argv and stdin carry undecodable bytes as surrogates."""
+    clean_fail(run(["generate", "--checkpoint", bpe_chat_run, "--prompt", "a\udcffb", "--max-new-tokens", 2]), 1,
+               "prompt: byte 0xff at character 1 (line 1) is not valid UTF-8")
+    (tmp_path / "p.txt").write_bytes(b"ok\n\xff\n")
+    clean_fail(run(["generate", "--checkpoint", bpe_chat_run, "--prompt-file", tmp_path / "p.txt"]), 1,
+               "p.txt: byte 0xff at offset 3 (line 2) is not valid utf-8")
+    r = subprocess.run([sys.executable, "-m", "tbp", "generate", "--checkpoint", str(bpe_chat_run),
+                        "--max-new-tokens", "2"], input=b"\xfe", capture_output=True, timeout=120)
+    assert r.returncode == 1 and b"stdin: byte 0xfe at offset 0" in r.stderr and b"Traceback" not in r.stderr
