@@ -36,7 +36,7 @@ class TextBatches:
     """Random windows of n_ctx + 1 tokens."""
 
     def __init__(self, ds: Dataset, cfg):
-        self.ds, self.n_ctx = ds, cfg.n_ctx
+        self.ds, self.n_ctx, self.vocab = ds, cfg.n_ctx, ds.meta["vocab_size"]
         for split in ("train", "val"):
             n = getattr(ds, split).size
             if n < self.n_ctx + 1:
@@ -45,7 +45,15 @@ class TextBatches:
 
     def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
         x, y = get_batch(getattr(self.ds, split), batch_size, self.n_ctx, rng)
+        self._check(split, x)
+        self._check(split, y[:, -1:])
         return {"idx": x, "targets": y}
+
+    def _check(self, split: str, window: np.ndarray) -> None:
+        """A split load did not scan (tbp.data._read_tokens) is checked a batch at a time."""
+        if window.size and int(window.max()) >= self.vocab:
+            raise TbpError(f"{self.ds.path / (split + '.bin')}: token id {int(window.max())} is outside the "
+                           f"vocabulary ({self.vocab}); the file is damaged or belongs to another tokenizer")
 
     @staticmethod
     def tokens(batch: dict) -> int:
@@ -60,6 +68,7 @@ class TextBatches:
         for i in range(0, len(starts), batch_size):
             rows = starts[i:i + batch_size, None] + np.arange(T + 1)[None, :]
             window = np.asarray(data[rows], dtype=np.int64)
+            self._check(split, window)
             yield {"idx": window[:, :-1], "targets": window[:, 1:]}
 
 

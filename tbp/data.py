@@ -7,16 +7,15 @@ A prepared dataset is a folder (``data/<name>/``)::
 ``train.bin``/``val.bin`` are flat arrays of token ids (uint16 when the vocabulary fits,
 uint32 otherwise), read back through ``np.memmap`` so a corpus larger than memory trains
 just the same. The validation split is the *last* fraction of the text, cut at a line
-boundary; decoding train then val gives back exactly the source text.
+boundary (:func:`split_text`); decoding train then val gives back exactly the source text.
+Corpora are read as streams (tbp.corpus) and prepared in bounded memory (tbp.textprep).
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -24,23 +23,16 @@ from . import __version__
 from .errors import TbpError
 from . import schema
 from .jsonio import strip_bom
+from .corpus import BUILTIN, TEXT_SUFFIXES, Corpus, builtin_text, in_memory, open_corpus  # noqa: F401
 from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_dir, write_raw
-from .tokenizer import KINDS, Tokenizer, token_dtype, train_bpe, train_char
+from .textprep import DEFAULT_SAMPLE, prepare_text
+from .tokenizer import KINDS, Tokenizer
 
-TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".h", ".js", ".html",
-                 ".csv", ".json", ".xml", ".yaml", ".yml", ".toml", ".ini", ".cfg"}
-BUILTIN = "pydoc"
-CHUNK_CHARS = 1 << 20          # encode in ~1 MB batches of whole lines
+CHUNK_CHARS = 1 << 20          # the tokenizer trainer's chunks: whole lines of about 1 M characters
 META_VERSION = 1
 
 
 # --- reading text ---------------------------------------------------------------------------
-def builtin_corpus() -> str:
-    """The Python reference documentation that ships inside CPython (~460 KB of English)."""
-    from pydoc_data.topics import topics
-    return "\n\n".join(topics[k].strip("\n") + "\n" for k in sorted(topics))
-
-
 def _decode(raw: bytes, where: str, encoding: str) -> str:
     try:
         return strip_bom(raw.decode(encoding))        # a byte-order mark is not a character of the text
@@ -64,25 +56,9 @@ def read_file(path: str, encoding: str = "utf-8", what: str = "file") -> tuple[s
 
 
 def read_corpus(path: str | None, encoding: str = "utf-8") -> tuple[str, str, str]:
-    """(text, name, source) for a file, a folder of text files, '-' (stdin) or None (built-in)."""
-    if path is None:
-        return builtin_corpus(), BUILTIN, "builtin:pydoc_data.topics"
-    if path == "-":
-        return _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
-    p = Path(path)
-    if not p.exists():
-        raise TbpError(f"{p}: no such file or directory")
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-        if not files:
-            raise TbpError(f"{p}: folder has no text files ({', '.join(sorted(TEXT_SUFFIXES)[:6])}, ...)")
-        parts = []
-        for f in files:
-            t = _decode(f.read_bytes(), str(f), encoding)
-            parts.append(t if t.endswith("\n") or not t else t + "\n")
-        return "".join(parts), p.resolve().name, str(p)
-    return _decode(p.read_bytes(), str(p), encoding), p.stem, str(p)
+    """(text, name, source) of a corpus (corpus.open_corpus), in memory: for small ones."""
+    with open_corpus(path, encoding) as c:
+        return c.text(), c.name, c.source
 
 
 def split_text(text: str, val_fraction: float) -> tuple[str, str]:
@@ -96,29 +72,6 @@ def split_text(text: str, val_fraction: float) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def _chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
-    """Whole-line pieces of about ``size`` characters (a line longer than that is one piece)."""
-    out, start = [], 0
-    while start < len(text):
-        end = text.find("\n", min(start + size, len(text)) - 1)
-        end = len(text) if end < 0 else end + 1
-        out.append(text[start:end])
-        start = end
-    return out
-
-
-def encode(tok: Tokenizer, text: str, progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """Token ids of ``text`` as one flat int64 array, encoded in batches of whole lines."""
-    pieces = []
-    chunks = _chunks(text)
-    for i in range(0, len(chunks), 8):
-        batch = chunks[i:i + 8]
-        pieces += tok.encode_batch(batch)
-        if progress:
-            progress(sum(len(c) for c in batch))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-
-
 # --- preparing ------------------------------------------------------------------------------
 DEFAULT_BPE_VOCAB = 1024
 DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # what --force may replace
@@ -126,10 +79,13 @@ DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # wh
 
 
 class PrepareReport:
-    """What a front end may observe while text becomes a dataset; every method is optional."""
+    """What a front end may observe while text becomes a dataset; every method is optional.
+    A text corpus is read in passes, each a ``phase`` over its input bytes; pairs and chats
+    ``start`` one over their characters. ``advance`` counts the same unit."""
 
     def start(self, name: str, characters: int) -> None: ...
-    def advance(self, characters: int) -> None: ...      # this many more characters encoded
+    def phase(self, what: str, total_bytes: int) -> None: ...
+    def advance(self, amount: int) -> None: ...
     def done(self, meta: dict) -> None: ...
 
 
@@ -148,18 +104,30 @@ def dataset_name(name: str, kind: str = "char", vocab_size: int | None = None,
 
 def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = "char",
                    vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
-                   encoding: str = "utf-8", report: PrepareReport | None = None) -> dict:
-    """Read a corpus (file, folder, '-' or None for the built-in one) and prepare it into
-    ``out`` (default data/<dataset_name>); returns the meta dict, with its "path"."""
-    text, name, source = read_corpus(path, encoding)
-    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
-    return prepare(text, name, source, out, kind, vocab_size, val_fraction, force, report=report)
+                   encoding: str = "utf-8", report: PrepareReport | None = None, text_field: str = "text",
+                   tokenizer_sample: int = DEFAULT_SAMPLE) -> dict:
+    """Read a corpus (file, folder, '-' or None for the built-in one: corpus.open_corpus) and
+    prepare it into ``out`` (default data/<dataset_name>); returns the meta dict, with its "path"."""
+    out = Path(out) if out else None
+    with open_corpus(path, encoding, text_field, spool_dir=(out.parent if out else Path("data"))) as corpus:
+        out = out or default_out(dataset_name(corpus.name, kind, vocab_size))
+        return prepare_from(corpus, out, kind, vocab_size, val_fraction, force, report=report,
+                            tokenizer_sample=tokenizer_sample)
 
 
 def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "char",
             vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
             tokenizer: Tokenizer | None = None, report: PrepareReport | None = None) -> dict:
-    """Train (or reuse) a tokenizer, encode both splits, write the dataset folder atomically.
+    """:func:`prepare_from` for text in memory."""
+    return prepare_from(in_memory(text, name, source), Path(out), kind, vocab_size, val_fraction, force,
+                        tokenizer, report)
+
+
+def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int | None = None,
+                 val_fraction: float = 0.1, force: bool = False, tokenizer: Tokenizer | None = None,
+                 report: PrepareReport | None = None, tokenizer_sample: int = DEFAULT_SAMPLE) -> dict:
+    """Train (or reuse) a tokenizer, encode both splits, write the dataset folder atomically,
+    streaming the corpus in bounded memory (tbp.textprep).
 
     Returns the dataset's meta dict (with its "path"). ``tokenizer`` reuses an existing
     tokenizer (a checkpoint's when resuming or fine-tuning) instead of training one.
@@ -167,51 +135,16 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
     report = report or PrepareReport()
     out = Path(out)
     claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
-                 inputs=(source,) if Path(source).exists() else ())
+                 inputs=tuple(s.path for s in corpus.sources if s.path is not None and s.label is None))
     if kind not in KINDS:
         raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
-    if not text.strip():
-        raise TbpError(f"{source}: corpus is empty")
     if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
         raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    t0 = time.perf_counter()
-    train_text, val_text = split_text(text, val_fraction)
-    if tokenizer is None:
-        if kind == "char":
-            tokenizer = train_char(text)
-            if vocab_size is not None and vocab_size < tokenizer.vocab_size:
-                raise TbpError(f"--vocab-size {vocab_size} is below the corpus alphabet: "
-                               f"it has {tokenizer.vocab_size} distinct characters")
-        else:
-            tokenizer = train_bpe(_chunks(train_text or text), vocab_size or DEFAULT_BPE_VOCAB)
-    else:
-        tokenizer.check(text, source)
-    dtype = token_dtype(tokenizer.vocab_size)
-    report.start(name, len(text))
-    train_ids = encode(tokenizer, train_text, report.advance).astype(dtype)
-    val_ids = encode(tokenizer, val_text, report.advance).astype(dtype)
-    raw_bytes = len(text.encode("utf-8"))
-    meta = {
-        "format": META_VERSION,
-        "tokenizer": tokenizer.kind,
-        "vocab_size": tokenizer.vocab_size,
-        "eot_id": tokenizer.eot_id,
-        "dtype": dtype.name,
-        "train_tokens": int(train_ids.size),
-        "val_tokens": int(val_ids.size),
-        "train_bytes": len(train_text.encode("utf-8")),
-        "val_bytes": len(val_text.encode("utf-8")),
-        "characters": len(text),
-        "bytes_per_token": raw_bytes / max(1, train_ids.size + val_ids.size),
-        "val_fraction": val_fraction,
-        "source": source,
-        "source_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        "tokenizer_sha256": tokenizer.sha256(),
-        "name": name,
-        "versions": _versions(),
-        "seconds": 0.0,
-    }
-    return write_dataset(out, force, tokenizer, {"train.bin": train_ids, "val.bin": val_ids}, meta, t0, report)
+    meta = prepare_text(corpus, out, kind, vocab_size, val_fraction, force, tokenizer, report, _versions(),
+                        tokenizer_sample, DEFAULT_BPE_VOCAB)
+    meta["path"] = str(out)
+    report.done(meta)
+    return meta
 
 
 def write_dataset(out: Path, force: bool, tokenizer: Tokenizer, arrays: dict[str, np.ndarray], meta: dict,
@@ -296,8 +229,11 @@ class Dataset:
         tok = Tokenizer.load(path / "tokenizer.json")
         if tok.vocab_size != meta["vocab_size"]:
             raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta['vocab_size']}")
-        splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size)
-                  for split in ("train", "val")]
+        # a text split prepare checked, unchanged since (size, mtime): not scanned again at every
+        # start of a multi-gigabyte run; its batches are checked as they are drawn (tbp.batches)
+        checked = meta.get("checked") if kind == "text" and isinstance(meta.get("checked"), dict) else {}
+        splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size,
+                               checked.get(f"{split}.bin")) for split in ("train", "val")]
         if kind != "text":
             from . import chat, pairs
             rows = pairs if kind == "pairs" else chat
@@ -306,9 +242,10 @@ class Dataset:
         return cls(path, meta, tok, *splits)
 
 
-def _read_tokens(f: Path, dtype: np.dtype, count: int, vocab_size: int) -> np.ndarray:
+def _read_tokens(f: Path, dtype: np.dtype, count: int, vocab_size: int, stamp=None) -> np.ndarray:
     """A split's token ids, memory-mapped, after checking its size and that every id is in the
-    vocabulary (a scan in chunks: a bad id is named here, not at a random training step)."""
+    vocabulary (a scan in chunks: a bad id is named here, not at a random training step) --
+    unless ``stamp`` (meta.json's [size, mtime_ns] of the file as prepare wrote it) still holds."""
     size = f.stat().st_size
     if size % dtype.itemsize:
         raise TbpError(f"{f}: {size} bytes is not a whole number of {dtype.name} token ids; the file is damaged")
@@ -318,6 +255,9 @@ def _read_tokens(f: Path, dtype: np.dtype, count: int, vocab_size: int) -> np.nd
     if not n:
         return np.zeros(0, dtype)
     ids = np.memmap(f, dtype=dtype, mode="r")
+    st = f.stat()
+    if stamp == [st.st_size, st.st_mtime_ns]:
+        return ids
     step = 1 << 24
     for start in range(0, n, step):
         chunk = ids[start:start + step]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,18 +163,18 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
     else:
         if arg is not None and not Path(arg).exists():
             raise TbpError(f"{arg}: no such file or directory")
-        text, name, source = data.read_corpus(arg)
-        sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        out = data.default_out(data.dataset_name(name, kind, vocab_size, tokenizer))
-        ds = _reuse(out, sha, tokenizer)
-        if ds is None and _holds_other_text(out, sha):
-            # two corpora with the same file name: never prepare one over the other's dataset
-            out = out.with_name(f"{out.name}-{sha[:8]}")
+        with data.open_corpus(arg, spool_dir=Path("data")) as corpus:
+            sha = corpus.sha256()                # a stream: the corpus is never held in memory
+            out = data.default_out(data.dataset_name(corpus.name, kind, vocab_size, tokenizer))
             ds = _reuse(out, sha, tokenizer)
-        if ds is None:
-            data.prepare(text, name, source, out, kind, vocab_size, force=out.exists(),
-                         tokenizer=tokenizer, report=report)
-            ds = Dataset.load(out)
+            if ds is None and _holds_other_text(out, sha):
+                # two corpora with the same file name: never prepare one over the other's dataset
+                out = out.with_name(f"{out.name}-{sha[:8]}")
+                ds = _reuse(out, sha, tokenizer)
+            if ds is None:
+                data.prepare_from(corpus, out, kind, vocab_size, force=out.exists(), tokenizer=tokenizer,
+                                  report=report)
+                ds = Dataset.load(out)
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
         why = (f"{ds.path}: its tokenizer differs from the checkpoint's "
                f"(SHA-256 {ds.tokenizer.sha256()[:12]} vs {tokenizer.sha256()[:12]}); ")

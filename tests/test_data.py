@@ -30,11 +30,15 @@ def test_split_cuts_after_a_newline():
     assert data.split_text("abc\n", 0.0) == ("abc\n", "")
 
 
-def test_chunks_are_whole_lines_and_cover_the_text():
+def test_chunks_are_whole_lines_and_cover_the_text(monkeypatch):
+    from tbp import textprep
+    from tbp.corpus import in_memory
+    monkeypatch.setattr(textprep, "CHUNK_CHARS", 100)
     text = "".join(f"{i}\n" for i in range(1000)) + "tail"
-    pieces = data._chunks(text, size=100)
+    pieces = list(textprep._train_chunks(in_memory(text, "t", "t"), len(text), 1, lambda n: None))
     assert "".join(pieces) == text
-    assert all(p.endswith("\n") for p in pieces[:-1])
+    assert all(p.endswith("\n") and len(p) >= 100 for p in pieces[:-1])
+    assert list(textprep._train_chunks(in_memory(text, "t", "t"), len(text), 3, lambda n: None)) == pieces[::3]
 
 
 def test_batches_are_shifted_by_one_and_reproducible():

@@ -73,6 +73,26 @@ def given(ctx: click.Context, cls) -> dict:
             if f.name in ctx.params and ctx.get_parameter_source(f.name) in sources}
 
 
+class ByteSize(click.ParamType):
+    """A size: 500000, 64K, 256M, 1G (powers of 1024)."""
+    name = "size"
+    UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+            unit = text[-1:] if text[-1:] in self.UNITS else ""
+            try:
+                n = int(float(text[:len(text) - len(unit)]) * self.UNITS[unit])
+            except ValueError:
+                self.fail(f"{value!r} is not a size (for example 500000, 64M, 1G)", param, ctx)
+        if n < 1:
+            self.fail(f"{value!r} must be at least 1", param, ctx)
+        return n
+
+
 def text_encoding(ctx, param, value):
     """--encoding: a codec Python knows that turns bytes into text (exit 2 otherwise)."""
     import codecs

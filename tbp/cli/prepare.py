@@ -15,24 +15,34 @@ from ..tokenizer import KINDS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
 from click.core import ParameterSource
 
-from .options import FiniteFloat, refuse_unused, text_encoding
+from ..textprep import DEFAULT_SAMPLE
+from .options import ByteSize, FiniteFloat, refuse_unused, text_encoding
 
 
 class PrepareBar(data.PrepareReport):
-    """A tqdm bar while text is encoded, then the summary table."""
+    """A tqdm bar for each pass over the input (bytes, with rate and ETA), then the summary."""
 
     def __init__(self):
         self.bar = None
 
-    def start(self, name, characters):
-        self.bar = tqdm(total=characters, unit="char", unit_scale=True, desc=f"encoding {name}", leave=False,
-                        disable=None, file=sys.stderr)
+    def _open(self, **kw):
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(leave=False, disable=None, file=sys.stderr, unit_scale=True, **kw)
 
-    def advance(self, characters):
-        self.bar.update(characters)
+    def start(self, name, characters):
+        self._open(total=characters, unit="char", desc=f"encoding {name}")
+
+    def phase(self, what, total_bytes):
+        self._open(total=total_bytes, unit="B", unit_divisor=1024, desc=what)
+
+    def advance(self, amount):
+        if self.bar is not None:
+            self.bar.update(amount)
 
     def done(self, meta):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         summary(meta)
 
 
@@ -47,6 +57,12 @@ def summary(meta: dict) -> None:
     t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,}")
     t.add_row("tokens", f"train {meta['train_tokens']:,} · val {meta['val_tokens']:,} ({meta['dtype']})")
     t.add_row("bytes per token", f"{meta['bytes_per_token']:.2f}")
+    if meta.get("tokenizer_sample", {}).get("every", 1) > 1:
+        sample = meta["tokenizer_sample"]
+        t.add_row("tokenizer sample", f"1 chunk of {sample['chunk_characters']:,} characters in {sample['every']} "
+                                      f"of the training split (--tokenizer-sample)")
+    if meta.get("seams"):
+        t.add_row("seams", f"{meta['seams']} (stretches of 2 M characters with no line break or space)")
     t.add_row("time", f"{meta['seconds']:.2f}s ({fmt_count(meta['characters'] / max(meta['seconds'], 1e-9))} chars/s)")
     console.print(t)
 
@@ -130,10 +146,17 @@ def pairs_summary(meta: dict) -> None:
               help="Pairs and chat: reuse the tokenizer of this run or dataset folder (it must have the "
                    "format's special tokens) instead of training one.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@click.option("--text-field", default=None, metavar="NAME",
+              help="JSON lines (.jsonl, .ndjson) and Parquet: the field holding each document's text "
+                   "[default: text].")
+@click.option("--tokenizer-sample", type=ByteSize(), default=None, metavar="SIZE",
+              help=f"BPE: train the tokenizer on at most this much of the training text (an evenly "
+                   f"spread sample of whole-line chunks), e.g. 64M, 1G [default: "
+                   f"{DEFAULT_SAMPLE >> 20}M characters].")
 @click.option("--encoding", default="utf-8", show_default=True, callback=text_encoding,
               help="Text encoding of the input (any Python codec name: latin-1, utf-16, cp1252 ...).")
 def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_len, max_len, seed, kind,
-            vocab_size, val_fraction, out, tokenizer_from, force, encoding):
+            vocab_size, val_fraction, out, tokenizer_from, force, text_field, tokenizer_sample, encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
 
     Writes tokenizer.json, train.bin, val.bin and meta.json (pairs: also train.idx and
@@ -159,6 +182,8 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
         tokenizer = Tokenizer.load(tokenizer_from / "tokenizer.json")
     if task is None:
         refuse_unused(ctx, ("examples", "min_len", "max_len", "seed"), "--task")
+    if task is not None or fmt != "text":
+        refuse_unused(ctx, ("text_field", "tokenizer_sample"), "--format text")
     if task is not None:
         if path is not None:
             raise click.UsageError("give --data or --task, not both")
@@ -189,4 +214,7 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
         prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, tokenizer=tokenizer,
                       report=PrepareBar(), lines=lines)
         return
-    data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar())
+    if kind != "bpe":
+        refuse_unused(ctx, ("tokenizer_sample",), "--tokenizer bpe")
+    data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
+                        text_field=text_field or "text", tokenizer_sample=tokenizer_sample or DEFAULT_SAMPLE)
