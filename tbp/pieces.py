@@ -77,7 +77,8 @@ class CharCodes:
 
     def __init__(self, tok: Tokenizer):
         singles = {t: i for t, i in tok.hf.get_vocab().items() if len(t) == 1}
-        self.table = np.full(max(map(ord, singles), default=0) + 1, -1, dtype=np.int64)
+        # one entry past the largest code point: -1, where every code point beyond it is looked up
+        self.table = np.full(max(map(ord, singles), default=0) + 2, -1, dtype=np.int64)
         for t, i in singles.items():
             self.table[ord(t)] = i
 
@@ -88,10 +89,8 @@ class CharCodes:
         except UnicodeEncodeError:                  # a lone surrogate: the tokenizer names it
             tok.check(text, where)
             raise
-        out = np.full(codes.shape, -1, dtype=np.int64)
-        inside = codes < self.table.size
-        out[inside] = self.table[codes[inside]]
-        if (out < 0).any():
+        out = self.table[np.minimum(codes, self.table.size - 1)]
+        if out.size and out.min() < 0:
             tok.check(text, where)                  # raises, naming every missing character
         return out
 

@@ -29,6 +29,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .corpus import Corpus
 from .errors import TbpError
 from .fsutil import atomic_write_json, atomic_write_text, staged_dir
@@ -41,15 +43,18 @@ DEFAULT_SAMPLE = 256 << 20          # characters a BPE tokenizer trains on at mo
 
 def _read(corpus: Corpus, report, char: bool) -> dict:
     """Pass 1: characters, bytes, SHA-256, non-blank, alphabet (for a char tokenizer)."""
-    h, n, nbytes, blank, alphabet = hashlib.sha256(), 0, 0, True, set()
+    h, n, nbytes, blank, seen = hashlib.sha256(), 0, 0, True, np.zeros(0, np.int64)
     report.phase("reading", corpus.size())
     for b in corpus.blocks(report.advance):
         raw = b.encode("utf-8")
         h.update(raw)
         n, nbytes = n + len(b), nbytes + len(raw)
         blank = blank and b.isspace()
-        if char:
-            alphabet.update(b)
+        if char:                                    # the code points present: a count per code point
+            counts = np.bincount(np.frombuffer(b.encode("utf-32-le", "surrogatepass"), np.uint32))
+            seen = np.pad(seen, (0, max(0, counts.size - seen.size)))
+            seen[:counts.size] += counts
+    alphabet = {chr(c) for c in np.flatnonzero(seen)}
     return {"characters": n, "bytes": nbytes, "sha256": h.hexdigest(), "blank": blank, "alphabet": alphabet}
 
 

@@ -1,0 +1,51 @@
+"""Results as data: every measurement is one JSON line in benchmarks/results/, with what it ran
+on (the commit, the CPU, the versions) beside its configuration and its numbers."""
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu() -> str:
+    """The processor's model name (Linux), else what platform knows, with the core count."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def commit(tree: Path | None = None) -> str:
+    """The commit of ``tree`` (default: this checkout), with "+dirty" for uncommitted changes."""
+    tree = tree or Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def append(name: str, record: dict) -> None:
+    """Add one record to benchmarks/results/NAME.jsonl."""
+    RESULTS.mkdir(exist_ok=True)
+    base = {"cpu": cpu(), "python": sys.version.split()[0]}
+    with open(RESULTS / f"{name}.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({**base, **record}) + "\n")
+
+
+def read(name: str) -> list[dict]:
+    path = RESULTS / f"{name}.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
