@@ -1,0 +1,83 @@
+"""Every results table in the README, made from the records in benchmarks/results/.
+
+    python benchmarks/report.py           # rewrite the tables between their markers
+    python benchmarks/report.py --check   # exit 1 if a committed table differs from the records
+
+A table lives in README.md between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``;
+TABLES maps NAME to the function that makes it from its records. Nobody types a result
+number into a table.
+"""
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import records
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 30:.2f} GiB"
+
+
+def prepare_scale(rows: list[dict]) -> str:
+    """tbp prepare at each corpus size: the newest record per (label, size, kind)."""
+    newest = {}
+    for r in rows:
+        newest[(r["label"], r["size"], r["kind"])] = r
+    order = {"before": 0, "after": 1}
+    keys = sorted(newest, key=lambda k: (order.get(k[0], 2), records_size(k[1]), k[2]))
+    out = ["| code | corpus | tokenizer | time | throughput | peak memory | commit |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for k in keys:
+        r = newest[k]
+        m = r["metrics"]
+        if m["exit"] != 0:
+            out.append(f"| {r['label']} | {_gb(r['corpus_bytes'])} | {r['kind']} | failed: {m['error']} | | | "
+                       f"{r['commit']} |")
+            continue
+        out.append(f"| {r['label']} | {_gb(r['corpus_bytes'])} | {r['kind']}"
+                   f"{' 4,096' if r['kind'] == 'bpe' else ''} | {m['seconds']:.0f} s | {m['mb_per_s']:.1f} MB/s | "
+                   f"{_gb(m['peak_rss_bytes'])} | {r['commit']} |")
+    cpus = sorted({r["cpu"] for r in rows})
+    out.append("")
+    out.append(f"CPU: {'; '.join(cpus)}. BPE time includes training the tokenizer on its sample.")
+    return "\n".join(out)
+
+
+def records_size(text: str) -> float:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+
+
+TABLES = {"prepare_scale": (prepare_scale, "prepare_scale")}
+
+
+def render(text: str) -> str:
+    for name, (make, source) in TABLES.items():
+        rows = records.read(source)
+        if not rows:
+            continue
+        pattern = re.compile(rf"(<!-- report:{name} -->\n)(.*?)(<!-- /report:{name} -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + make(rows) + "\n" + m.group(3), text)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a table differs from the records")
+    args = ap.parse_args()
+    old = README.read_text(encoding="utf-8")
+    new = render(old)
+    if args.check:
+        if new != old:
+            sys.exit("README.md: a results table differs from benchmarks/results/; run python benchmarks/report.py")
+        return
+    if new != old:
+        README.write_text(new, encoding="utf-8")
+        print("README.md: tables rewritten from benchmarks/results/")
+
+
+if __name__ == "__main__":
+    main()
