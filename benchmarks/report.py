@@ -51,7 +51,18 @@ def records_size(text: str) -> float:
     return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
 
 
-TABLES = {"prepare_scale": (prepare_scale, "prepare_scale")}
+def bpe_encode(rows: list[dict]) -> str:
+    """BPE encoding on all cores, the newest run of each way."""
+    newest = {r["way"]: r for r in rows}
+    out = ["| way | throughput | median of | corpus | commit |", "| --- | --- | --- | --- | --- |"]
+    for way, r in newest.items():
+        out.append(f"| {way} | {r['metrics']['mb_per_s']:.2f} MB/s | {r['rounds']} rounds, interleaved | "
+                   f"{r['corpus_mb']} MB, BPE {r['vocab_size']:,} | {r['commit']} |")
+    out += ["", f"CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}; each time includes starting the processes."]
+    return "\n".join(out)
+
+
+TABLES = {"prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode")}
 
 
 def render(text: str) -> str:

@@ -28,8 +28,6 @@ from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_d
 from .textprep import DEFAULT_SAMPLE, prepare_text
 from .tokenizer import KINDS, Tokenizer
 
-CHUNK_CHARS = 1 << 20          # the tokenizer trainer's chunks: whole lines of about 1 M characters
-META_VERSION = 1
 
 
 # --- reading text ---------------------------------------------------------------------------
@@ -135,7 +133,7 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
     report = report or PrepareReport()
     out = Path(out)
     claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
-                 inputs=tuple(s.path for s in corpus.sources if s.path is not None and s.label is None))
+                 inputs=(corpus.source,) if corpus.spool is None and Path(corpus.source).exists() else ())
     if kind not in KINDS:
         raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
     if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
