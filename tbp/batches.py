@@ -41,7 +41,7 @@ class TextBatches:
             n = getattr(ds, split).size
             if n < self.n_ctx + 1:
                 raise DoesNotFit(f"{ds.path}: the {split} split has {n} tokens, fewer than one block "
-                                 f"of this model's context {self.n_ctx} + 1; use more text", "or a smaller --n-ctx")
+                                 f"of this model's context {self.n_ctx} + 1; use more text", " or a smaller --n-ctx")
 
     def sample(self, split: str, batch_size: int, rng: np.random.Generator) -> dict:
         x, y = get_batch(getattr(self.ds, split), batch_size, self.n_ctx, rng)

@@ -185,6 +185,10 @@ def checkpoint_files(run: Path, state: dict | None = None) -> dict[str, Path | N
         files = {k: (v if (run / v).is_file() else None) for k, v in files.items()}
         if files["weights"] is None:
             raise TbpError(f"{run}: no weights saved yet (state.json is missing)")
+    unknown = sorted(set(files) - set(FILE_NAMES))
+    if unknown:
+        raise TbpError(f"{run / 'state.json'}: files.{unknown[0]} is not a file tbp records")
+    files = {key: files.get(key) for key in FILE_NAMES}
     for key, name in files.items():
         # a plain name of tbp's own: "../x" or "/abs/x" would read weights from outside the run
         if (name is not None or key == "weights") and not (isinstance(name, str) and FILE_NAMES[key].fullmatch(name)):

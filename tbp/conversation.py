@@ -42,8 +42,9 @@ class Conversation:
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.system_tokens = len(render(self.tok, self.messages, "all", where="--system")[0])
         if self.system_tokens + 4 > self.n_ctx - self.max_reply:
-            raise TbpError(f"--system: {self.system_tokens} tokens leave no room for a message and a reply "
-                           f"in this model's context of {self.n_ctx}")
+            raise TbpError((f"the system message's {self.system_tokens} tokens leave" if system else
+                            "there is") + f" no room for a message and a reply in this model's context of "
+                           f"{self.n_ctx}")
         self.cached: list[int] = []             # the tokens the cache holds, in order
         self.pending: list[int] = []            # the last reply's closing <|end|>, fed with the next turn
         self.refills = 0
@@ -74,6 +75,11 @@ class Conversation:
         """The reply to user message ``text``, in pieces. A message that cannot be taken (a
         character a char tokenizer lacks, one too long for the context) raises TbpError naming
         ``where`` before anything changes: the conversation goes on as it was."""
+        room = self.n_ctx - self.max_reply - self.system_tokens - 3
+        if self.tok.min_tokens(text) > room:                  # refused before the library spends memory on it
+            raise TbpError(f"{where}: at least {self.tok.min_tokens(text)} tokens; with the system message and "
+                           f"room for a {self.max_reply}-token reply it does not fit this model's context of "
+                           f"{self.n_ctx}")
         body = self.tok.encode(text, where)
         alone = self.system_tokens + len(body) + 3           # <|user|> body <|end|> <|assistant|>
         if alone > self.n_ctx - self.max_reply:

@@ -74,7 +74,39 @@ def _open_raw(path: Path, compression: str | None):
     except ImportError:
         raw.close()
         raise TbpError(f"{path}: reading .zst needs zstandard: pip install 'tbp[zstd]'") from None
-    return zstandard.ZstdDecompressor().stream_reader(raw), raw
+    return _Zstd(raw, zstandard, path), raw
+
+
+class _Zstd:
+    """A .zst file's bytes, frame after frame; a file that ends inside a frame is damage
+    (the library's stream reader would end quietly there)."""
+
+    def __init__(self, raw, zstandard, path):
+        self.raw, self.zstd, self.path = raw, zstandard, path
+        self.obj, self.started = zstandard.ZstdDecompressor().decompressobj(), False
+
+    def read(self, n: int) -> bytes:
+        while True:
+            data = self.raw.read(n)
+            if not data:
+                if self.started and not self.obj.eof:
+                    raise EOFError("the file ends inside a frame")
+                return b""
+            out = bytearray()
+            while data:
+                self.started = True
+                out += self.obj.decompress(data)
+                data = self.obj.unused_data if self.obj.eof else b""
+                if self.obj.eof:
+                    self.obj, self.started = self.zstd.ZstdDecompressor().decompressobj(), bool(data)
+            if out:
+                return bytes(out)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 @dataclass
@@ -93,7 +125,7 @@ class Source:
 
     def size(self) -> int:
         if self.path is None:
-            return len(self.text.encode("utf-8"))
+            return len(self.text)                    # characters: progress only
         return self.path.stat().st_size
 
     def blocks(self, encoding: str, text_field: str, progress: Callable[[int], None]) -> Iterator[str]:
@@ -154,18 +186,22 @@ class Source:
 
     def _lines(self, blocks: Iterator[str], text_field: str) -> Iterator[str]:
         """JSON lines: each record's text field, ending with a newline."""
-        pending, n = "", 0
+        parts, n = [], 0
         for b in blocks:
-            pending += b
-            *whole, pending = pending.split("\n")
+            if "\n" not in b:                      # inside one long record: no re-splitting
+                parts.append(b)
+                continue
+            first, *whole = b.split("\n")
+            whole[:0] = ["".join(parts) + first]
+            parts = [whole.pop()]
             out = []
             for line in whole:
                 n += 1
                 out.append(self._record(line, n, text_field))
             if out:
                 yield "".join(out)
-        if pending:
-            yield self._record(pending, n + 1, text_field)
+        if "".join(parts):
+            yield self._record("".join(parts), n + 1, text_field)
 
     def _record(self, line: str, n: int, text_field: str) -> str:
         line = line[:-1] if line.endswith("\r") else line
@@ -191,9 +227,18 @@ class Source:
             raise TbpError(f"{self.path}: no column {text_field!r} (it has {', '.join(f.schema_arrow.names[:6])}); "
                            f"pass --text-field NAME")
         row, per_row = 0, self.size() / max(1, f.metadata.num_rows)
-        for batch in f.iter_batches(batch_size=4096, columns=[text_field]):
+        batches = f.iter_batches(batch_size=4096, columns=[text_field])
+        while True:
+            try:
+                batch = next(batches, None)
+                values = batch.column(0).to_pylist() if batch is not None else None
+            except Exception as e:                   # pyarrow's errors, bad UTF-8 in a string column
+                raise TbpError(f"{self.where}: damaged Parquet after row {row} "
+                               f"({' '.join(str(e).split())[:100]})") from None
+            if values is None:
+                return
             out = []
-            for value in batch.column(0).to_pylist():
+            for value in values:
                 row += 1
                 if not isinstance(value, str):
                     raise TbpError(f"{self.path}: row {row}: {text_field!r} is not a string ({value!r:.40})")
@@ -217,6 +262,16 @@ class Corpus:
     def size(self) -> int:
         """Input bytes (compressed bytes for compressed files): what progress counts."""
         return sum(s.size() for s in self.sources)
+
+    def fingerprint(self) -> list:
+        """Each file's size and modification time: a corpus that changes between two reads of
+        it shows here."""
+        out = []
+        for s in self.sources:
+            if s.path is not None:
+                st = s.path.stat()
+                out.append((str(s.path), st.st_size, st.st_mtime_ns))
+        return out
 
     def blocks(self, progress: Callable[[int], None] = lambda n: None) -> Iterator[str]:
         for s in self.sources:

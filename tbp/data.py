@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .errors import TbpError
+from .errors import ConfigError, TbpError
 from . import schema
 from .jsonio import strip_bom
 from .corpus import BUILTIN, TEXT_SUFFIXES, Corpus, builtin_text, in_memory, open_corpus  # noqa: F401
@@ -102,12 +102,14 @@ def dataset_name(name: str, kind: str = "char", vocab_size: int | None = None,
 
 def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = "char",
                    vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
-                   encoding: str = "utf-8", report: PrepareReport | None = None, text_field: str = "text",
+                   encoding: str = "utf-8", report: PrepareReport | None = None, text_field: str | None = None,
                    tokenizer_sample: int = DEFAULT_SAMPLE) -> dict:
     """Read a corpus (file, folder, '-' or None for the built-in one: corpus.open_corpus) and
     prepare it into ``out`` (default data/<dataset_name>); returns the meta dict, with its "path"."""
     out = Path(out) if out else None
-    with open_corpus(path, encoding, text_field, spool_dir=(out.parent if out else Path("data"))) as corpus:
+    with open_corpus(path, encoding, text_field or "text", spool_dir=(out.parent if out else Path("data"))) as corpus:
+        if text_field is not None and not any(s.kind in ("records", "parquet") for s in corpus.sources):
+            raise ConfigError(f"--text-field is for JSON lines and Parquet; {corpus.source} is plain text")
         out = out or default_out(dataset_name(corpus.name, kind, vocab_size))
         return prepare_from(corpus, out, kind, vocab_size, val_fraction, force, report=report,
                             tokenizer_sample=tokenizer_sample)

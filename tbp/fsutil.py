@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import fnmatch
 import json
 import os
@@ -146,7 +147,7 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
         src = Path(given).resolve()
         if here == src or here in src.parents or src in here.parents:
             raise TbpError(f"{out}: is (or holds, or lies inside) this command's own input {given}; "
-                           f"choose another --out")
+                           f"choose another output folder")
     if not out.exists():
         return
     if not out.is_dir():
@@ -188,7 +189,10 @@ class RunLock:
             try:
                 fd, self.made_lock = open_own(path, os.O_RDWR | os.O_CREAT | os.O_EXCL), True
             except FileExistsError:
-                fd = open_own(path, os.O_RDWR)
+                try:
+                    fd, self.made_lock = open_own(path, os.O_RDWR), False
+                except FileNotFoundError:
+                    continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -210,12 +214,13 @@ class RunLock:
         return self
 
     def release(self, remove_if_alone: bool = False) -> None:
-        """Drop the lock; with ``remove_if_alone``, also take away what acquiring made: the lock
-        file, and the run directory if it is empty then (a run that failed before its first save,
-        or a refused --out, leaves nothing behind)."""
+        """Drop the lock; with ``remove_if_alone``, also take away what acquiring made when the
+        lock file is all the folder holds: the lock file, and the folder if this process made it
+        (a refused --out, or a run that failed before writing anything, leaves nothing behind;
+        one whose first save failed half-way keeps its lock, the mark of an unfinished run)."""
         if self.fd is None:
             return
-        if remove_if_alone and self.made_lock:
+        if remove_if_alone and self.made_lock and [p.name for p in self.run.iterdir()] == [self.NAME]:
             with contextlib.suppress(OSError):
                 os.unlink(self.run / self.NAME)
                 if self.created:
@@ -240,11 +245,13 @@ OWNER = ".owner"                        # inside a staging folder: flocked while
 
 def _owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
     """A new hidden folder under ``parent`` holding a flocked OWNER file: (folder, descriptor)."""
-    folder = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=suffix))
-    fd = os.open(folder / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    new = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=".new"))     # a name no sweep matches
+    fd = os.open(new / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with contextlib.suppress(ImportError):
         import fcntl
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    folder = new.with_name(new.name[:-len(".new")] + suffix)
+    os.rename(new, folder)                       # only now, locked, may a sweep look at it
     return folder, fd
 
 
@@ -275,8 +282,9 @@ def sweep_staging(out: Path) -> None:
     if _owner_gone(out):
         with contextlib.suppress(OSError):
             os.unlink(out / OWNER)
+    own = re.compile(re.escape(f".{out.name}.") + r"[a-z0-9_]{8}\.(tmp|old)")     # mkdtemp's names, exactly
     for p in sorted(out.parent.glob(f".{glob_escape(out.name)}.*")):
-        if not p.is_dir() or p.is_symlink() or p.suffix not in (".tmp", ".old") or not _owner_gone(p):
+        if not own.fullmatch(p.name) or not p.is_dir() or p.is_symlink() or not _owner_gone(p):
             continue
         if p.suffix == ".old" and (p / "x").is_dir() and not os.path.lexists(out):
             os.replace(p / "x", out)
@@ -299,13 +307,14 @@ def staged_dir(out: str | Path, force: bool = False):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_staging(out)
+    if out.exists() and not force:                # a swept .old may have put it back
+        raise FileExistsError(f"{out} already exists (use --force to replace it)")
     tmp, owner = _owned_dir(out.parent, f".{out.name}.", ".tmp")
-    old_owner = None
+    old = old_owner = None
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
         _fsync_dir(tmp)
-        old = None
         if out.exists():
             if not force:
                 raise FileExistsError(f"{out} already exists (use --force to replace it)")
@@ -317,6 +326,9 @@ def staged_dir(out: str | Path, force: bool = False):
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
+        if old is not None and (old / "x").exists() and not os.path.lexists(out):
+            os.replace(old / "x", out)           # failed between the two renames: the old one back
+            shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and not isinstance(e, FileExistsError):
             # name the folder being written, not the temporary one that is gone now

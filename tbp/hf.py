@@ -21,7 +21,7 @@ from .nn import GPT, ModelConfig
 from .tokenizer import Tokenizer
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", ".owner")
 PREFIX = "transformer."
 
 

@@ -7,8 +7,9 @@ always splits, whatever comes before or after. Two places are such *safe cuts*:
 - just after a newline that stands between two letters or digits (``x\\ny``): the newline is a
   pre-token of its own (``\\s+`` cannot join it to ``y``, and `` ?\\p{L}+`` takes a space, not
   a newline), and ``x``'s run ends at it;
-- just before a space that stands between two letters (``ab cd``): ``ab`` ends there and the
-  space starts `` cd``.
+- just before a space, tab or line break that follows a character that is not whitespace
+  (``ab cd``, ``。\\n中``): no alternative of the expression takes whitespace after what it
+  matched, and what follows is matched from there whatever came before.
 
 A whitespace run holding a newline is not safe (``" \\n "`` is one pre-token or two depending
 on what follows). A char tokenizer has no pre-tokenizer: every character boundary is safe, and
@@ -18,7 +19,8 @@ library's per-token records.
 Where a stretch of :data:`SEAM_CHARS` holds no safe cut (a megabyte of letters without a space
 or a line break), it is cut at a character boundary anyway, so that memory stays bounded; such
 *seams* are counted (meta.json's ``seams``): the tokens next to one may differ from those of
-encoding the whole text at once. Natural text has none.
+encoding the whole text at once. Text with a space or a line break at least every 2 M
+characters has none.
 """
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import TbpError
 from .tokenizer import Tokenizer
 
 PIECE_CHARS = 1 << 17          # characters per piece given to the library
 BATCH_PIECES = 8               # pieces per library call: its threads take them in parallel
 SEAM_CHARS = 1 << 21           # the longest piece: past it without a safe cut, a seam
-_BREAKS = re.compile("[\n ]")
+_BREAKS = re.compile("[ \t\n\r]")
 
 
 def _safe_at(text: str, p: int) -> bool:
@@ -40,36 +43,54 @@ def _safe_at(text: str, p: int) -> bool:
     a, b = text[p - 1], text[p]
     if a == "\n":
         return p >= 2 and text[p - 2].isalnum() and b.isalnum()
-    return b == " " and p + 1 < len(text) and a.isalpha() and text[p + 1].isalpha()
+    # whitespace after a character that is not: no alternative of the expression takes
+    # whitespace after what it matched (str.isspace is wider than the regex's \s: the safe side)
+    return b in " \t\n\r" and not a.isspace()
+
+
+def _candidates(text: str, lo: int, hi: int):
+    """Positions in [lo, hi] where a safe cut may be: at a space, tab or line break, or just
+    after a newline; in increasing order."""
+    for m in _BREAKS.finditer(text, max(lo - 1, 0), min(hi + 1, len(text))):
+        p = m.start()
+        for q in ((p, p + 1) if m.group() == "\n" else (p,)):
+            if lo <= q <= hi and 0 < q < len(text):
+                yield q
 
 
 def first_safe_cut(text: str, lo: int, hi: int) -> int:
-    """The first safe cut p with lo <= p < hi, or -1."""
-    for m in _BREAKS.finditer(text, max(lo - 1, 0), hi):
-        p = m.start() + 1 if m.group() == "\n" else m.start()
-        if lo <= p < len(text) and p > 0 and _safe_at(text, p):
-            return p
-    return -1
+    """The first safe cut p with lo <= p <= hi, or -1."""
+    return next((q for q in _candidates(text, lo, hi) if _safe_at(text, q)), -1)
 
 
 def safe_cut(text: str, lo: int, hi: int) -> int:
     """The last safe cut p with lo < p <= hi (see the module docstring), or -1 if there is none."""
     p = hi
-    while True:                                     # just after "\n" between two alphanumerics
-        nl = text.rfind("\n", lo + 1, p)
-        if nl < 0:
-            break
-        if nl + 1 < len(text) and text[nl - 1].isalnum() and text[nl + 1].isalnum():
-            return nl + 1
-        p = nl
-    p = hi
-    while True:                                     # just before " " between two letters
-        sp = text.rfind(" ", lo + 1, p)
-        if sp < 0:
-            return -1
-        if sp + 1 < len(text) and text[sp - 1].isalpha() and text[sp + 1].isalpha():
-            return sp
-        p = sp
+    while p > lo:                                   # back from hi, a window at a time
+        start = max(lo + 1, p - 4096)
+        last = max((q for q in _candidates(text, start, p) if _safe_at(text, q)), default=-1)
+        if last > 0:
+            return last
+        p = start - 1
+    return -1
+
+
+def check_encodable(tok: Tokenizer) -> None:
+    """TbpError unless ``tok`` is what the piece encoder's cuts assume: tbp's char tokenizer
+    (one token per character: a BPE model with no merges, nothing before or after it) or a
+    byte-level BPE with GPT-2's expression and no prefix space, no normalizer, no template."""
+    import json
+    d = json.loads(tok.to_str())
+    pre, post, model = d.get("pre_tokenizer"), d.get("post_processor"), d.get("model") or {}
+    if tok.kind == "char":
+        ok = model.get("type") == "BPE" and not model.get("merges") and pre is None and post is None
+    else:
+        ok = (pre or {}).get("type") == "ByteLevel" and not pre.get("add_prefix_space") and \
+            pre.get("use_regex", True) and (post is None or post.get("type") == "ByteLevel")
+    if not ok or d.get("normalizer") is not None:
+        raise TbpError("this tokenizer is not one tbp can encode a corpus with in pieces (tbp's char tokenizer, "
+                       "or a byte-level BPE without prefix space, normalizer or template, as GPT-2's); "
+                       "prepare the data with a tokenizer tbp trained")
 
 
 class CharCodes:

@@ -330,7 +330,6 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
         raise TbpError(f"{out}: has no checkpoint to resume from (state.json is missing)")
     state_d = checkpoint.read_state(out)
     files = checkpoint.checkpoint_files(out, state_d)
-    checkpoint.sweep_unreferenced(out, {k: p.name for k, p in files.items() if p is not None})
     if files["optimizer"] is None:
         raise TbpError(f"{out}: holds weights but no optimizer state (imported or merged), so it cannot be "
                        f"resumed; fine-tune it with tbp train --init-from {out}")
@@ -376,6 +375,8 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta_step}
     if len({str(v) for v in steps.values()}) != 1:
         raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
+    # what a commit killed half-way wrote: swept once the committed set is proven whole
+    checkpoint.sweep_unreferenced(out, {k: p.name for k, p in files.items() if p is not None})
     record = {**{k: v for k, v in cfg.items() if k != "format"}, "model": mcfg.to_dict(), "train": tcfg.to_dict(),
               "data": str(ds.path), "data_source_sha256": ds.meta["source_sha256"], "data_kind": ds.kind}
     trainer = Trainer(model, ds, tcfg, out, record, adapter=adapter, callbacks=callbacks, state=state,

@@ -34,8 +34,8 @@ import numpy as np
 from .corpus import Corpus
 from .errors import TbpError
 from .fsutil import atomic_write_json, atomic_write_text, staged_dir
-from .pieces import PieceEncoder
-from .tokenizer import Tokenizer, token_dtype, train_bpe, train_char
+from .pieces import PieceEncoder, check_encodable
+from .tokenizer import Tokenizer, check_unicode, token_dtype, train_bpe, train_char
 
 CHUNK_CHARS = 1 << 20               # the tokenizer trainer's chunks: whole lines, about 1 M characters
 DEFAULT_SAMPLE = 256 << 20          # characters a BPE tokenizer trains on at most (--tokenizer-sample)
@@ -46,10 +46,11 @@ def _read(corpus: Corpus, report, char: bool) -> dict:
     h, n, nbytes, blank, seen = hashlib.sha256(), 0, 0, True, np.zeros(0, np.int64)
     report.phase("reading", corpus.size())
     for b in corpus.blocks(report.advance):
+        check_unicode(b, corpus.source)             # text given in memory may hold a lone surrogate
         raw = b.encode("utf-8")
         h.update(raw)
         n, nbytes = n + len(b), nbytes + len(raw)
-        blank = blank and b.isspace()
+        blank = blank and (not b or b.isspace())
         if char:                                    # the code points present: a count per code point
             counts = np.bincount(np.frombuffer(b.encode("utf-32-le", "surrogatepass"), np.uint32))
             seen = np.pad(seen, (0, max(0, counts.size - seen.size)))
@@ -100,7 +101,9 @@ def _train_chunks(corpus: Corpus, cut: int, every: int, progress):
         while len(buf) >= CHUNK_CHARS:
             e = buf.find("\n", CHUNK_CHARS - 1)
             if e < 0:
-                break
+                if len(buf) < 2 * CHUNK_CHARS:
+                    break
+                e = CHUNK_CHARS - 1          # a line of millions: a sample need not keep it whole
             if i % every == 0:
                 yield buf[:e + 1]
             buf, i = buf[e + 1:], i + 1
@@ -113,6 +116,9 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
                  sample: int = DEFAULT_SAMPLE, default_bpe_vocab: int = 1024) -> dict:
     """Prepare ``corpus`` into the folder ``out`` (checked by the caller); returns meta."""
     t0 = time.perf_counter()
+    if tokenizer is not None:
+        check_encodable(tokenizer)
+    fingerprint = corpus.fingerprint()
     info = _read(corpus, report, char=tokenizer is None and kind == "char")
     if info["blank"]:
         raise TbpError(f"{corpus.source}: corpus is empty")
@@ -137,6 +143,9 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
     with staged_dir(out, force) as tmp:
         atomic_write_text(tmp / "tokenizer.json", tokenizer.to_str())
         counts = _encode(corpus, tokenizer, dtype, cut, tmp, report)
+        if corpus.fingerprint() != fingerprint or counts["train"]["bytes"] + counts["val"]["bytes"] != info["bytes"]:
+            raise TbpError(f"{corpus.source}: changed while it was being prepared (it is read several times); "
+                           f"prepare it again once nothing writes to it")
         meta = {
             "format": 1, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
             "eot_id": tokenizer.eot_id, "dtype": dtype.name,

@@ -235,3 +235,51 @@ def test_load_trusts_what_prepare_checked_and_batches_check_the_rest(tmp_path):
     os.utime(f)                                            # touched: scanned again at load
     with pytest.raises(TbpError, match="token id 999 at position 0 is outside the vocabulary"):
         data.Dataset.load(tmp_path / "ds")
+
+
+def test_text_without_spaces_is_cut_at_its_line_breaks_not_at_seams(small_pieces, monkeypatch):
+    monkeypatch.setattr(pieces, "SEAM_CHARS", 40)
+    tok = train_bpe(["中文的句子没有空格。\n" * 50, "وَالسَّلَامُ\n" * 50], 300)
+    text = ("中文的句子没有空格。" * 3 + "\n" + "وَالسَّلَامُ عَلَيْكُمْ\n") * 30
+    parts = []
+    enc = pieces.PieceEncoder(tok, np.int64, parts.append)
+    for i in range(0, len(text), 13):
+        enc.feed(text[i:i + 13])
+    enc.finish()
+    assert enc.seams == 0 and np.concatenate(parts).tolist() == tok.hf.encode(text).ids
+
+
+def test_a_truncated_zst_is_damage_not_a_short_corpus(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    whole = zstandard.ZstdCompressor().compress(messy(200000, seed=5).encode())
+    (tmp_path / "c.txt.zst").write_bytes(whole[:len(whole) // 3])
+    clean_fail(run(["prepare", "--data", tmp_path / "c.txt.zst", "--out", tmp_path / "ds"]), 1,
+               "c.txt.zst: damaged zstd data")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_corpus_that_changes_while_prepared_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "c.txt").write_text("first text\n" * 500)
+    real = textprep._encode
+
+    def rewriting(corpus, *a):
+        (tmp_path / "c.txt").write_text("text first\n" * 900)
+        return real(corpus, *a)
+    monkeypatch.setattr(textprep, "_encode", rewriting)
+    clean_fail(run(["prepare", "--data", tmp_path / "c.txt", "--out", tmp_path / "ds"]), 1,
+               "c.txt: changed while it was being prepared")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_tokenizer_the_pieces_cannot_serve_is_refused(tmp_path):
+    from tokenizers import pre_tokenizers
+    tok = train_bpe(["some text " * 50], 300)
+    tok.hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    with pytest.raises(TbpError, match="not one tbp can encode a corpus with in pieces"):
+        data.prepare("some text\n" * 50, "t", "test", tmp_path / "ds", tokenizer=tok)
+
+
+def test_a_corpus_of_empty_records_is_empty(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"text": ""}\n\n{"text": ""}\n')
+    clean_fail(run(["prepare", "--data", tmp_path / "c.jsonl", "--out", tmp_path / "ds", "--tokenizer", "bpe",
+                    "--vocab-size", 300]), 1, "corpus is empty")

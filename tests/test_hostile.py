@@ -666,3 +666,56 @@ def test_d4_an_undecodable_prompt_on_a_bpe_model_is_one_line(bpe_chat_run, tmp_p
     r = subprocess.run([sys.executable, "-m", "tbp", "generate", "--checkpoint", str(bpe_chat_run),
                         "--max-new-tokens", "2"], input=b"\xfe", capture_output=True, timeout=120)
     assert r.returncode == 1 and b"stdin: byte 0xfe at offset 0" in r.stderr and b"Traceback" not in r.stderr
+
+
+# --- found in review ----------------------------------------------------------------------
+def test_a_first_save_failing_half_way_leaves_a_run_the_retry_can_take(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real = checkpoint.save
+
+    def failing(*a, **k):
+        raise OSError(27, "File too large", "r/model-000005.safetensors")
+    monkeypatch.setattr(checkpoint, "save", failing)
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY]), 1, "File too large")
+    assert (tmp_path / "r" / "config.json").is_file() and (tmp_path / "r" / ".lock").is_file()
+    monkeypatch.setattr(checkpoint, "save", real)
+    r = run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_sweep_touches_only_its_own_outputs_staging(tmp_path):
+    from tbp import fsutil
+    other = tmp_path / ".c.foo.abcd1234.old"                # another output's (c.foo) mid-swap copy
+    (other / "x").mkdir(parents=True)
+    (other / fsutil.OWNER).write_text("")
+    fsutil.sweep_staging(tmp_path / "c")
+    assert (other / "x").is_dir() and not (tmp_path / "c").exists()
+
+
+def test_unknown_or_missing_state_file_keys_are_one_line(tmp_path, corpus_file, monkeypatch):
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 5)
+    state = json.loads((run_dir / "state.json").read_text())
+    state["files"]["extra"] = "model-000005.safetensors"
+    (run_dir / "state.json").write_text(json.dumps(state))
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--max-new-tokens", 2]), 1, "files.extra is not a file tbp")
+    del state["files"]["extra"], state["files"]["optimizer"]
+    (run_dir / "state.json").write_text(json.dumps(state))
+    clean_fail(run(["train", "--out", run_dir, "--resume", "--max-iters", 8, "-q"]), 1, "no optimizer state")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data", "x.txt", "--tokenizer", "bpe", "--tokenizer-sample", "inf"], "is not a size"),
+    (["--task", "reverse", "--loss", "all"], "--loss, --ghost-attention and --max-tokens are for --format chat"),
+    (["--data", "x.txt", "--text-field", "body"], "--text-field is for JSON lines and Parquet"),
+])
+def test_more_usage_errors_exit_2(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.txt").write_text("some text\n" * 20)
+    clean_fail(run(["prepare", *args]), 2, message)
+
+
+def test_a_huge_prompt_keeps_its_tail_even_with_few_spaces(tmp_path, corpus_file, monkeypatch):
+    from tbp.cli.generate import start_tokens
+    tok = checkpoint.load_model(train_tiny(tmp_path, corpus_file, monkeypatch, "r", 5))[1]
+    ids, note = start_tokens(tok, "a" * 1000 + " at", 16)
+    assert len(ids) >= 16 and note == f"prompt of 1,003 characters: encoding its last {len(ids)}"

@@ -60,10 +60,11 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
         tok.check(text, "prompt")
         note = ""
         if n_ctx is not None and tok.min_tokens(text) > 4 * n_ctx:
-            keep = 2 * n_ctx * tok.max_token_chars
-            cut = text.find(" ", len(text) - keep)
-            note = f"prompt of {len(text):,} characters: encoding its last {len(text) - max(cut, 0):,}"
-            text = text[max(cut, len(text) - keep):]
+            start = len(text) - 2 * n_ctx * tok.max_token_chars
+            space = text.rfind(" ", max(0, start - 64), start)      # a word's start just before, if near
+            tail = text[space if space >= 0 else start:]
+            note = f"prompt of {len(text):,} characters: encoding its last {len(tail):,}"
+            text = tail
         return tok.encode(text, "prompt"), note
     if tok.eot_id is not None:
         return [tok.eot_id], "starting from <|endoftext|>"

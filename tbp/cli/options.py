@@ -86,7 +86,7 @@ class ByteSize(click.ParamType):
             unit = text[-1:] if text[-1:] in self.UNITS else ""
             try:
                 n = int(float(text[:len(text) - len(unit)]) * self.UNITS[unit])
-            except ValueError:
+            except (ValueError, OverflowError):      # "64Q", "inf", "1e400"
                 self.fail(f"{value!r} is not a size (for example 500000, 64M, 1G)", param, ctx)
         if n < 1:
             self.fail(f"{value!r} must be at least 1", param, ctx)

@@ -184,6 +184,9 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
         refuse_unused(ctx, ("examples", "min_len", "max_len", "seed"), "--task")
     if task is not None or fmt != "text":
         refuse_unused(ctx, ("text_field", "tokenizer_sample"), "--format text")
+    if task is not None or fmt != "chat":
+        if loss or ghost_attention or max_tokens:
+            raise click.UsageError("--loss, --ghost-attention and --max-tokens are for --format chat")
     if task is not None:
         if path is not None:
             raise click.UsageError("give --data or --task, not both")
@@ -217,4 +220,4 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
     if kind != "bpe":
         refuse_unused(ctx, ("tokenizer_sample",), "--tokenizer bpe")
     data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
-                        text_field=text_field or "text", tokenizer_sample=tokenizer_sample or DEFAULT_SAMPLE)
+                        text_field=text_field, tokenizer_sample=tokenizer_sample or DEFAULT_SAMPLE)

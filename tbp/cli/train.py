@@ -15,7 +15,7 @@ from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..tokenizer import KINDS
 from ..train import Callbacks
-from .common import Terminated, console, fmt_count, kv_table
+from .common import console, fmt_count, kv_table
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
 
@@ -78,9 +78,9 @@ class _Silent(Callbacks):
 
 class Stopper:
     """Ctrl-C and SIGTERM (how timeout, systemd, docker, Slurm and Kubernetes stop a job): the
-    first finishes the step, saves and stops; a second one quits at once (once a save in
-    progress is complete), from the last checkpoint. ``code`` is the exit status the signal
-    asks for: 130 or 143."""
+    first finishes the step, saves and stops; a second Ctrl-C quits at once (once a save in
+    progress is complete), from the last checkpoint; a repeated SIGTERM (MPI launchers send it
+    to each rank twice) waits for the save. ``code`` is the exit status: 130 or 143."""
 
     def __init__(self, trainer, announce: bool = True):
         self.trainer, self.code, self.announce = trainer, 130, announce
@@ -94,10 +94,12 @@ class Stopper:
             what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (press again to quit at once)"
             if self.announce:
                 tqdm.write(f"{what}: finishing this step and saving", file=sys.stderr)
+        elif signum == signal.SIGTERM:
+            pass                              # already stopping (launchers send it twice): let the save finish
         elif trainer.saving:
             trainer.hard_stop = True          # quit as soon as the files being written are complete
         else:
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+            raise KeyboardInterrupt
 
     def restore(self):
         for sig, handler in self.previous.items():
