@@ -70,7 +70,14 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, default=ROOT, help="the tbp checkout to run")
     ap.add_argument("--label", default="after")
     ap.add_argument("--work", type=Path, default=Path("/tmp/tbp-prepare-scale"))
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another checkout: run it and --tree in turn, --rounds times (order reversed each "
+                         "round), one record per run in prepare_paired.jsonl")
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    if args.compare is not None:
+        paired(args)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     commit = records.commit(args.tree)
     done = {(r["size"], r["kind"], r["commit"]) for r in records.read("prepare_scale")}
@@ -91,6 +98,28 @@ def main() -> None:
             records.append("prepare_scale", rec)
             print(f"{size_text} {kind} ({args.label}): {m}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
+
+
+def paired(args) -> None:
+    """Before and after taking turns on the same corpus: the machine's drift falls on both."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    trees = {"before": (args.compare, records.commit(args.compare)), "after": (args.tree, records.commit(args.tree))}
+    for size_text in args.sizes:
+        corpus = args.work / f"corpus-{size_text}.txt"
+        make_corpus(corpus, size_of(size_text))
+        for r in range(args.rounds):
+            for kind in args.kinds:
+                order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+                for label in order:
+                    tree, commit = trees[label]
+                    out = args.work / f"ds-{size_text}-{kind}-{label}"
+                    m = run(tree, corpus, out, kind)
+                    m["mb_per_s"] = round(corpus.stat().st_size / 1e6 / m["seconds"], 2) if m["exit"] == 0 else None
+                    records.append("prepare_paired", {"size": size_text, "corpus_bytes": corpus.stat().st_size,
+                                                      "kind": kind, "label": label, "commit": commit, "round": r,
+                                                      "metrics": m})
+                    print(f"round {r} {size_text} {kind} {label}: {m}", flush=True)
+                    shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":

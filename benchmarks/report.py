@@ -62,7 +62,32 @@ def bpe_encode(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode")}
+def prepare_paired(rows: list[dict]) -> str:
+    """Before and after in turn: medians of each, and the median of the per-round ratios."""
+    import statistics
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["size"], r["kind"]), {}).setdefault(r["round"], {})[r["label"]] = r
+    out = ["| corpus | tokenizer | before: median time, peak | after: median time, peak | speed-up (median of "
+           "rounds, min-max) | rounds |", "| --- | --- | --- | --- | --- | --- |"]
+    for (size, kind), rounds in sorted(groups.items()):
+        whole = [v for v in rounds.values() if "before" in v and "after" in v]
+        if not whole:
+            continue
+        ratios = [v["before"]["metrics"]["seconds"] / v["after"]["metrics"]["seconds"] for v in whole]
+        cell = {}
+        for label in ("before", "after"):
+            ms = [v[label]["metrics"] for v in whole]
+            cell[label] = (f"{statistics.median(m['seconds'] for m in ms):.1f} s, "
+                           f"{_gb(statistics.median(m['peak_rss_bytes'] for m in ms))}")
+        out.append(f"| {_gb(whole[0]['after']['corpus_bytes'])} | {kind} | {cell['before']} | {cell['after']} | "
+                   f"{statistics.median(ratios):.1f}× ({min(ratios):.1f}-{max(ratios):.1f}) | {len(whole)} |")
+    out += ["", f"CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}; before {rows[0]['commit'] if rows else ''} "
+            f"and after in turn, the order reversed each round."]
+    return "\n".join(out)
+
+
+TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode")}
 
 
 def render(text: str) -> str:
