@@ -182,6 +182,63 @@ def _versions() -> dict:
             "python": sys.version.split()[0]}
 
 
+# --- a run's data -----------------------------------------------------------------------------
+def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: str = "char",
+                    vocab_size: int | None = None, report: PrepareReport | None = None) -> Dataset:
+    """A prepared folder as is; a text file (or folder of text) prepared on the fly; None -> the
+    built-in corpus. With ``tokenizer`` (resume / fine-tune) the text is encoded with it."""
+    if arg is not None and Path(arg).is_dir() and (Path(arg) / "meta.json").is_file():
+        ds = Dataset.load(arg)
+    else:
+        if arg is not None and not Path(arg).exists():
+            raise TbpError(f"{arg}: no such file or directory")
+        with open_corpus(arg, spool_dir=Path("data")) as corpus:
+            sha = corpus.sha256()                # a stream: the corpus is never held in memory
+            out = default_out(dataset_name(corpus.name, kind, vocab_size, tokenizer))
+            ds = _reuse(out, sha, tokenizer)
+            if ds is None and _holds_other_text(out, sha):
+                # two corpora with the same file name: never prepare one over the other's dataset
+                out = out.with_name(f"{out.name}-{sha[:8]}")
+                ds = _reuse(out, sha, tokenizer)
+            if ds is None:
+                prepare_from(corpus, out, kind, vocab_size, force=out.exists(), tokenizer=tokenizer,
+                                  report=report)
+                ds = Dataset.load(out)
+    if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
+        why = (f"{ds.path}: its tokenizer differs from the checkpoint's "
+               f"(SHA-256 {ds.tokenizer.sha256()[:12]} vs {tokenizer.sha256()[:12]}); ")
+        if ds.kind == "text":
+            raise TbpError(why + "pass the raw text file instead and it will be encoded with the checkpoint's")
+        source = ds.meta.get("source") or "FILE"
+        raise TbpError(why + f"prepare the {ds.kind} again with the checkpoint's tokenizer (tbp prepare --format "
+                             f"{ds.kind} --data {source} --tokenizer-from RUN --out DIR) and pass that folder")
+    return ds
+
+
+def _holds_other_text(out: Path, sha: str) -> bool:
+    """Whether ``out`` is a dataset prepared from some other text (whatever its state)."""
+    try:
+        recorded = schema.read_json(out / "meta.json").get("source_sha256")
+    except TbpError:
+        return out.exists()            # damaged or foreign: not ours to overwrite either
+    return recorded != sha
+
+
+def _reuse(out: Path, sha: str, tokenizer: Tokenizer | None) -> Dataset | None:
+    """The dataset already prepared at ``out`` from the text with SHA-256 ``sha``, if there is one."""
+    if not (out / "meta.json").is_file():
+        return None
+    try:
+        ds = Dataset.load(out)
+    except TbpError:
+        return None
+    if ds.meta.get("source_sha256") != sha:
+        return None
+    if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
+        return None
+    return ds
+
+
 # --- loading --------------------------------------------------------------------------------
 @dataclass
 class Dataset:
