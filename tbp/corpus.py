@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 from . import jsonio
 from .errors import TbpError
+from .tokenizer import check_unicode
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".h", ".js", ".html",
                  ".csv", ".json", ".xml", ".yaml", ".yml", ".toml", ".ini", ".cfg"}
@@ -241,8 +242,8 @@ class Source:
             for value in values:
                 row += 1
                 if not isinstance(value, str):
-                    raise TbpError(f"{self.path}: row {row}: {text_field!r} is not a string ({value!r:.40})")
-                jsonio._check_text(value, f"{self.path}: row {row}")
+                    raise TbpError(f"{self.where}: row {row}: {text_field!r} is not a string ({value!r:.40})")
+                check_unicode(value, f"{self.where}: row {row}")
                 out.append(value if value.endswith("\n") or not value else value + "\n")
             progress(int(per_row * len(out)))
             yield "".join(out)

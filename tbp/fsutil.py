@@ -7,6 +7,7 @@ import contextlib
 import errno
 import re
 import fnmatch
+import glob
 import json
 import os
 import shutil
@@ -283,16 +284,12 @@ def sweep_staging(out: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(out / OWNER)
     own = re.compile(re.escape(f".{out.name}.") + r"[a-z0-9_]{8}\.(tmp|old)")     # mkdtemp's names, exactly
-    for p in sorted(out.parent.glob(f".{glob_escape(out.name)}.*")):
+    for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.*")):
         if not own.fullmatch(p.name) or not p.is_dir() or p.is_symlink() or not _owner_gone(p):
             continue
         if p.suffix == ".old" and (p / "x").is_dir() and not os.path.lexists(out):
             os.replace(p / "x", out)
         shutil.rmtree(p, ignore_errors=True)
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 @contextlib.contextmanager
