@@ -1,5 +1,5 @@
 """tbp: train and understand GPT-style transformers on a CPU, every gradient written by hand."""
-__version__ = "0.1.0"
+from .version import __version__
 
 from .nn import GPT, ModelConfig  # noqa: E402
 from .checkpoint import load_model  # noqa: E402

@@ -24,7 +24,7 @@ SIMD_LADDER = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_S
 def machine() -> dict:
     """What a figure was measured on: the CPU's model and cores, the highest SIMD level NumPy
     detected and dispatches to, the BLAS NumPy was built with and its thread count now."""
-    from . import __version__
+    from .version import __version__
     from .parallel import _openblas, available_cores
     cpu = platform.processor() or platform.machine()
     try:

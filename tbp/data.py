@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from .version import __version__
 from .errors import ConfigError, TbpError
 from . import schema
 from .jsonio import strip_bom

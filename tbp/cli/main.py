@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from .common import Group
 from .gradcheck import gradcheck
 from .prepare import prepare
