@@ -93,21 +93,9 @@ def timing(args) -> None:
 def sublayer_outputs(model, idx):
     """Each sublayer's output (N, C) in order, and each Attention Residuals operation's mean
     depth weights (K,), for the tokens idx (B, T)."""
-    from tbp.nn import attnres
-    x = model.embed.forward(idx)
-    C = x.shape[-1]
     outs = []
-    if model.res_f is None:
-        for b in model.blocks:
-            a = b.attn.forward(b.ln_1.forward(x))
-            x = x + a
-            m = b.mlp.forward(b.ln_2.forward(x))
-            x = x + m
-            outs += [a.reshape(-1, C), m.reshape(-1, C)]
-        return outs, []
-    attnres.stack_forward(model.blocks, model.res_f, x, model.config.residual_block_size, outputs=outs)
-    ops = [op for op, _, _ in attnres.sublayers(model.blocks) if op is not None] + [model.res_f]
-    return outs, [op.weights().mean(axis=1) for op in ops]
+    model.forward(idx, outputs=outs)
+    return outs, [op.weights().mean(axis=1) for op in model.residual.ops(model.blocks)]
 
 
 def report(args) -> None:

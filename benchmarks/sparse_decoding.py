@@ -31,7 +31,7 @@ def softmax(z):
 def teacher_force(model, tokens, rule, start):
     """Logits (n - 1 - start, V) predicting tokens[start+1:], and the mass the kept sets
     covered at the selection layer (mean over heads and steps), through the cache."""
-    dec = model.decoder(1, rule)
+    dec = model.inference(1, rule)
     dec.forward(tokens[None, :start])
     out, covered = [], []
     for t in range(start, len(tokens) - 1):
@@ -78,7 +78,7 @@ def speed(n, budgets, layers, steps=200, repeats=5):
     times = {name: [] for name, _ in rules}
     for _ in range(repeats):                                       # interleaved
         for name, rule in rules:
-            dec = model.decoder(1, rule)
+            dec = model.inference(1, rule)
             dec.forward(tokens[:, :n - steps])
             t = time.perf_counter()
             for i in range(n - steps, n):

@@ -1,7 +1,7 @@
 """Multi-turn generation: a conversation with a model, its KV cache kept across turns.
 
 Each turn feeds only the new tokens -- the user's message and the ``<|assistant|>`` that asks
-for a reply -- to the same Decoder, so the history is never encoded twice. A reply ends at
+for a reply -- to the same Inference, so the history is never encoded twice. A reply ends at
 <|end|> (or <|endoftext|>, or ``max_reply`` tokens, where tbp closes it). When the next turn
 would not fit the context with room for a reply, the cache is refilled from the system
 message and the most recent whole messages that fit: the oldest turns are forgotten first,
@@ -38,7 +38,7 @@ class Conversation:
         banned = (self.sp["system"], self.sp["user"], self.sp["assistant"], self.sp["pad"])
         self.sampling = Sampling(base.temperature, base.top_k, base.top_p, banned)
         self.rng = rng or np.random.default_rng()
-        self.decoder = model.decoder(1)
+        self.decoder = model.inference(1)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.system_tokens = len(render(self.tok, self.messages, "all", where="--system")[0])
         if self.system_tokens + 4 > self.n_ctx - self.max_reply:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .batches import PairBatches, batches_for
 from .data import Dataset
-from .nn import EncoderDecoder, LanguageModel
+from .nn import LanguageModel
 
 
 def split_loss(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32) -> tuple[float, int]:
@@ -48,7 +48,7 @@ def greedy_targets(model: LanguageModel, batches: PairBatches, split: str, ids: 
     examples = batches.examples(split, ids)
     n_ctx = model.config.n_ctx
     out: list = [None] * len(examples)
-    if isinstance(model, EncoderDecoder):
+    if model.reads_source:
         src = batches.collate(split, ids)["src"]
         limit = n_ctx if max_new_tokens is None else min(n_ctx, max_new_tokens)
         return _greedy(model, src, np.full((len(ids), 1), batches.sep), limit, batches)
@@ -69,7 +69,7 @@ def _greedy(model, src, prompts: np.ndarray, limit: int, batches: PairBatches) -
     tokens; <|sep|> and <|pad|> are never chosen (no target holds them)."""
     B, eot = len(prompts), batches.eot
     banned = [batches.sep, batches.pad]
-    decoder = model.decoder(B)
+    decoder = model.inference(B)
     if src is not None:
         decoder.encode(src)
     logits = decoder.forward(prompts)[:, -1]

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .nn import GPT, Decoder, EncoderDecoder
+from .nn import GPT, EncoderDecoder, Inference, build
 from .tokenizer import Tokenizer
 
 
@@ -93,9 +93,10 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
     (the <|sep|> token); its target ends at n_ctx tokens.
     """
-    if isinstance(model, EncoderDecoder):
-        if sparse is not None:
-            raise ValueError("sparse decoding is for the decoder-only GPT")
+    why = build.refusal(model.config, "sparse") if sparse is not None else None
+    if why is not None:
+        raise ValueError(why)
+    if model.reads_source:
         yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start)
         return
     if sparse is not None and not use_cache:
@@ -111,7 +112,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     buf = np.empty((num_samples, reach + n_ctx + 1), dtype=np.int64)          # whatever max_new_tokens
     n = len(prompt)                           # tokens in the window
     buf[:, :n] = np.asarray(prompt, dtype=np.int64)
-    decoder = model.decoder(num_samples, sparse) if use_cache else None
+    decoder = model.inference(num_samples, sparse) if use_cache else None
     if decoder is not None:
         logits = decoder.forward(buf[:, :n])[:, -1]                             # (B, V)
     else:
@@ -147,7 +148,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
 def _target_ids(model: EncoderDecoder, source: list[int], max_new_tokens: int, sampling: Sampling,
                 rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None):
     """An encoder-decoder's target, token by token. Cached: the source is encoded once, each
-    layer's cross-attention keys and values computed once (Decoder.encode), and every step is
+    layer's cross-attention keys and values computed once (Inference.encode), and every step is
     one row of self-attention against the target's cache. Uncached: the whole model runs on
     the source and the target so far at every step (the baseline; same tokens, same draws)."""
     n_ctx = model.config.n_ctx
@@ -160,7 +161,7 @@ def _target_ids(model: EncoderDecoder, source: list[int], max_new_tokens: int, s
     buf[:, 0] = start
     n = 1
     if use_cache:
-        decoder = model.decoder(num_samples)
+        decoder = model.inference(num_samples)
         decoder.encode(src)
         logits = decoder.forward(buf[:, :1])[:, -1]
     else:
@@ -242,7 +243,7 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     streams = [TextStream(tok, stop) for _ in range(num_samples)]
     stats.prompt_tokens = len(prompt)
     if use_cache:
-        stats.cache_bytes = Decoder.cache_size(model, num_samples)
+        stats.cache_bytes = Inference.cache_size(model, num_samples)
     t0 = time.perf_counter()
     gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, sparse,
                        start=tok.sep_id)

@@ -14,17 +14,19 @@ from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttent
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
 from .nn.attention import padding_mask
 from .nn.attnres import DepthAttention, rms_inverse
-from .nn.mta import MultiTokenAttention
+from .nn.build import VARIANTS
 from .nn.rope import Rotary
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
 
-def _targets(module, x=None, dx=None, H=None, Dk=None, shifted=False) -> list[Target]:
-    """Every trainable tensor (and the input). With H and Dk, the fused c_attn bias is split into
-    its query, key and value parts, and the key part is expected to be exactly zero -- unless
-    positions are rotary (``shifted``): a key bias rotated differently at each position is no constant shift
-    of a row's scores, so its gradient is a real one."""
+def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:
+    """Every trainable tensor (and the input). With H and Dk, a fused attention bias is split
+    into its query, key and value parts, and the key part is expected to be exactly zero: the
+    key bias adds one constant to every score of a row, which the softmax ignores -- unless its
+    layer says otherwise (``key_bias_inert`` False: positions rotated per key, or an MTA
+    convolution that mixes the scores of different keys)."""
+    owners = dict(module.modules())
     out = []
     for name, value in module.params.items():
         if name not in module.grads:
@@ -36,12 +38,13 @@ def _targets(module, x=None, dx=None, H=None, Dk=None, shifted=False) -> list[Ta
             out += [Target(name + "[k]", value[:H * Dk], gk, expect_zero=True),
                     Target(name + "[v]", value[H * Dk:], gv)]
         elif name.endswith("c_attn.bias") and H is not None:
-            # split the fused bias so the key part's exact zero shows on its own row
-            q, k, v = value[:H * Dk], value[H * Dk:2 * H * Dk], value[2 * H * Dk:]
-            gq, gk, gv = grad[:H * Dk], grad[H * Dk:2 * H * Dk], grad[2 * H * Dk:]
-            out += [Target(name + "[q]", q, gq), Target(name + "[k]", k, gk,
-                                                      expect_zero=not (shifted(name) if callable(shifted) else shifted)),
-                    Target(name + "[v]", v, gv)]
+            # split the fused bias [queries | keys | values] so the key part's zero shows on its own row
+            attn = owners[name[:-len(".c_attn.bias")]]
+            q_end, k_end = attn.n_head * attn.d_qk, (attn.n_head + attn.n_kv_head) * attn.d_qk
+            parts = [(name + "[q]", slice(0, q_end)), (name + "[k]", slice(q_end, k_end)),
+                     (name + "[v]", slice(k_end, None))]
+            out += [Target(label, value[cut], grad[cut], expect_zero=label.endswith("[k]") and attn.key_bias_inert)
+                    for label, cut in parts]
         else:
             out.append(Target(name, value, grad))
     if x is not None:
@@ -98,8 +101,7 @@ def _projected_case(layer: str, module, x: np.ndarray, rng, H=None, Dk=None) -> 
         module.zero_grad()
         module.forward(x)
         dx = module.backward(w.copy())
-        rotary = any(getattr(m, "rotary", None) is not None for _, m in module.modules())
-        return _targets(module, x, dx, H, Dk, rotary)
+        return _targets(module, x, dx, H, Dk)
 
     return Case(layer, f, prepare)
 
@@ -272,11 +274,7 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted:
 
     def prepare():
         model.loss_and_backward(idx, targets, weights)
-        # rotary positions, and an MTA layer's convolution over the score map, make the key bias's
-        # shift differ across a row's scores: its gradient is then a real one
-        conv = cfg.mta_conv_layers() if cfg.attention == "mta" else ()
-        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk,
-                        shifted=lambda name: cfg.positions == "rope" or int(name.split(".")[1]) in conv)
+        return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
 
     return Case(layer, f, prepare)
 
@@ -311,13 +309,11 @@ def cases(rng: np.random.Generator) -> list[Case]:
         attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
                                    rotary=Rotary(dk) if rope else None, tiles=(2, 3))
         out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
-    # Multi-Token Attention (key bias checked whole: the convolution breaks its shift invariance)
-    for label, kw in (("mta: 2x5 key-query conv", dict(conv=(2, 5))),
-                      ("mta: 3x3 pre + post conv, head mix, groups of 2, norm + gate",
-                       dict(conv=(3, 3), post=True, mix=True, group=2, norm=True)),
-                      ("mta: no conv, head mix, norm + gate", dict(conv=None, mix=True, norm=True))):
-        attn = MultiTokenAttention(C, H, 4, C // H, rng, f64, **kw)
-        out.append(_projected_case(f"attention [{label}]", attn, x(), rng))
+    # each variant's own layers (nn/variant.py): Multi-Token Attention, grouped-query attention, ...
+    for variant in VARIANTS:
+        for label, make in variant.layer_cases:
+            layer = make(C, H, rng, f64)
+            out.append(_projected_case(label, layer, x(), rng, H=H, Dk=getattr(layer, "d_qk", None)))
     for act in ("gelu", "relu"):
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
@@ -344,16 +340,9 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
-    out.append(_model_case("gpt [mta: conv in layer 1 only, post, mix, norm]",
-                           ModelConfig(**base, attention="mta", mta_ck=3, mta_layers="1", mta_post=True,
-                                       mta_mix=True, mta_norm=True), rng))
-    # Attention Residuals on 3 layers: every source feeds every later sublayer
-    deep = dict(base, n_layer=3, residual="attention")
-    for label, extra in (("full", {}),
-                         ("2 blocks of 3 sublayers", {"residual_blocks": 2}),
-                         ("3 blocks, untied head, no biases", {"residual_blocks": 3, "tie_head": False,
-                                                               "bias": False})):
-        out.append(_model_case(f"gpt [attention residuals: {label}]", ModelConfig(**deep, **extra), rng))
+    for variant in VARIANTS:
+        for label, fields in variant.model_cases:
+            out.append(_model_case(label, ModelConfig(**dict(base, **fields)), rng))
     s2s = dict(base, arch="encoder-decoder", pad_id=0)
     for label, extra in (("tied head, padding", {}),
                          ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),

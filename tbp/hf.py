@@ -17,7 +17,7 @@ from safetensors.numpy import save as st_save
 from . import checkpoint, memory
 from .errors import TbpError
 from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, staged_dir
-from .nn import GPT, ModelConfig
+from .nn import GPT, ModelConfig, build
 from .tokenizer import Tokenizer
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -44,20 +44,20 @@ def tbp_name(name: str) -> str | None:
 
 
 def exportable(cfg: ModelConfig) -> None:
-    """Raise TbpError naming what GPT-2 cannot represent: every option whose declaration
-    names the value GPT-2 uses (``option(..., gpt2=...)``) and differs from it, and a
-    query/key width other than the value width."""
+    """Raise TbpError naming what GPT-2 cannot represent: each active variant that refuses
+    export, with its reason (nn/variant.py); every other option whose declaration names the
+    value GPT-2 uses (``option(..., gpt2=...)``) and differs from it; and a query/key width
+    other than the value width."""
     problems = []
     if cfg.d_qk != cfg.d_v:
         problems.append(f"query/key width {cfg.d_qk} != value width {cfg.d_v} per head")
+    refusing = {v.axis: v for v in reversed(build.active(cfg)) if "export" in v.refuses}
     for f in fields(cfg):
         need = f.metadata.get("gpt2")
         if need is not None and getattr(cfg, f.name) != need:
-            problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})")
-    why = {"arch": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
-           "attention": "GPT-2's attention has no convolution over its score maps",
-           "residual": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth"}
-    problems = [p + (f": {why[p.split(' ')[0]]}" if p.split(" ")[0] in why else "") for p in problems]
+            why = refusing.pop(f.name).refuses["export"] if f.name in refusing else None
+            problems.append(f"{f.name} = {getattr(cfg, f.name)} (GPT-2 has {need})" + (f": {why}" if why else ""))
+    problems += [f"{v.name}: {v.refuses['export']}" for v in refusing.values()]
     if problems:
         raise TbpError("GPT-2 cannot represent this model: " + "; ".join(problems))
 

@@ -14,9 +14,7 @@ import os
 import numpy as np
 
 from .errors import TbpError
-from .nn import ModelConfig, model_class
-from .nn.decode import kv_cache_bytes
-from .nn.flash import BLOCK_K as FLASH_BLOCK
+from .nn import ModelConfig, build, model_class
 from .parallel import available_cores
 
 GiB = 1 << 30
@@ -49,52 +47,37 @@ def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
 def train_bytes(cfg: ModelConfig, tcfg) -> int:
     """A training step under ``tcfg`` (a TrainConfig): weights, gradients and two moments (4x
     the weights), one gradient buffer per extra worker, and the activations the backward keeps:
-    per token and layer about 26 C numbers plus a row of H x T attention weights (flash keeps
-    none: one log-sum-exp per head, and one block of scores at a time), plus the logits and
-    their softmax (and with Attention Residuals, two C-vectors per sublayer)."""
+    per token and layer about 26 C numbers plus two rows of H x T attention scores and weights,
+    plus the logits and their softmax, plus what each active variant keeps beyond that (its
+    declared ``activations``: flash keeps fewer, Multi-Token Attention and Attention Residuals
+    more)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
     L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
-    maps = 2 if cfg.attention == "standard" else 6       # MTA keeps S0, Z, A, A', A'' per head
-    weights = 2 * H if cfg.attn_kernel == "flash" else maps * H * T
-    per_token = L * (26 * C + weights) + 3 * V + 4 * C
-    if cfg.attn_kernel == "flash":                       # a block's scores and probabilities, per row
-        per_token += 2 * H * FLASH_BLOCK
-    if cfg.residual == "attention":                      # partial sums, and each source's gradient
-        per_token += 2 * (2 * cfg.n_layer + 1) * C
+    per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
+    per_token += sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
     activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     return (model_bytes(cfg, tcfg.dtype) * (4 + workers - 1)
             + activations * np.dtype(tcfg.dtype).itemsize)
 
 
-MTA_WORK_LIMIT = 3 * 10 ** 10        # multiply-adds of the convolutions in one step: about 10 s on 2 cores
-
-
-def mta_step_work(cfg: ModelConfig, batch_size: int) -> int:
-    """Multiply-adds of Multi-Token Attention's key-query convolutions in one training step:
-    each of cq x ck taps passes over every B x H x T x T score map once forward and twice
-    backward (dX and the kernel's gradient), in each convolution layer (twice with mta_post)."""
-    if cfg.attention != "mta":
-        return 0
-    taps = cfg.mta_cq * cfg.mta_ck
-    maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(cfg.mta_conv_layers()) * (2 if cfg.mta_post else 1)
-    return 3 * taps * maps
+STEP_WORK_LIMIT = 3 * 10 ** 10       # multiply-adds of one step's heaviest variant: about 10 s on 2 cores
 
 
 def check_step_work(cfg: ModelConfig, batch_size: int) -> None:
     """Refuse a configuration whose step would run for minutes (a 64 x 255 MTA kernel at T 512):
     a step that long cannot stop in time when a scheduler sends SIGTERM."""
-    work = mta_step_work(cfg, batch_size)
-    if work > MTA_WORK_LIMIT:
-        raise TbpError(f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} over {cfg.n_ctx} x {cfg.n_ctx} maps makes "
-                       f"{work:.1e} multiply-adds a step ({MTA_WORK_LIMIT:.0e} at most: minutes per step on a "
-                       f"CPU); use a smaller kernel (the paper's is 6 x 11), context or batch")
+    for v in build.active(cfg):
+        work = v.step_work(cfg, batch_size) if v.step_work is not None else 0
+        if work > STEP_WORK_LIMIT:
+            raise TbpError(f"{v.name} at this size makes {work:.1e} multiply-adds a step ({STEP_WORK_LIMIT:.0e} "
+                           f"at most: minutes per step on a CPU); use a smaller configuration, context or batch")
 
 
 def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
-    """A Decoder beside the loaded weights: the folded copies of the matrices that read a layer
+    """An Inference beside the loaded weights: the folded copies of the matrices that read a layer
     norm (about as much as the weights) and the KV cache."""
-    return model_bytes(cfg, dtype) + kv_cache_bytes(cfg, batch, dtype)
+    return model_bytes(cfg, dtype) + build.kv_cache_bytes(cfg, batch, dtype)
 
 
 def check_fits(needed: int, what: str) -> None:

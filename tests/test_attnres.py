@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, LORA_TARGETS, ConfigError, ModelConfig, add_lora
-from tbp.nn.attnres import DepthAttention, Sources, rms_inverse, sublayers
+from tbp.nn.attnres import DepthAttention, Sources, rms_inverse
 from tbp.parallel import DataParallel
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=3, n_head=2, d_model=8, residual="attention")
@@ -19,7 +19,7 @@ def randomize(model, rng, scale=0.3):
 
 
 def ops(model):
-    return [op for op, _, _ in sublayers(model.blocks) if op is not None] + [model.res_f]
+    return model.residual.ops(model.blocks)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -89,7 +89,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, changes):
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
-    dec = model.decoder(3)
+    dec = model.inference(3)
     steps = [dec.forward(idx[:, :5]).copy()] + [dec.forward(idx[:, t:t + 1]).copy() for t in range(5, 12)]
     assert np.abs(np.concatenate(steps, 1) - full).max() < 1e-12
 
@@ -113,7 +113,7 @@ def test_threads_and_lora_give_the_one_thread_gradients(rng):
 
 def test_the_sum_model_is_untouched():
     model = GPT(ModelConfig(**{**BASE, "residual": "sum"}))
-    assert model.res_f is None and not any("res" in k for k in model.params)
+    assert model.residual.ops(model.blocks) == [] and not any("res" in k for k in model.params)
     names = set(GPT(ModelConfig(**BASE)).params)
     assert {"h.0.mlp_res.query", "h.0.mlp_res.gain", "h.1.attn_res.query", "h.2.mlp_res.query", "res_f.query",
             "res_f.gain"} <= names

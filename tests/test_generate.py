@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import LORA_TARGETS, Decoder, add_lora
+from tbp.nn import LORA_TARGETS, Inference, add_lora
 from tbp.generate import Sampling, TextStream, generate_ids, generate_text, sample
 from tbp.tokenizer import train_bpe, train_char
 
@@ -28,7 +28,7 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, 
     model = randomized(dtype, **options)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 17, (2, 12))
-    decoder = model.decoder(2)
+    decoder = model.inference(2)
     cached = decoder.forward(tokens[:, :prompt_len])                             # prefill
     full = model.forward(tokens[:, :prompt_len])
     np.testing.assert_allclose(cached, full, rtol=0, atol=tol)
@@ -45,9 +45,9 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, 
 def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
     model = randomized(np.float64)
     tokens = np.random.default_rng(5).integers(0, 17, (3, 11))
-    whole = model.decoder(3).forward(tokens).copy()
-    monkeypatch.setattr(Decoder, "max_scores", 3 * 2 * 12 * 4)     # 4 query rows per chunk
-    np.testing.assert_allclose(model.decoder(3).forward(tokens), whole, rtol=0, atol=1e-12)
+    whole = model.inference(3).forward(tokens).copy()
+    monkeypatch.setattr(Inference, "max_scores", 3 * 2 * 12 * 4)     # 4 query rows per chunk
+    np.testing.assert_allclose(model.inference(3).forward(tokens), whole, rtol=0, atol=1e-12)
     np.testing.assert_allclose(whole, model.forward(tokens), rtol=0, atol=1e-10)
 
 
@@ -58,15 +58,15 @@ def test_decoder_merges_lora_adapters():
         if name.endswith("lora_up"):
             p += np.random.default_rng(3).standard_normal(p.shape)     # adapters that change the output
     tokens = np.random.default_rng(4).integers(0, 17, (1, 9))
-    np.testing.assert_allclose(model.decoder().forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(model.inference().forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
 
 
 def test_decoder_refuses_wrong_batch_and_non_causal_models():
     model = randomized(np.float32)
     with pytest.raises(ValueError, match="holds 2 sequences, got 1"):
-        model.decoder(2).forward(np.zeros((1, 3), dtype=np.int64))
+        model.inference(2).forward(np.zeros((1, 3), dtype=np.int64))
     with pytest.raises(ValueError, match="causal"):
-        GPT(ModelConfig(**CFG, causal=False)).decoder()
+        GPT(ModelConfig(**CFG, causal=False)).inference()
 
 
 @pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5),
@@ -150,4 +150,4 @@ def test_generate_text_stops_at_end_of_text():
 def test_cache_size_matches_what_the_decoder_allocates():
     model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
     # L * B * n_ctx * H * (Dk + Dv + 1) float32 numbers: 2 * 3 * 12 * 2 * (3 + 8 + 1) * 4 bytes
-    assert Decoder.cache_size(model, 3) == model.decoder(3).cache_bytes == 6912
+    assert Inference.cache_size(model, 3) == model.inference(3).cache_bytes == 6912

@@ -62,7 +62,8 @@ def gelu_with_a_flipped_sign(self, dout):
 
 def softmax_without_row_sum(self, dout):
     """Attention's backward with dS = P * dP: the softmax Jacobian's row-sum term dropped."""
-    qs, k, v, att, y = self.cache
+    qs, k, v, saved, y = self.cache
+    att = self.kernel.weights(qs, k, saved)             # P (B, H, T, T), whatever the kernel kept
     B, H, T, D = qs.shape
     dy = self.c_proj.backward(dout).reshape(B, T, H, D).transpose(0, 2, 1, 3)
     dv = att.transpose(0, 1, 3, 2) @ dy
@@ -108,13 +109,13 @@ def test_run_filters_by_layer_and_rejects_unknown():
 
 
 def test_causal_blocks_that_drop_the_earlier_blocks_key_gradients_fail(monkeypatch):
-    from tbp.nn import attention
+    from tbp.nn import kernels
 
     def broken(dy, qs, k, v, blocks, y, out, rows):
         dq, dk, dv = out
-        a, b = attention.query_blocks(qs.shape[2], rows)[-1]
-        attention.attend_backward(dy[:, :, a:], qs[:, :, a:], k, v, blocks[-1], y[:, :, a:], (dq[:, :, a:], dk, dv))
+        a, b = kernels.query_blocks(qs.shape[2], rows)[-1]
+        kernels.attend_backward(dy[:, :, a:], qs[:, :, a:], k, v, blocks[-1], y[:, :, a:], (dq[:, :, a:], dk, dv))
         dq[:, :, :a] = 0                                # the first blocks' terms never computed
-    monkeypatch.setattr(attention, "attend_causal_blocks_backward", broken)
+    monkeypatch.setattr(kernels, "attend_causal_blocks_backward", broken)
     rows = _rows("attention [causal, query blocks]")
     assert any(r.tensor == "x (input)" and not r.passed for r in rows)

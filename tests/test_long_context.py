@@ -136,7 +136,7 @@ def test_the_sliding_cache_equals_recomputing_at_every_step(impl):
             block.attn.tiles = (5, 7)                 # several tiles inside and across the band
     tokens = np.random.default_rng(3).integers(0, 13, (2, 60))
     full = model.forward(tokens)                      # (2, 60, V): band attention, width 12
-    decoder = model.decoder(batch=2)
+    decoder = model.inference(batch=2)
     np.testing.assert_allclose(decoder.forward(tokens[:, :5]), full[:, :5], rtol=1e-10, atol=1e-12)
     reach = 2 * (12 - 1) + 1
     for t in range(5, 60):                            # 48 tokens past the 12-token context
@@ -157,7 +157,7 @@ def test_generation_past_the_context_is_the_same_with_and_without_the_cache():
 
 def test_a_learned_position_decoder_still_refuses_to_pass_its_context():
     model = GPT(ModelConfig(vocab_size=13, n_ctx=4, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
-    decoder = model.decoder()
+    decoder = model.inference()
     decoder.forward(np.array([[1, 2, 3, 4]]))
     with pytest.raises(ValueError, match="holds 4 positions"):
         decoder.forward(np.array([[5]]), check=False)

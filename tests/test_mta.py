@@ -60,7 +60,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores):
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
-    dec = model.decoder(3)
+    dec = model.inference(3)
     dec.max_scores = max_scores               # 40: the prefill runs in chunks of rows
     dec._chunk = max(1, max_scores // (3 * 4 * 12))
     steps = [dec.forward(idx[:, :5]).copy()] + [dec.forward(idx[:, t:t + 1]).copy() for t in range(5, 12)]

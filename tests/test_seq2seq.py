@@ -101,7 +101,7 @@ def test_the_decoder_reads_the_encoder(rng):
     a = model.forward(np.array([[3, 4, 5]]), tgt)
     b = model.forward(np.array([[5, 4, 3]]), tgt)
     assert np.abs(a - b).max() > 1e-3
-    model.memory_scale = 0.0          # the ablation: the source no longer matters
+    model.source_scale = 0.0          # the ablation: the source no longer matters
     c = model.forward(np.array([[3, 4, 5]]), tgt)
     d = model.forward(np.array([[5, 4, 3]]), tgt)
     assert np.abs(c - d).max() < 1e-12
@@ -117,7 +117,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, batch_of_sou
     B = 3
     tgt = np.concatenate([np.ones((B, 1), int), rng.integers(2, 13, (B, 9))], 1)
     full = model.forward(np.broadcast_to(src, (B, src.shape[1])), tgt)
-    dec = model.decoder(B)
+    dec = model.inference(B)
     dec.encode(src)
     steps = [dec.forward(tgt[:, :3]).copy()]                   # a prefill of 3, then one at a time
     for t in range(3, tgt.shape[1]):
@@ -125,7 +125,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, batch_of_sou
     cached = np.concatenate(steps, 1)
     assert np.abs(cached - full).max() < 1e-10
     with pytest.raises(ValueError, match="encode a source first"):
-        model.decoder(1).forward(tgt[:1, :1])
+        model.inference(1).forward(tgt[:1, :1])
 
 
 def test_model_builds_from_its_config_and_names_the_encoder_apart():

@@ -43,7 +43,7 @@ def model(n_ctx=48):
 def test_a_budget_covering_every_position_is_dense_decoding_bit_for_bit(kind):
     m = model()
     tokens = np.random.default_rng(3).integers(0, 13, (2, 40))
-    dense, sparse = m.decoder(2), m.decoder(2, Sparsity(kind, budget=40, layers=(1,)))
+    dense, sparse = m.inference(2), m.inference(2, Sparsity(kind, budget=40, layers=(1,)))
     dense.forward(tokens[:, :4])
     sparse.forward(tokens[:, :4])
     for t in range(4, 40):
@@ -56,7 +56,7 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
     token's scores are -inf outside the kept set (float64, 1e-12)."""
     m = model()
     tokens = np.random.default_rng(4).integers(0, 13, (2, 44))
-    sparse = m.decoder(2, Sparsity(kind, budget=12, layers=(1,)))
+    sparse = m.inference(2, Sparsity(kind, budget=12, layers=(1,)))
     sparse.forward(tokens[:, :4])
     for t in range(4, 44):
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
@@ -104,7 +104,7 @@ def dense_step_with_mask(m, tokens, kept):
 
 def test_a_selection_layer_past_the_model_is_refused():
     with pytest.raises(ValueError, match="does not exist"):
-        model().decoder(1, Sparsity(layers=(3,)))
+        model().inference(1, Sparsity(layers=(3,)))
 
 
 def test_generate_with_sparse_decoding_from_the_cli(tmp_path, corpus_file, monkeypatch):

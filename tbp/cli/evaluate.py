@@ -11,7 +11,6 @@ from .. import checkpoint
 from ..data import Dataset
 from ..errors import TbpError
 from ..evaluate import evaluate
-from ..nn import EncoderDecoder
 from .common import console, kv_table
 from .options import refuse_unused
 
@@ -52,9 +51,9 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
     if ds.tokenizer.sha256() != tok.sha256():
         raise TbpError(f"{ds.path}: its tokenizer differs from the one {run} was trained with")
     if zero_encoder:
-        if not isinstance(model, EncoderDecoder):
+        if not model.reads_source:
             raise click.UsageError("--zero-encoder is for an encoder-decoder run")
-        model.memory_scale = 0.0
+        model.source_scale = 0.0
     t0 = time.perf_counter()
     out = evaluate(model, ds, limit)
     out.update(checkpoint=str(run), data=str(ds.path), split="val", seconds=round(time.perf_counter() - t0, 3),

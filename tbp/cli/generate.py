@@ -11,7 +11,7 @@ from .. import checkpoint, data, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
-from ..nn import EncoderDecoder
+from ..nn import build
 from ..nn.sparse import KINDS, Sparsity
 from .options import FiniteFloat, refuse_unused
 
@@ -144,13 +144,11 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     text, streamed = _prompt_text(prompt, prompt_file)
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
-    seq2seq = isinstance(model, EncoderDecoder)
+    seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"
-    if seq2seq and rule is not None:
-        raise click.UsageError("--sparse is for a GPT's long self-attention cache, not an encoder-decoder")
-    if rule is not None and model.config.attention != "standard":
-        raise click.UsageError("--sparse thins standard attention; Multi-Token Attention's convolutions read "
-                               "every score")
+    why = build.refusal(model.config, "sparse") if rule is not None else None
+    if why is not None:
+        raise click.UsageError(f"--sparse: {why}")
     if rule is not None and max(rule.layers) >= model.config.n_layer:
         L = model.config.n_layer
         raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")

@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import checkpoint
 from ..config import ModelConfig
 from ..errors import TbpError
+from ..nn import build
 from .common import console, fmt_bytes, kv_table
 from .prepare import summary
 
@@ -131,25 +132,16 @@ def info(path, as_json):
     t.add_row("model", f"{layers} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
     cfg = checkpoint.read_model_config(Path(d["path"]))
-    t.add_row("attention", f"{cfg.attn_kernel}{' (auto)' * (cfg.attn_impl == 'auto')} · {cfg.positions} positions"
-                           + (f" (base {cfg.rope_base:g})" if cfg.positions == "rope" else ""))
-    if cfg.attention == "mta":
-        steps = [f"{cfg.mta_cq}×{cfg.mta_ck} key-query convolution in layers "
-                 + ", ".join(map(str, cfg.mta_conv_layers()))]
-        steps += [what for on, what in ((cfg.mta_post, "post-softmax convolution"), (cfg.mta_mix, "head mixing"),
-                                        (cfg.mta_group, f"head groups of {cfg.mta_group}"),
-                                        (cfg.mta_norm, "norm + gate")) if on]
-        t.add_row("multi-token", " · ".join(steps))
-    if cfg.residual == "attention":
-        S = 2 * cfg.n_layer
-        form = (f"full: each of the {S} sublayers reads the embedding and every earlier output"
-                if cfg.residual_block_size == 1 else
-                f"blocks: {cfg.residual_blocks} blocks of {cfg.residual_block_size} sublayers")
-        t.add_row("residual", f"attention over depth · {form} · final state mixed too")
+    t.add_row("attention", f"{cfg.attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
+                           f"{cfg.positions} positions")
+    for variant in build.active(cfg):                  # each variant's own row (nn/variant.py)
+        if variant.describe is not None:
+            t.add_row(*variant.describe(cfg))
     defaults = ModelConfig.defaults()
+    shown = set(shape) | {"d_qk", "pad_id", "arch", "attention", "attn_impl", "positions", "residual"}
+    shown |= {name for v in build.VARIANTS for name in v.options}
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
-               if k not in shape + ("d_qk", "attn_impl", "positions", "rope_base", "arch", "n_enc_layer", "pad_id", "attention")
-               and not k.startswith(("mta_", "residual")) and v != defaults.get(k)]
+               if k not in shown and v != defaults.get(k)]
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")
     t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from .. import checkpoint, plot
 from ..errors import TbpError
+from ..nn import build
 from .common import console
 from ..nn.sparse import KINDS, Sparsity
 from ..generate import Sampling, generate_ids
@@ -107,17 +108,16 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
                                "give one of them")
     run = run or checkpoint.latest_run()
     model, tok, _ = checkpoint.load_model(run, best=best)
-    if sparse is not None and model.config.attention != "standard":
-        raise click.UsageError("--sparse thins standard attention, not Multi-Token Attention")
-    if model.config.arch != "gpt":
-        if sparse is not None:
-            raise click.UsageError("--sparse is for a GPT's self-attention cache")
+    why = build.refusal(model.config, "sparse") if sparse is not None else None
+    if why is not None:
+        raise click.UsageError(f"--sparse: {why}")
+    if model.reads_source:
         _show_cross(model, tok, prompt, layer, out, as_json, run)
         return
     ids, _ = start_tokens(tok, prompt)
     ids = ids[-model.config.n_ctx:]
     if depth:
-        if model.res_f is None:
+        if not model.residual.ops(model.blocks):
             raise click.UsageError("--depth shows Attention Residuals' weights over depth; this model adds its "
                                    "sublayers into one residual sum (trained without --residual attention)")
         _show_depth(model, ids, out, as_json, run)
@@ -156,7 +156,7 @@ def _show_depth(model, ids, out, as_json, run) -> None:
     AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
     a block reads that block's partial sum so far in the block's column."""
     per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
-    size = model.config.residual_block_size
+    size = model.residual.block_size
     n_sub = 2 * model.config.n_layer
     name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
     sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
@@ -225,7 +225,7 @@ def kept_positions(model, ids: list[int], rule) -> np.ndarray:
     Rows whose cache holds no more than the budget are dense."""
     T = len(ids)
     kept = np.tril(np.ones((T, T)))
-    decoder = model.decoder(1, rule)
+    decoder = model.inference(1, rule)
     decoder.forward(np.array([ids[:1]]))
     for t in range(1, T):
         decoder.forward(np.array([ids[t:t + 1]]), check=False)

@@ -36,7 +36,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import init
+from .config import ConfigError
 from .module import Module
+from .variant import Variant
 
 
 def rms_inverse(v: np.ndarray, eps: float) -> np.ndarray:
@@ -230,68 +232,171 @@ def _scale_rows(x: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> 
     return np.einsum("nc,n->nc", x, s, out=out)
 
 
-def sublayers(blocks) -> list[tuple]:
-    """(operation, norm, sublayer) for each attention and MLP sublayer, in order. The first
-    sublayer's operation is None: it reads one source, the embedding (a softmax over one
-    source is 1 whatever its query, so that query could never learn)."""
-    out = []
-    for block in blocks:
-        out += [(getattr(block, "attn_res", None), block.ln_1, block.attn), (block.mlp_res, block.ln_2, block.mlp)]
-    return out
+class DepthResidual(Module):
+    """Attention Residuals as the model's residual scheme (residual.py): each sublayer's input,
+    and the final state before ``ln_f``, is a DepthAttention over the sources so far.
+
+    Each block owns the operations that form its sublayers' inputs (:meth:`block_ops`:
+    ``attn_res``, absent in block 0, and ``mlp_res``); the scheme owns the final one,
+    ``res_f``, and the bookkeeping of the sources (:class:`Sources`) in all three lives.
+    ``block_size``: sublayers per block (1: full AttnRes).
+    """
+
+    def __init__(self, d: int, eps: float, dtype, block_size: int):
+        super().__init__()
+        self.block_size, self.d, self.eps, self.dtype = block_size, d, eps, dtype
+        self.res_f = DepthAttention(d, eps, dtype)
+
+    @classmethod
+    def from_config(cls, cfg, dtype) -> "DepthResidual":
+        return cls(cfg.d_model, cfg.ln_eps, dtype, block_size(cfg))
+
+    def block_ops(self, layer: int) -> tuple["DepthAttention | None", "DepthAttention"]:
+        """The first sublayer reads the embedding alone (a softmax over one source is 1 whatever
+        its query, so that query could never learn): block 0 has no ``attn_res``."""
+        attn = DepthAttention(self.d, self.eps, self.dtype) if layer else None
+        return attn, DepthAttention(self.d, self.eps, self.dtype)
+
+    def ops(self, blocks) -> list["DepthAttention"]:
+        """Every operation in order: the MLP of block 0, attn and mlp of each later block, res_f."""
+        out = []
+        for block in blocks:
+            out += [op for op in (block.attn_res, block.mlp_res) if op is not None]
+        return out + [self.res_f]
+
+    def stream(self, x0: np.ndarray, outputs: list | None = None) -> "DepthStream":
+        return DepthStream(x0, self, outputs)
+
+    def grad(self, dxf: np.ndarray) -> "DepthGrad":
+        return DepthGrad(dxf, self)
+
+    def decode_state(self) -> np.ndarray:
+        """What decoding keeps across steps: res_f's query g * w, on the current weights."""
+        return self.res_f.decode_query()
+
+    def decode(self, layers: list, rows, step, final_query: np.ndarray) -> None:
+        """One decoding forward (decode.py): the sources side by side (:class:`StackedSources`),
+        each sublayer's input mixed from them row by row (no cache: the mixing never looks
+        across positions), each output added to them; the final state mixed into rows.x."""
+        n_sublayers = sum(len(layer) for layer in layers)
+        sources = StackedSources(rows.x, n_sublayers, self.block_size, self.eps)
+        for i, layer in enumerate(layers):
+            step.layer = i
+            for query, norm, vectors, sublayer, sublayer_state in layer:
+                if query is not None:                                # block 0's attention reads the embedding
+                    sources.mix(query, rows.x)
+                norm.decode(rows, vectors)
+                sublayer.decode(rows, sublayer_state, step)
+                sources.add(rows.out)
+        sources.mix(final_query, rows.x)
+
+    @staticmethod
+    def decode_query(op: "DepthAttention | None") -> np.ndarray | None:
+        """q = g * w of a block's ``op`` for decoding on the current weights."""
+        return None if op is None else op.decode_query()
 
 
-def stack_forward(blocks, final: DepthAttention, x0: np.ndarray, block_size: int,
-                  outputs: list | None = None) -> np.ndarray:
-    """The state before ``ln_f`` (B, T, C) of the embedding x0 (B, T, C) through the blocks.
+class DepthStream:
+    """The forward: sublayer j reads h_j = its operation over the sources; its output
+    f(norm(h_j)) becomes a source (or joins its block's partial sum). ``outputs``, if given,
+    collects each sublayer's output (N, C), for looking inside."""
 
-    Sublayer j reads h_j = its operation over the sources; its output f(norm(h_j)) becomes a
-    source (or joins its block's partial sum). ``outputs``, if given, collects each sublayer's
-    output (N, C), for looking inside."""
-    shape, C = x0.shape, x0.shape[-1]
-    sources = Sources(x0.reshape(-1, C), block_size, final.eps)
-    for op, norm, f in sublayers(blocks):
-        h = x0 if op is None else op.forward(sources.current())
-        v = f.forward(norm.forward(h.reshape(shape))).reshape(-1, C)
-        if outputs is not None:
-            outputs.append(v)
-        sources.add(v)
-    return final.forward(sources.current()).reshape(shape)
+    def __init__(self, x0: np.ndarray, scheme: DepthResidual, outputs: list | None):
+        self.x0, self.shape, self.final, self.outputs = x0, x0.shape, scheme.res_f, outputs
+        self.sources = Sources(x0.reshape(-1, x0.shape[-1]), scheme.block_size, scheme.eps)
+
+    def read(self, op: DepthAttention | None) -> np.ndarray:
+        return self.x0 if op is None else op.forward(self.sources.current()).reshape(self.shape)
+
+    def write(self, v: np.ndarray) -> None:
+        v = v.reshape(-1, self.shape[-1])
+        if self.outputs is not None:
+            self.outputs.append(v)
+        self.sources.add(v)
+
+    def finish(self) -> np.ndarray:
+        return self.final.forward(self.sources.current()).reshape(self.shape)
 
 
-def stack_backward(blocks, final: DepthAttention, dxf: np.ndarray, block_size: int) -> np.ndarray:
-    """Gradient of the embedding (B, T, C) from that of the final state dxf (B, T, C).
+class DepthGrad:
+    """The backward. dblock[n] collects the gradient of block n's sum (block 0: the embedding)
+    from every operation that read it; what depends on the source alone waits in reads[n]
+    until the block's gradient is needed. Walking the sublayers in reverse, sublayer j of block
+    n has output gradient dblock[n] plus what the later sublayers of its block sent to the
+    partial sums it is part of (``carry``); its operation then adds into dblock[0 .. n-1] and
+    ``carry``."""
 
-    dblock[n] collects the gradient of block n's sum (block 0: the embedding) from every
-    operation that read it; what depends on the source alone waits in reads[n] until the
-    block's gradient is needed. Walking the sublayers in reverse, sublayer j of block n has
-    output gradient dblock[n] plus what the later sublayers of its block sent to the partial
-    sums it is part of (``carry``); its operation then adds into dblock[0 .. n-1] and ``carry``."""
-    shape, C = dxf.shape, dxf.shape[-1]
-    subs = sublayers(blocks)
-    N = dxf.size // C
-    n_blocks = len(subs) // block_size + 1
-    dblock = [np.zeros((N, C), dxf.dtype) for _ in range(n_blocks)]
-    reads = [Reads() for _ in range(n_blocks)]
-    final.backward_deferred(dxf.reshape(-1, C), dblock, reads)
-    carry = None
-    for j in reversed(range(len(subs))):
-        n, k = divmod(j, block_size)
+    def __init__(self, dxf: np.ndarray, scheme: DepthResidual):
+        self.shape, C = dxf.shape, dxf.shape[-1]
+        self.final, self.block_size = scheme.res_f, scheme.block_size
+        N = dxf.size // C
+        n_sources = len(self.final.cache[0])                  # the embedding and every finished block
+        self.j = (n_sources - 1) * self.block_size
+        self.dblock = [np.zeros((N, C), dxf.dtype) for _ in range(n_sources)]
+        self.reads = [Reads() for _ in range(n_sources)]
+        self.final.backward_deferred(dxf.reshape(-1, C), self.dblock, self.reads)
+        self.carry = None
+
+    def output(self) -> np.ndarray:
+        self.j -= 1
+        n, k = divmod(self.j, self.block_size)
         n += 1                                                       # block 0 is the embedding
-        if k == block_size - 1:                                      # the last sublayer of block n:
-            reads[n].apply(final.cache[0][n][0], dblock[n])          # every reader of it is done
-            carry = None
-        dv = dblock[n] if carry is None else dblock[n] + carry
-        op, norm, f = subs[j]
-        dh = norm.backward(f.backward(dv.reshape(shape))).reshape(-1, C)
+        self.n, self.k = n, k
+        if k == self.block_size - 1:                                 # the last sublayer of block n:
+            self.reads[n].apply(self.final.cache[0][n][0], self.dblock[n])   # every reader of it is done
+            self.carry = None
+        dv = self.dblock[n] if self.carry is None else self.dblock[n] + self.carry
+        return dv.reshape(self.shape)
+
+    def input(self, op: DepthAttention | None, dh: np.ndarray) -> None:
+        n, k = self.n, self.k
+        dh = dh.reshape(-1, self.shape[-1])
         if op is None:                                               # read the embedding as it is
-            dblock[0] += dh
+            self.dblock[0] += dh
         elif k:                                                      # it read its block's partial sum
-            if carry is None:
-                carry = np.zeros((N, C), dxf.dtype)
+            if self.carry is None:
+                self.carry = np.zeros_like(self.dblock[0])
             partial = Reads()
-            op.backward_deferred(dh, dblock[:n] + [carry], reads[:n] + [partial])
-            partial.apply(op.cache[0][n][0], carry)
+            op.backward_deferred(dh, self.dblock[:n] + [self.carry], self.reads[:n] + [partial])
+            partial.apply(op.cache[0][n][0], self.carry)
         else:
-            op.backward_deferred(dh, dblock[:n], reads[:n])
-    reads[0].apply(final.cache[0][0][0], dblock[0])
-    return dblock[0].reshape(shape)
+            op.backward_deferred(dh, self.dblock[:n], self.reads[:n])
+
+    def finish(self) -> np.ndarray:
+        self.reads[0].apply(self.final.cache[0][0][0], self.dblock[0])
+        return self.dblock[0].reshape(self.shape)
+
+
+# --- the variant's declaration (variant.py) --------------------------------------------------
+def block_size(cfg) -> int:
+    """Sublayers per block (1: full AttnRes)."""
+    return 2 * cfg.n_layer // cfg.residual_blocks if cfg.residual_blocks else 1
+
+
+def _check(cfg) -> None:
+    if cfg.residual_blocks and (2 * cfg.n_layer) % cfg.residual_blocks:
+        raise ConfigError(f"residual_blocks ({cfg.residual_blocks}) must divide the {2 * cfg.n_layer} "
+                          f"sublayers (2 x n_layer)")
+
+
+def _describe(cfg) -> tuple[str, str]:
+    form = (f"full: each of the {2 * cfg.n_layer} sublayers reads the embedding and every earlier output"
+            if block_size(cfg) == 1 else
+            f"blocks: {cfg.residual_blocks} blocks of {block_size(cfg)} sublayers")
+    return "residual", f"attention over depth · {form} · final state mixed too"
+
+
+VARIANT = Variant(
+    key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
+    options=("residual_blocks",), switch="--residual attention",
+    refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
+             "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth"},
+    check=_check, describe=_describe,
+    activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
+    # on 3 layers: every source feeds every later sublayer
+    model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),
+                 ("gpt [attention residuals: 2 blocks of 3 sublayers]",
+                  dict(n_layer=3, residual="attention", residual_blocks=2)),
+                 ("gpt [attention residuals: 3 blocks, untied head, no biases]",
+                  dict(n_layer=3, residual="attention", residual_blocks=3, tie_head=False, bias=False))),
+)

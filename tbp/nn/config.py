@@ -3,7 +3,9 @@
 Every field is declared with :func:`option`: its default, a line of help, its range or its
 choices. Validation here, the ``tbp train`` flags, ``--config`` files and ``tbp info`` are all
 derived from those declarations, so a new model option is one field (plus the layer code and
-its gradcheck row).
+its gradcheck row). What a field means for a variant -- which options belong to it, which
+combinations it refuses -- is declared by the variant itself (variant.py, build.py): the
+registry installs those checks in ``CHECKS`` when the engine is imported.
 """
 from __future__ import annotations
 
@@ -102,6 +104,9 @@ RESIDUALS = ("sum", "attention")
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
 KERNEL_FIELDS = ("attn_impl",)   # how the model computes, not what: free to change on resume or fine-tune
+# installed by build.py: check(cfg) raises ConfigError; refusal(cfg, use) -> the reason or None
+CHECKS: list = []
+REFUSALS: list = []
 
 
 @dataclass
@@ -169,83 +174,16 @@ class ModelConfig(DictConfig):
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.d_qk is None:
             self.d_qk = self.d_v
-        if self.positions == "rope" and self.d_qk % 2:
-            raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {self.d_qk}")
-        if self.arch == "encoder-decoder":
-            if self.n_enc_layer is None:
-                self.n_enc_layer = self.n_layer
-            if self.positions != "learned":
-                raise ConfigError("an encoder-decoder uses learned positions (rope is for the decoder-only GPT)")
-            if self.attn_impl == "flash":
-                raise ConfigError("an encoder-decoder's attention is dense: its padding masks are not in the "
-                                  "flash kernel (attn_impl auto or dense)")
-            if not self.causal:
-                raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
-        elif self.n_enc_layer is not None:
-            raise ConfigError("n_enc_layer is an encoder-decoder option (pass --arch encoder-decoder)")
-        self._check_mta()
-        self._check_residual()
+        for check in CHECKS:
+            check(self)
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary ({self.vocab_size})")
-
-    def _check_mta(self) -> None:
-        defaults = {f.name: f.default for f in fields(self) if f.name.startswith("mta_")}
-        if self.attention != "mta":
-            changed = [k for k, v in defaults.items() if getattr(self, k) != v]
-            if changed:
-                raise ConfigError(f"{changed[0]} is a Multi-Token Attention option (pass --attention mta)")
-            return
-        if self.arch != "gpt":
-            raise ConfigError("Multi-Token Attention is for the GPT (its encoder-decoder is not built)")
-        if self.attn_impl == "flash":
-            raise ConfigError("Multi-Token Attention cannot use the flash kernel: its post-softmax steps need "
-                              "whole normalised rows (attn_impl auto or dense)")
-        if self.positions != "learned":
-            raise ConfigError("Multi-Token Attention uses learned positions here (rope is not wired into it)")
-        if self.mta_ck % 2 == 0:
-            raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {self.mta_ck}")
-        # taps past these reach only the zero padding around a T x T map: work for nothing
-        if self.mta_cq > self.n_ctx or self.mta_ck > 2 * self.n_ctx - 1:
-            raise ConfigError(f"an MTA kernel of {self.mta_cq} x {self.mta_ck} is wider than a {self.n_ctx} x "
-                              f"{self.n_ctx} score map can use (mta_cq <= n_ctx, mta_ck <= 2 n_ctx - 1)")
-        if self.mta_group and self.n_head % self.mta_group:
-            raise ConfigError(f"mta_group ({self.mta_group}) must divide n_head ({self.n_head})")
-        self.mta_conv_layers()
-
-    def _check_residual(self) -> None:
-        if self.residual == "sum":
-            if self.residual_blocks:
-                raise ConfigError("residual_blocks is an Attention Residuals option (pass --residual attention)")
-            return
-        if self.arch != "gpt":
-            raise ConfigError("Attention Residuals are built for the GPT (not the encoder-decoder)")
-        if self.residual_blocks and (2 * self.n_layer) % self.residual_blocks:
-            raise ConfigError(f"residual_blocks ({self.residual_blocks}) must divide the {2 * self.n_layer} "
-                              f"sublayers (2 x n_layer)")
-
-    @property
-    def residual_block_size(self) -> int:
-        """Attention Residuals: sublayers per block (1: full AttnRes)."""
-        return 2 * self.n_layer // self.residual_blocks if self.residual_blocks else 1
-
-    def mta_conv_layers(self) -> tuple[int, ...]:
-        """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""
-        if self.mta_layers.strip() == "all":
-            return tuple(range(self.n_layer))
-        try:
-            layers = tuple(sorted({int(x) for x in self.mta_layers.split(",") if x.strip()}))
-        except ValueError:
-            raise ConfigError(f"mta_layers must be all or comma-separated layer numbers, got {self.mta_layers!r}") \
-                from None
-        if not layers or min(layers) < 0 or max(layers) >= self.n_layer:
-            raise ConfigError(f"mta_layers {self.mta_layers!r}: the model has layers 0 .. {self.n_layer - 1}")
-        return layers
 
     @property
     def attn_kernel(self) -> str:
         """The kernel attn_impl stands for at this context: "dense" or "flash" (same results)."""
-        if self.attn_impl == "auto":
-            return "flash" if self.n_ctx >= FLASH_FROM_T and self.arch == "gpt" and self.attention == "standard" \
+        if self.attn_impl == "auto":        # flash, where no variant of this model refuses it
+            return "flash" if self.n_ctx >= FLASH_FROM_T and not any(r(self, "flash") for r in REFUSALS) \
                 else "dense"
         return self.attn_impl
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .variant import Variant
+
 BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/long_context.py)
 BLOCK_K = 128      # key rows per tile
 
@@ -139,3 +141,11 @@ def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray,
             dqs[:, :, i0:i1] += dp @ kj
             dk[:, :, j0:j1] += dp.transpose(0, 1, 3, 2) @ qs[:, :, i0:i1]
     return dqs, dk, dv
+
+
+VARIANT = Variant(
+    key="flash", name="the flash kernel", active=lambda cfg: cfg.attn_kernel == "flash", axis="attn_impl",
+    # one log-sum-exp per head and row instead of a T-long row of probabilities, and one
+    # tile of scores and probabilities at a time
+    activations=lambda cfg: cfg.n_layer * 2 * cfg.n_head * (1 - cfg.n_ctx) + 2 * cfg.n_head * BLOCK_K,
+)

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attnres, gemm, init
-from .attention import CausalSelfAttention
-from .attnres import DepthAttention
+from . import build, gemm, init
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -13,57 +11,62 @@ from .layout import Layout
 from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
-from .mta import MultiTokenAttention
 from .module import Module, Stack
-from .rope import Rotary
+from .residual import Sum, SumGrad, SumStream
 
 
 class Block(Module):
     """Pre-LN transformer block.  x, y: (B, T, C).
 
-    x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)).
+    x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)):  ``forward``/``backward``, a block alone.
+    In a model the residual scheme forms each sublayer's input (residual.py): the sum above,
+    or Attention Residuals, whose per-block operations ``attn_res`` and ``mlp_res`` this block
+    owns and hands to the scheme (None under the sum). The attention is the kind the config
+    names (build.py).
     """
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0):
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0,
+                 residual=None):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
         # residual projections by 1/sqrt(2L); on nanoGPT's 4-layer recipe that measured worse
         # (val 1.904 vs 1.876 after 2000 steps), so it is left out.
         proj_std = 0.02
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        rope = cfg.positions == "rope"
-        if cfg.attention == "mta":
-            conv = (cfg.mta_cq, cfg.mta_ck) if layer in cfg.mta_conv_layers() else None
-            self.attn = MultiTokenAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
-                                            proj_std, conv, cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm)
-        else:
-            self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
-                                            cfg.causal, proj_std, cfg.attn_kernel,
-                                            rotary=Rotary(cfg.d_qk, cfg.rope_base) if rope else None,
-                                            window=cfg.n_ctx if rope else None)
+        self.attn = build.attention(cfg, rng, dtype, layer, proj_std)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
-        if cfg.residual == "attention":          # the inputs of attn and mlp: softmaxes over depth
-            if layer:                            # the first sublayer reads the embedding alone
-                self.attn_res = DepthAttention(cfg.d_model, cfg.ln_eps, dtype)
-            self.mlp_res = DepthAttention(cfg.d_model, cfg.ln_eps, dtype)
+        self.attn_res, self.mlp_res = (residual or Sum()).block_ops(layer)
+
+    def sublayers(self) -> tuple:
+        """(the residual scheme's operation or None, norm, layer) of each sublayer, in order."""
+        return (self.attn_res, self.ln_1, self.attn), (self.mlp_res, self.ln_2, self.mlp)
 
     def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
-        # each sublayer returns a new array: the residual is added into it, in place
-        h = self.attn.forward(self.ln_1.forward(x), key_mask)
-        h += x
-        y = self.mlp.forward(self.ln_2.forward(h))
-        y += h
-        return y
+        stream = SumStream(x, None)
+        self.forward_stream(stream, key_mask)
+        return stream.finish()
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        # y = h + mlp(ln_2(h)): the residual passes dout around the branch and through it
-        dh = self.ln_2.backward(self.mlp.backward(dout))
-        dh += dout
-        # h = x + attn(ln_1(x))
-        dx = self.ln_1.backward(self.attn.backward(dh))
-        dx += dh
-        return dx
+        grad = SumGrad(dout)
+        self.backward_stream(grad)
+        return grad.finish()
+
+    def forward_stream(self, stream, key_mask: np.ndarray | None = None) -> None:
+        """Each sublayer reads its input from the scheme's stream and writes its output back."""
+        stream.write(self.attn.forward(self.ln_1.forward(stream.read(self.attn_res)), key_mask))
+        stream.write(self.mlp.forward(self.ln_2.forward(stream.read(self.mlp_res))))
+
+    def backward_stream(self, grad) -> None:
+        """The forward read bottom-up: each sublayer's output gradient in, its input's out."""
+        grad.input(self.mlp_res, self.ln_2.backward(self.mlp.backward(grad.output())))
+        grad.input(self.attn_res, self.ln_1.backward(self.attn.backward(grad.output())))
+
+    # --- inference (decode.py) --------------------------------------------------------------
+    def decode_state(self, residual, batch: int, n_ctx: int, dtype) -> list[tuple]:
+        """Per sublayer: (the scheme's decoding query, norm, its vectors, layer, its state)."""
+        return [(residual.decode_query(op), norm, norm.decode_vectors(dtype), layer,
+                 layer.decode_state(norm, batch, n_ctx, dtype)) for op, norm, layer in self.sublayers()]
 
 
 class LanguageModel(Module):
@@ -74,7 +77,8 @@ class LanguageModel(Module):
     then call :meth:`pack`; they define ``forward``/``backward`` and the loss's inputs.
     """
 
-    CHILD_NAMES = {"embed": "", "blocks": "h"}      # GPT-2's names: wte, wpe, h.0, ...
+    CHILD_NAMES = {"embed": "", "blocks": "h", "residual": ""}      # GPT-2's names: wte, wpe, h.0, ...
+    reads_source = False            # an encoder-decoder's decoding reads a source first (decode.py)
 
     def _setup(self, cfg: ModelConfig, dtype) -> None:
         self.config = cfg
@@ -82,7 +86,6 @@ class LanguageModel(Module):
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         self.loss_fn = CrossEntropy()
-        self.res_f = None               # Attention Residuals' final operation (GPT only)
 
     def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator) -> None:
         """The last layers every model has -- ``ln_f`` and the head (tied to ``wte``, or an
@@ -169,10 +172,14 @@ class LanguageModel(Module):
         self.backward(dlogits)
 
     # --- inference path (KV cache) ----------------------------------------------------------
-    def decoder(self, batch: int = 1, sparse=None):
-        """``Decoder(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
-        from .decode import Decoder        # the inference engine builds on this module, not the reverse
-        return Decoder(self, batch, sparse)
+    def inference(self, batch: int = 1, sparse=None):
+        """``Inference(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
+        from .decode import Inference      # the inference engine builds on this module, not the reverse
+        return Inference(self, batch, sparse)
+
+    def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
+        """An encoder-decoder's decoding reads its source into ``states`` (seq2seq.py); a GPT has none."""
+        raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
 
 
 class GPT(LanguageModel):
@@ -189,9 +196,9 @@ class GPT(LanguageModel):
     ``layout`` packs the trainable parameters into one buffer (see :class:`Layout`); call
     :meth:`pack` again after changing which parameters train (``add_lora`` does).
 
-    With ``residual="attention"`` the blocks' residual sums give way to Attention Residuals
-    (attnres.py): each sublayer's input, and the final state ``res_f`` hands to ``ln_f``, is a
-    learned softmax over the embedding and the earlier sublayers' outputs.
+    ``residual``, the scheme that forms each sublayer's input (residual.py), is the sum of
+    GPT-2 or Attention Residuals (attnres.py): each sublayer's input, and the final state
+    handed to ``ln_f``, a learned softmax over the embedding and the earlier sublayers' outputs.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
@@ -202,30 +209,27 @@ class GPT(LanguageModel):
         rng = np.random.default_rng(seed)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=cfg.positions == "learned")
-        self.blocks = Stack(Block(cfg, rng, self.dtype, i) for i in range(cfg.n_layer))
-        self.res_f = DepthAttention(cfg.d_model, cfg.ln_eps, self.dtype) if cfg.residual == "attention" else None
+        residual = build.residual(cfg, self.dtype)
+        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual) for i in range(cfg.n_layer))
+        self.residual = residual            # after the blocks: its parameters follow theirs (res_f)
         self._head_and_pack(cfg, rng)
 
     # --- training path ----------------------------------------------------------------------
-    def forward(self, idx: np.ndarray) -> np.ndarray:
+    def forward(self, idx: np.ndarray, outputs: list | None = None) -> np.ndarray:
+        """Logits (B, T, V) of token ids idx (B, T). ``outputs``, if given, collects each
+        sublayer's output (N, C), in order, for looking inside."""
         idx = self.check_tokens(idx)
-        x = self.embed.forward(idx)                                        # (B, T, C)
-        if self.res_f is not None:
-            x = attnres.stack_forward(self.blocks, self.res_f, x, self.config.residual_block_size)
-        else:
-            for block in self.blocks:
-                x = block.forward(x)
-        return self._head(self.ln_f.forward(x))                            # (B, T, V)
+        stream = self.residual.stream(self.embed.forward(idx), outputs)       # (B, T, C)
+        for block in self.blocks:
+            block.forward_stream(stream)
+        return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
 
     def backward(self, dlogits: np.ndarray) -> None:
         """[paper §7, Table 3]  The forward's calls read bottom-up."""
-        dx = self.ln_f.backward(self._head_backward(dlogits))
-        if self.res_f is not None:
-            dx = attnres.stack_backward(self.blocks, self.res_f, dx, self.config.residual_block_size)
-        else:
-            for block in reversed(self.blocks):
-                dx = block.backward(dx)
-        self.embed.backward(dx)
+        grad = self.residual.grad(self.ln_f.backward(self._head_backward(dlogits)))
+        for block in reversed(self.blocks):
+            block.backward_stream(grad)
+        self.embed.backward(grad.finish())
 
     def attention_weights(self, idx: np.ndarray) -> list[np.ndarray]:
         """Run the forward on idx (B, T) and return each layer's attention weights (B, H, T, T):
@@ -238,11 +242,11 @@ class GPT(LanguageModel):
         order (the MLP of block 0, then attn and mlp of each later block, then ``res_f``; the first
         attention reads the embedding alone), alpha (K, B, T): what each position's
         input takes from each of the K sources (the embedding first, then blocks in order)."""
-        if self.res_f is None:
+        ops = self.residual.ops(self.blocks)
+        if not ops:
             raise ValueError("depth weights are an Attention Residuals model's (residual='attention')")
         B, T = self.check_tokens(idx).shape
         self.forward(idx)
-        ops = [op for op, _, _ in attnres.sublayers(self.blocks) if op is not None] + [self.res_f]
         return [op.weights().reshape(-1, B, T) for op in ops]
 
     def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
@@ -312,3 +316,6 @@ def merge_lora(model: GPT) -> GPT:
             m._grads[k] = np.zeros_like(p)
     model.pack()
     return model
+
+
+build.ARCH["gpt"] = GPT

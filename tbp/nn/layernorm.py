@@ -99,16 +99,16 @@ class LayerNorm(Module):
         return avg, np.append(avg, [[self.eps]], axis=0).astype(dtype)
 
     @staticmethod
-    def decode(buf, vectors) -> None:
-        """buf.xa[:, :C] = (buf.x - mean) / sqrt(var + eps): six calls, whatever the rows.
+    def decode(rows, vectors) -> None:
+        """rows.xa[:, :C] = (rows.x - mean) / sqrt(var + eps): six calls, whatever the rows.
 
-        buf.sq and buf.xa are (N, C + 1) with a last column of ones: in sq it brings in eps
+        rows.sq and rows.xa are (N, C + 1) with a last column of ones: in sq it brings in eps
         (vectors[1]'s last entry), in xa the folded matrix's bias row.
         """
         avg, avg_eps = vectors
-        np.dot(buf.x, avg, out=buf.mean)
-        np.subtract(buf.x, buf.mean, out=buf.xc)
-        np.multiply(buf.xc, buf.xc, out=buf.sq_c)
-        np.dot(buf.sq, avg_eps, out=buf.std)                               # var + eps
-        np.sqrt(buf.std, out=buf.std)
-        np.divide(buf.xc, buf.std, out=buf.xa_c)
+        np.dot(rows.x, avg, out=rows.mean)
+        np.subtract(rows.x, rows.mean, out=rows.xc)
+        np.multiply(rows.xc, rows.xc, out=rows.sq_c)
+        np.dot(rows.sq, avg_eps, out=rows.std)                               # var + eps
+        np.sqrt(rows.std, out=rows.std)
+        np.divide(rows.xc, rows.std, out=rows.xa_c)

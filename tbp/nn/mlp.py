@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .linear import Linear, weight_of
-from .module import Module
+from .module import DecodeState, Module
 
 GELU_K = np.sqrt(2.0 / np.pi)
 GELU_A = 0.044715
@@ -124,21 +124,27 @@ class MLP(Module):
         self.cache = None
         return self.c_fc.backward(dg2)
 
-    # --- inference (the Decoder) ------------------------------------------------------------
+    # --- inference (decode.py) --------------------------------------------------------------
     def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(c_fc with ``ln`` folded in (C+1, 4C), c_proj's weight (4C, C), its bias or None)."""
         fc = ln.fold(weight_of(self.c_fc), self.c_fc.params.get("bias"))
         return fc, weight_of(self.c_proj), self.c_proj.params.get("bias")
 
-    def decode(self, buf, weights) -> None:
-        """buf.x += c_proj(g(c_fc(buf.xa))), with buf.xa = [xhat, 1] from the layer norm."""
-        fc, proj, proj_b = weights
-        np.dot(buf.xa, fc, out=buf.u)                                      # (N, 4C)
+    def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
+        """The folded weights, and the (N, 4C) rows of c_fc's output u and the activation g."""
+        d = self.c_fc.d_out
+        return DecodeState(self.fold(ln), lambda Tn: (np.empty((batch * Tn, d), dtype),
+                                                      np.empty((batch * Tn, d), dtype)))
+
+    def decode(self, rows, state: DecodeState, step) -> None:
+        """rows.out = c_proj(g(c_fc(rows.xa))), with rows.xa = [xhat, 1] from the layer norm."""
+        fc, proj, proj_b = state.folded
+        u, g = state.scratch(step.t1 - step.t0)
+        np.dot(rows.xa, fc, out=u)                                         # (N, 4C)
         if self.activation == "relu":
-            np.maximum(buf.u, 0, out=buf.g)
+            np.maximum(u, 0, out=g)
         else:
-            np.multiply(buf.u, gelu_gate(buf.u, buf.g), out=buf.g)
-        np.dot(buf.g, proj, out=buf.out)                                   # (N, C)
+            np.multiply(u, gelu_gate(u, g), out=g)
+        np.dot(g, proj, out=rows.out)                                      # (N, C)
         if proj_b is not None:
-            buf.out += proj_b
-        buf.x += buf.out
+            rows.out += proj_b

@@ -20,7 +20,8 @@ class Module:
     by :meth:`Layout.pack`, which moves the trainable ones into one flat buffer.
 
     ``CHILD_NAMES`` maps an attribute to the name its parameters appear under, where the two
-    differ (GPT's embedding contributes bare ``wte``/``wpe``; its blocks are ``h``).
+    differ (GPT's embedding contributes bare ``wte``/``wpe``; its blocks are ``h``); several
+    children may share the bare name "" (the embedding and the residual scheme).
     """
 
     CHILD_NAMES: dict[str, str] = {}
@@ -32,11 +33,10 @@ class Module:
         self.cache = None
 
     def __setattr__(self, name: str, value) -> None:
-        key = self.CHILD_NAMES.get(name, name)
         if isinstance(value, Module):
-            self._children[key] = value
-        elif key in self._children:
-            del self._children[key]      # e.g. lm_head = None
+            self._children[name] = value
+        elif name in self._children:
+            del self._children[name]     # e.g. lm_head = None
         object.__setattr__(self, name, value)
 
     def param(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -49,8 +49,8 @@ class Module:
     def modules(self, prefix: str = ""):
         """Yield (dotted name, module) for this module and every descendant, depth first."""
         yield prefix, self
-        for cname, child in self._children.items():
-            yield from child.modules(_join(prefix, cname))
+        for attr, child in self._children.items():
+            yield from child.modules(_join(prefix, self.CHILD_NAMES.get(attr, attr)))
 
     @property
     def params(self) -> dict[str, np.ndarray]:
@@ -115,3 +115,22 @@ class Stack(Module):
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else (prefix or name)
+
+
+class DecodeState:
+    """One layer's state for decoding (decode.py): ``folded``, its matrices prepared once by the
+    layer's ``fold``; its caches, as named arrays (``keys``, ``values``, ...); and its scratch,
+    made by ``make(Tn)`` for Tn new rows -- kept for one-row steps, made afresh for a prefill."""
+
+    def __init__(self, folded, make, **caches: np.ndarray):
+        self.folded, self._make, self.caches = folded, make, caches
+        self.__dict__.update(caches)
+        self._step = make(1)
+
+    def scratch(self, Tn: int):
+        return self._step if Tn == 1 else self._make(Tn)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the caches (what a longer context or a larger batch costs)."""
+        return sum(a.nbytes for a in self.caches.values())

@@ -32,7 +32,9 @@ import numpy as np
 
 from . import init
 from .attention import CausalSelfAttention, causal_mask
-from .module import Module
+from .config import ConfigError
+from .module import DecodeState, Module
+from .variant import Variant
 
 
 def conv_map(X: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -98,6 +100,13 @@ class MultiTokenAttention(CausalSelfAttention):
                  post: bool = False, mix: bool = False, group: int = 0, norm: bool = False, eps: float = 1e-5):
         super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, bias, True, proj_std, "dense")
         self.mta = MTAParams(n_head, d_v, dtype, conv, post, mix, group, norm, eps)
+        self.key_bias_inert = conv is None       # a convolution mixes scores of different keys
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
+        conv = (cfg.mta_cq, cfg.mta_ck) if layer in conv_layers(cfg) else None
+        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, proj_std, conv,
+                   cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
@@ -131,33 +140,36 @@ class MultiTokenAttention(CausalSelfAttention):
         after a post-softmax convolution)."""
         return self.cache[3]["A2"].copy()
 
-    # --- inference (the Decoder) ------------------------------------------------------------
-    def decode_state(self, batch: int, n_ctx: int, dtype) -> dict:
-        """The rows of S0 and of A that the next rows' convolutions read: the last cq - 1."""
+    # --- inference (decode.py) --------------------------------------------------------------
+    def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
+        """The KV cache, and the rows of S0 and of A that the next rows' convolutions read: the
+        last cq - 1 (zeros before position 0)."""
+        state = super().decode_state(ln, batch, n_ctx, dtype)
         rows = self.mta.conv[0] - 1 if self.mta.conv else 0
-        return {"S0": np.zeros((batch, self.n_head, rows, n_ctx), dtype),
-                "A": np.zeros((batch, self.n_head, rows, n_ctx), dtype)}
+        state.rows = {"S0": np.zeros((batch, self.n_head, rows, n_ctx), dtype),
+                      "A": np.zeros((batch, self.n_head, rows, n_ctx), dtype)}
+        return state
 
-    def decode(self, buf, weights, keys: np.ndarray, values: np.ndarray, t0: int, t1: int,
-               keep=None, scores=None, state: dict | None = None) -> None:
-        """buf.x += c_proj(MTA of new rows t0 .. t1-1 over the cached keys and values), within
+    def decode(self, rows, state: DecodeState, step) -> None:
+        """rows.out = c_proj(MTA of new rows t0 .. t1-1 over the cached keys and values), within
         the context. The convolutions read the new rows' scores after the last cq - 1 rows'
-        (``state``, zeros before position 0), and leave the new last cq - 1 rows there."""
-        if keep is not None or scores is not None:
-            raise ValueError("sparse decoding is not defined for Multi-Token Attention")
-        qkv, proj, proj_b = weights
-        np.dot(buf.xa, qkv, out=buf.qkv)                            # [q * scale | k | v], (N, .)
-        keys[..., t0:t1] = buf.k
-        values[:, :, t0:t1, :-1] = buf.v
+        (``state.rows``), and leave the new last cq - 1 rows there. Dense: the variant refuses
+        sparse decoding."""
+        t0, t1 = step.t0, step.t1
+        s = state.scratch(t1 - t0)
+        qkv, proj, proj_b = state.folded
+        keys, values = state.keys, state.values
+        np.dot(rows.xa, qkv, out=s.qkv)                             # [q * scale | k | v], (N, .)
+        keys[..., t0:t1] = s.k
+        values[:, :, t0:t1, :-1] = s.v
         if t0 == 0:                                                 # a new sequence: no rows before it
-            for rows in state.values():
-                rows.fill(0)
-        S = buf.q @ keys[..., :t1]                                  # (B, H, Tn, t1)
-        buf.y[...] = self.mta.scores_to_output(S, values[:, :, :t1, :-1], t0, state)[0]
-        np.dot(buf.ya, proj, out=buf.out)
+            for prev in state.rows.values():
+                prev.fill(0)
+        S = s.q @ keys[..., :t1]                                    # (B, H, Tn, t1)
+        s.y[...] = self.mta.scores_to_output(S, values[:, :, :t1, :-1], t0, state.rows)[0]
+        np.dot(s.ya, proj, out=rows.out)
         if proj_b is not None:
-            buf.out += proj_b
-        buf.x += buf.out
+            rows.out += proj_b
 
 
 class MTAParams(Module):
@@ -300,3 +312,75 @@ def _identity_kernel(H: int, cq: int, ck: int, dtype) -> np.ndarray:
     if not init.abstract():
         theta[:, cq - 1, (ck - 1) // 2] = 1
     return theta
+
+
+# --- the variant's declaration (variant.py) --------------------------------------------------
+def conv_layers(cfg) -> tuple[int, ...]:
+    """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""
+    if cfg.mta_layers.strip() == "all":
+        return tuple(range(cfg.n_layer))
+    try:
+        layers = tuple(sorted({int(x) for x in cfg.mta_layers.split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"mta_layers must be all or comma-separated layer numbers, got {cfg.mta_layers!r}") \
+            from None
+    if not layers or min(layers) < 0 or max(layers) >= cfg.n_layer:
+        raise ConfigError(f"mta_layers {cfg.mta_layers!r}: the model has layers 0 .. {cfg.n_layer - 1}")
+    return layers
+
+
+def _check(cfg) -> None:
+    if cfg.mta_ck % 2 == 0:
+        raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {cfg.mta_ck}")
+    # taps past these reach only the zero padding around a T x T map: work for nothing
+    if cfg.mta_cq > cfg.n_ctx or cfg.mta_ck > 2 * cfg.n_ctx - 1:
+        raise ConfigError(f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} is wider than a {cfg.n_ctx} x "
+                          f"{cfg.n_ctx} score map can use (mta_cq <= n_ctx, mta_ck <= 2 n_ctx - 1)")
+    if cfg.mta_group and cfg.n_head % cfg.mta_group:
+        raise ConfigError(f"mta_group ({cfg.mta_group}) must divide n_head ({cfg.n_head})")
+    conv_layers(cfg)
+
+
+def _describe(cfg) -> tuple[str, str]:
+    steps = [f"{cfg.mta_cq}×{cfg.mta_ck} key-query convolution in layers " + ", ".join(map(str, conv_layers(cfg)))]
+    steps += [what for on, what in ((cfg.mta_post, "post-softmax convolution"), (cfg.mta_mix, "head mixing"),
+                                    (cfg.mta_group, f"head groups of {cfg.mta_group}"),
+                                    (cfg.mta_norm, "norm + gate")) if on]
+    return "multi-token", " · ".join(steps)
+
+
+def step_work(cfg, batch_size: int) -> int:
+    """Multiply-adds of the key-query convolutions in one training step: each of cq x ck taps
+    passes over every B x H x T x T score map once forward and twice backward (dX and the
+    kernel's gradient), in each convolution layer (twice with mta_post)."""
+    maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(conv_layers(cfg)) * (2 if cfg.mta_post else 1)
+    return 3 * cfg.mta_cq * cfg.mta_ck * maps
+
+
+VARIANT = Variant(
+    key="mta", name="Multi-Token Attention", active=lambda cfg: cfg.attention == "mta", axis="attention",
+    options=("mta_cq", "mta_ck", "mta_layers", "mta_post", "mta_mix", "mta_group", "mta_norm"),
+    switch="--attention mta",
+    refuses={"encoder-decoder": "Multi-Token Attention is for the GPT (its encoder-decoder is not built)",
+             "flash": "Multi-Token Attention cannot use the flash kernel: its post-softmax steps need whole "
+                      "normalised rows (attn_impl auto or dense)",
+             "rope": "Multi-Token Attention uses learned positions here (rope is not wired into it)",
+             "sparse": "sparse decoding thins standard attention; Multi-Token Attention's convolutions read "
+                       "every score",
+             "export": "GPT-2's attention has no convolution over its score maps"},
+    check=_check, describe=_describe,
+    # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
+    activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
+    step_work=step_work,
+    layer_cases=(
+        ("attention [mta: 2x5 key-query conv]",
+         lambda C, H, rng, dtype: MultiTokenAttention(C, H, 4, C // H, rng, dtype, conv=(2, 5))),
+        ("attention [mta: 3x3 pre + post conv, head mix, groups of 2, norm + gate]",
+         lambda C, H, rng, dtype: MultiTokenAttention(C, H, 4, C // H, rng, dtype, conv=(3, 3), post=True,
+                                                      mix=True, group=2, norm=True)),
+        ("attention [mta: no conv, head mix, norm + gate]",
+         lambda C, H, rng, dtype: MultiTokenAttention(C, H, 4, C // H, rng, dtype, conv=None, mix=True,
+                                                      norm=True))),
+    model_cases=(("gpt [mta: conv in layer 1 only, post, mix, norm]",
+                  dict(attention="mta", mta_ck=3, mta_layers="1", mta_post=True, mta_mix=True, mta_norm=True)),),
+)

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import ConfigError
+from .variant import Variant
+
 
 class Rotary:
     """The rotation for heads of width ``d`` (even), with frequency base ``base``."""
@@ -63,3 +66,16 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> 
     np.multiply(b, cos, out=out_b)
     out_b += a * sin                                         # b cos + a sin
     return out
+
+
+def _check(cfg) -> None:
+    if cfg.d_qk % 2:
+        raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {cfg.d_qk}")
+
+
+VARIANT = Variant(
+    key="rope", name="rotary positions", active=lambda cfg: cfg.positions == "rope", axis="positions", check=_check,
+    options=("rope_base",), switch="--positions rope",
+    describe=lambda cfg: ("rotary", f"base {cfg.rope_base:g} · past the context of {cfg.n_ctx}, a sliding window"),
+    refuses={"export": "GPT-2 learns a vector per position; it has no rotation of queries and keys"},
+)

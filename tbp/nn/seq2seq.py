@@ -12,12 +12,16 @@ import dataclasses
 
 import numpy as np
 
-from .attention import CrossAttention, padding_mask
-from .config import ModelConfig
+from . import build
+from .config import ConfigError, ModelConfig
+from .cross import CrossAttention
 from .embedding import Embedding
 from .gpt import Block, LanguageModel
+from .kernels import padding_mask
 from .layernorm import LayerNorm
 from .module import Module, Stack
+from .residual import Sum
+from .variant import Variant
 
 
 class DecoderBlock(Block):
@@ -31,10 +35,17 @@ class DecoderBlock(Block):
         self.ln_cross = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias)
 
-    def forward(self, x: np.ndarray, memory: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+    def sublayers(self) -> tuple:
+        return (None, self.ln_1, self.attn), (None, self.ln_cross, self.cross), (None, self.ln_2, self.mlp)
+
+    def read_source(self, states: list, m: np.ndarray, key_mask: np.ndarray | None) -> None:
+        """Decoding: the cross-attention's keys and values of the encoder output m (B, S, C)."""
+        self.cross.read_source(states[1][-1], m, key_mask)
+
+    def forward(self, x: np.ndarray, m: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
         h = self.attn.forward(self.ln_1.forward(x))
         h += x
-        c = self.cross.forward(self.ln_cross.forward(h), memory, key_mask)
+        c = self.cross.forward(self.ln_cross.forward(h), m, key_mask)
         c += h
         y = self.mlp.forward(self.ln_2.forward(c))
         y += c
@@ -98,7 +109,8 @@ class EncoderDecoder(LanguageModel):
     (1, 2, 11)
     """
 
-    CHILD_NAMES = {"embed": "", "blocks": "h", "encoder": "enc"}
+    CHILD_NAMES = {"embed": "", "blocks": "h", "encoder": "enc", "residual": ""}
+    reads_source = True
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
         super().__init__()
@@ -109,7 +121,8 @@ class EncoderDecoder(LanguageModel):
         self.encoder = Encoder(cfg, rng, self.dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
         self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
-        self.memory_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
+        self.residual = Sum()        # the residual stream (Attention Residuals refuse this architecture)
+        self.source_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
         self._head_and_pack(cfg, rng)
 
     def source_mask(self, src: np.ndarray) -> np.ndarray | None:
@@ -126,9 +139,22 @@ class EncoderDecoder(LanguageModel):
         src = self.check_tokens(src)
         key_mask = self.source_mask(src)
         m = self.encoder.forward(src, key_mask)
-        if self.memory_scale != 1.0:
-            m *= self.dtype.type(self.memory_scale)
+        if self.source_scale != 1.0:
+            m *= self.dtype.type(self.source_scale)
         return m, key_mask
+
+    def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
+        """Decoding (decode.py): run the encoder on src (b, S), b = 1 (shared by all ``batch``
+        sequences) or ``batch``, and give every layer's cross-attention its keys and values."""
+        src = self.check_tokens(src)
+        if src.shape[0] not in (1, batch):
+            raise ValueError(f"this decoder holds {batch} sequences, got {src.shape[0]} sources")
+        m, key_mask = self.encode(src)                                     # (b, S, C)
+        if src.shape[0] != batch:
+            m = np.repeat(m, batch, axis=0)
+            key_mask = None if key_mask is None else np.repeat(key_mask, batch, axis=0)
+        for block, block_states in zip(self.blocks, states):
+            block.read_source(block_states, m, key_mask)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
@@ -152,8 +178,8 @@ class EncoderDecoder(LanguageModel):
             else:
                 dm += dm_layer
         self.embed.backward(dx)
-        if self.memory_scale != 1.0:
-            dm *= self.dtype.type(self.memory_scale)
+        if self.source_scale != 1.0:
+            dm *= self.dtype.type(self.source_scale)
         self.encoder.backward(dm)
 
     def attention_weights(self, src: np.ndarray, tgt_in: np.ndarray) -> dict[str, list[np.ndarray]]:
@@ -191,12 +217,23 @@ class EncoderDecoder(LanguageModel):
         return loss
 
 
-def model_class(cfg: ModelConfig) -> type[LanguageModel]:
-    """The class that builds ``cfg.arch``."""
-    from .gpt import GPT
-    return EncoderDecoder if cfg.arch == "encoder-decoder" else GPT
+def _check(cfg: ModelConfig) -> None:
+    if cfg.n_enc_layer is None:
+        cfg.n_enc_layer = cfg.n_layer                  # the default: as deep as the decoder
+    if not cfg.causal:
+        raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
 
 
-def build_model(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> LanguageModel:
-    """A GPT or an EncoderDecoder, as ``cfg.arch`` says."""
-    return model_class(cfg)(cfg, seed=seed, dtype=dtype)
+VARIANT = Variant(
+    key="encoder-decoder", name="encoder-decoder", active=lambda cfg: cfg.arch == "encoder-decoder", axis="arch",
+    options=("n_enc_layer",), switch="--arch encoder-decoder",
+    refuses={"rope": "an encoder-decoder uses learned positions (rope is for the decoder-only GPT)",
+             "flash": "an encoder-decoder's attention is dense: its padding masks are not in the flash kernel "
+                      "(attn_impl auto or dense)",
+             "sparse": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
+             "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention"},
+    check=_check,
+)
+
+build.ARCH["encoder-decoder"] = EncoderDecoder
+build.VARIANTS.append(VARIANT)

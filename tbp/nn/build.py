@@ -1,0 +1,95 @@
+"""The registry: which class each config value stands for, every variant's declaration, and
+the one way a model is built.
+
+Reading this file tells you every variant there is. A config value maps to a class here; the
+class builds itself from the config (``from_config``), so nothing else in tbp asks which
+attention or residual scheme a model has. The architectures sit above this module (they build
+their blocks from it), so they add themselves to ``ARCH`` at the end of their modules.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import attnres, config, flash, mta, rope
+from .attention import CausalSelfAttention
+from .attnres import DepthResidual
+from .config import ConfigError, ModelConfig
+from .mta import MultiTokenAttention
+from .residual import Sum
+from .variant import Variant
+
+ATTENTION = {"standard": CausalSelfAttention, "mta": MultiTokenAttention}
+RESIDUAL = {"sum": Sum, "attention": DepthResidual}
+ARCH: dict[str, type] = {}          # "gpt": GPT (gpt.py), "encoder-decoder": EncoderDecoder (seq2seq.py)
+
+# every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py
+VARIANTS: list[Variant] = [mta.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT]
+
+
+def attention(cfg: ModelConfig, rng: np.random.Generator, dtype, layer: int, proj_std: float):
+    """Layer ``layer``'s self-attention, of the kind ``cfg.attention`` names."""
+    return ATTENTION[cfg.attention].from_config(cfg, rng, dtype, layer, proj_std)
+
+
+def attention_class(cfg: ModelConfig) -> type:
+    return ATTENTION[cfg.attention]
+
+
+def residual(cfg: ModelConfig, dtype):
+    """The residual scheme ``cfg.residual`` names (residual.py)."""
+    return RESIDUAL[cfg.residual].from_config(cfg, dtype)
+
+
+def model_class(cfg: ModelConfig) -> type:
+    """The class that builds ``cfg.arch``."""
+    return ARCH[cfg.arch]
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+    """A GPT or an EncoderDecoder, as ``cfg.arch`` says."""
+    return model_class(cfg)(cfg, seed=seed, dtype=dtype)
+
+
+def kv_cache_bytes(cfg: ModelConfig, batch: int, dtype) -> int:
+    """Bytes of the KV cache an Inference for ``batch`` sequences allocates (decode.py)."""
+    return cfg.n_layer * batch * attention_class(cfg).cache_numbers(cfg) * np.dtype(dtype).itemsize
+
+
+# --- the variants' declarations, asked ----------------------------------------------------
+def active(cfg: ModelConfig) -> list[Variant]:
+    """The variants ``cfg`` has switched on."""
+    return [v for v in VARIANTS if v.active(cfg)]
+
+
+def refusal(cfg: ModelConfig, use: str) -> str | None:
+    """Why ``cfg`` cannot have ``use`` -- another variant's key, or "sparse" / "export" --, or
+    None: the reason the first active variant refusing it gives."""
+    for v in VARIANTS:
+        if v.key != use and use in v.refuses and v.active(cfg):
+            return v.refuses[use]
+    return None
+
+
+def check(cfg: ModelConfig) -> None:
+    """ModelConfig's validation, from the declarations: each variant's options only with the
+    variant; no pair of active variants one of which refuses the other; each one's own check."""
+    on = active(cfg)
+    for v in VARIANTS:
+        if v in on:
+            continue
+        changed = [name for name in v.options if getattr(cfg, name) != ModelConfig.defaults()[name]]
+        if changed:
+            article = "an" if v.name[0].lower() in "aeiou" else "a"
+            raise ConfigError(f"{changed[0]} is {article} {v.name} option (pass {v.switch})")
+    keys = {v.key for v in on}
+    for v in on:
+        for other, why in v.refuses.items():
+            if other in keys:
+                raise ConfigError(why)
+    for v in on:
+        if v.check is not None:
+            v.check(cfg)
+
+
+config.CHECKS.append(check)
+config.REFUSALS.append(refusal)

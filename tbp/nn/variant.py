@@ -1,0 +1,67 @@
+"""Variant: what a model variant declares about itself, so that the rest of tbp asks it instead
+of testing config strings.
+
+A variant is one choice on one of the model's axes -- an attention kind (Multi-Token Attention,
+grouped-query attention), a residual scheme (Attention Residuals), positions (rotary), an
+architecture (the encoder-decoder), a kernel (flash). Its module declares one ``VARIANT``, and
+``build.VARIANTS`` lists them all. From those declarations:
+
+- ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
+  one of which ``refuses`` the other (one message, written once, by the variant that knows
+  why), and whatever the variant's own ``check`` refuses;
+- ``build.refusal(cfg, use)`` answers the uses outside the model -- "sparse" decoding,
+  "export" to GPT-2 -- for the CLI, hf.py and the decoder alike;
+- ``tbp info`` shows each active variant's ``describe`` row; ``tbp.memory`` adds its
+  ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases`` and
+  ``model_cases``.
+
+So a new variant is its module (the layer, its backward, its ``VARIANT``), a registry line in
+build.py, its config fields, and its tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+USES = ("sparse", "export")      # what a variant may refuse beside other variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant's declaration.
+
+    key: the name other variants refuse it by ("mta", "rope", "flash", ...).
+    name: how a reader calls it ("Multi-Token Attention").
+    active: whether a config has it switched on.
+    axis: the config field whose value switches it on ("attention"), if one does.
+    options: the config fields that belong to it: each must keep its default unless the
+        variant is active (``switch`` says how to turn it on, "--attention mta").
+    refuses: other variants' keys, or USES, mapped to the reason: "rope": "Multi-Token
+        Attention uses learned positions here (...)".
+    check: more validation of an active variant's config (raise ConfigError).
+    describe: the ``tbp info`` row (label, text) of an active variant, or None.
+    activations: numbers the training backward keeps per token beyond standard dense
+        attention's (negative where it keeps fewer), for the memory estimate.
+    step_work: multiply-adds of one training step that would take minutes, (cfg, batch) -> int,
+        refused above memory.STEP_WORK_LIMIT.
+    layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
+    model_cases: gradcheck cases of a small model, (label, config fields).
+    """
+    key: str
+    name: str
+    active: Callable
+    axis: str = ""
+    options: tuple[str, ...] = ()
+    switch: str = ""
+    refuses: dict[str, str] = field(default_factory=dict)
+    check: Callable | None = None
+    describe: Callable | None = None
+    activations: Callable | None = None
+    step_work: Callable | None = None
+    layer_cases: tuple = ()
+    model_cases: tuple = ()
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.refuses if k == self.key]
+        if unknown:
+            raise ValueError(f"variant {self.key!r} refuses itself")
