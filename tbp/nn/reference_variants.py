@@ -1,0 +1,332 @@
+"""The variants written the plain way, as reference.py writes the core layers: loops where the
+papers have sums, every intermediate named, no buffer reused. Nothing here is used for
+training; the tests hold the fast code to these in float64 (tests/test_twins.py).
+
+- Multi-Token Attention, the whole layer: key-query convolution, head mixing, softmax, the
+  post-softmax convolution, head-group mixing, the norm and gate (forward; its gradients are
+  the fast backward's, which gradcheck holds to this forward's derivative);
+- Attention Residuals, the whole model, forward and backward: the sources each operation
+  reads, and each source's gradient summed over its readers without deferring anything;
+- the encoder-decoder, the whole model, forward and backward;
+- sparse decoding's selection rules, one position at a time.
+
+Shapes as in reference.py; N = B T rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import (attention_backward, attention_forward, cross_attention_backward, cross_attention_forward,
+                        depth_attention_backward, depth_attention_forward, embedding_backward, embedding_forward,
+                        layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
+                        mlp_forward, mta_conv, softmax)
+
+
+# --- Multi-Token Attention (Golovneva et al., arXiv 2504.00927) ------------------------------
+
+
+def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=False, group=0, norm=False,
+                          eps=1e-5):
+    """One MTA layer, causal. P: c_attn.weight/.bias, c_proj.weight/.bias and the MTA parameters
+    theta (H, cq, ck), theta_post, mix (H, H), group_mix (H/g, g, g), norm_gain, gate_weight (Dv,),
+    gate_bias (1,), under the names MultiTokenAttention gives them (``mta.`` dropped).
+
+    S = q k^T / sqrt(Dk);  S0 = S with the future set to 0;  Z = conv(S0, theta) (or S);
+    Z'_h = sum_g mix[h, g] Z_g;  A = softmax(Z' + future -inf);  A' = C conv(A, theta_post);
+    A''_{k,o} = sum_p group_mix[k, p, o] A'_{k,p} in each group k of g heads;  O_h = A''_h v_h;
+    norm: n = g * O / rms(O), O = n sigmoid(n . w + b).  y = concat_h(O_h) w_proj + b_proj."""
+    B, T, _ = x.shape
+    H, Dk = n_head, d_qk
+    qkv, _ = linear_forward(x, P["c_attn.weight"], P.get("c_attn.bias"))
+    Dv = (qkv.shape[-1] - 2 * H * Dk) // H
+    future = np.triu(np.ones((T, T), bool), k=1)
+    q = [qkv[..., h * Dk:(h + 1) * Dk] for h in range(H)]
+    k = [qkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk] for h in range(H)]
+    v = [qkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] for h in range(H)]
+    S = np.stack([q[h] @ k[h].transpose(0, 2, 1) / np.sqrt(Dk) for h in range(H)], axis=1)   # (B, H, T, T)
+    Z = mta_conv(np.where(future, 0.0, S), P["theta"]) if conv else S
+    if mix:
+        Z = np.stack([sum(P["mix"][h, g] * Z[:, g] for g in range(H)) for h in range(H)], axis=1)
+    A = softmax(np.where(future, -np.inf, Z))
+    if post:
+        A = np.where(future, 0.0, mta_conv(A, P["theta_post"]))
+    if group:
+        mixed = np.zeros_like(A)
+        for kk in range(H // group):
+            for o in range(group):
+                for p in range(group):
+                    mixed[:, kk * group + o] += P["group_mix"][kk, p, o] * A[:, kk * group + p]
+        A = mixed
+    heads = []
+    for h in range(H):
+        O = A[:, h] @ v[h]                                              # (B, T, Dv)
+        if norm:
+            n = O / np.sqrt(np.mean(O ** 2, axis=-1, keepdims=True) + eps) * P["norm_gain"]
+            s = 1 / (1 + np.exp(-(n @ P["gate_weight"] + P["gate_bias"][0])))
+            O = n * s[..., None]
+        heads.append(O)
+    y, _ = linear_forward(np.concatenate(heads, axis=-1), P["c_proj.weight"], P.get("c_proj.bias"))
+    return y
+
+
+# --- Attention Residuals (Kimi Team, arXiv 2603.15031) ----------------------------------------
+
+
+def _sublayer_forward(P, h, i, kind, x, cfg):
+    """Sublayer ``kind`` ("attn" or "mlp") of block i on its input x: f(norm(x)), with caches."""
+    norm = "ln_1" if kind == "attn" else "ln_2"
+    a, ln = layernorm_forward(x, P[f"{h}{norm}.weight"], P.get(f"{h}{norm}.bias"), cfg.ln_eps)
+    if kind == "attn":
+        y, c = attention_forward(a, P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias"),
+                                 P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"), cfg.n_head, cfg.d_qk)
+    else:
+        y, c = mlp_forward(a, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"), P[h + "mlp.c_proj.weight"],
+                           P.get(h + "mlp.c_proj.bias"), cfg.activation)
+    return y, (ln, c)
+
+
+def _sublayer_backward(dy, cache, h, kind, grads):
+    ln, c = cache
+    norm = "ln_1" if kind == "attn" else "ln_2"
+    if kind == "attn":
+        da, *g = attention_backward(dy, c)
+        names = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias")
+    else:
+        da, *g = mlp_backward(dy, c)
+        names = ("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
+    for name, gi in zip(names, g):
+        grads[h + name] = gi
+    dx, grads[f"{h}{norm}.weight"], grads[f"{h}{norm}.bias"] = layernorm_backward(da, ln)
+    return dx
+
+
+def _head_loss_and_backward(P, cfg, x, targets, grads, weights=None):
+    """ln_f, the head (tied wte^T or lm_head), the (weighted) mean cross-entropy; returns the
+    loss and the gradient of x, with the head's gradients in ``grads``."""
+    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
+    if cfg.tie_head:
+        logits, head = linear_forward(xf, P["wte"].T)
+    else:
+        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
+    p = softmax(logits)
+    w = np.ones(targets.shape) if weights is None else weights
+    picked = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]
+    loss = float(-(w * np.log(picked)).sum() / w.sum())
+    onehot = np.zeros_like(p)
+    np.put_along_axis(onehot, targets[..., None], 1.0, axis=-1)
+    dlogits = (p - onehot) * (w / w.sum())[..., None]                  # d loss / d logits
+    dxf, dw_head, db_head = linear_backward(dlogits, head)
+    if cfg.tie_head:
+        grads["wte"] = dw_head.T
+    else:
+        grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
+    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
+    return loss, dx
+
+
+def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
+    """Mean cross-entropy of a GPT with Attention Residuals (full, or in blocks), and the
+    gradient of every parameter. Sublayer j (attention and MLP of each block in turn) belongs
+    to block n = j // s + 1 (s sublayers a block; block 0 is the embedding) at place k = j % s.
+    Its input is the depth attention of its operation over the sources it reads: every finished
+    block's value S_m (the sum of its outputs; S_0 the embedding) and, from k >= 1 on, its own
+    block's partial sum P_{n,k} = o_{n,0} + ... + o_{n,k-1}. The first sublayer reads S_0 as it
+    is. The state before ln_f is res_f's depth attention over every block.
+
+    Backward, plainly: each source's gradient is the sum of what each of its readers sends;
+    output o_{n,k} enters S_n and every P_{n,k'}, k' > k, so its gradient is dS_n plus those
+    dP_{n,k'}. Walking the sublayers in reverse, every reader of a source comes before it."""
+    B, T = idx.shape
+    C, L = cfg.d_model, cfg.n_layer
+    s = 2 * L // cfg.residual_blocks if cfg.residual_blocks else 1
+    eps = cfg.ln_eps
+    x0, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
+    values = {("S", 0): x0.reshape(-1, C)}                              # source name -> (N, C)
+    reads, caches = [], []
+    for j in range(2 * L):
+        i, kind = j // 2, ("attn", "mlp")[j % 2]
+        h, op = f"h.{i}.", f"h.{i}.{kind}_res."
+        n, k = j // s + 1, j % s
+        names = [("S", m) for m in range(n)] + ([("P", n, k)] if k else [])
+        if j == 0:
+            x_in, op_cache = x0, None
+        else:
+            hx, op_cache = depth_attention_forward([values[name] for name in names], P[op + "query"],
+                                                   P[op + "gain"], eps)
+            x_in = hx.reshape(B, T, C)
+        out, cache = _sublayer_forward(P, h, i, kind, x_in, cfg)
+        o = out.reshape(-1, C)
+        values[("P", n, k + 1)] = o if k == 0 else values[("P", n, k)] + o
+        if k == s - 1:
+            values[("S", n)] = values[("P", n, k + 1)]
+        reads.append(names)
+        caches.append((op_cache, cache))
+    final = [("S", m) for m in range(2 * L // s + 1)]
+    hf, final_cache = depth_attention_forward([values[name] for name in final], P["res_f.query"],
+                                              P["res_f.gain"], eps)
+    grads: dict = {}
+    loss, dhf = _head_loss_and_backward(P, cfg, hf.reshape(B, T, C), targets, grads)
+
+    dsource = {name: np.zeros((B * T, C)) for name in values}
+    dvs, grads["res_f.query"], grads["res_f.gain"] = depth_attention_backward(dhf.reshape(-1, C), final_cache)
+    for name, dv in zip(final, dvs):
+        dsource[name] += dv
+    for j in reversed(range(2 * L)):
+        i, kind = j // 2, ("attn", "mlp")[j % 2]
+        h, op = f"h.{i}.", f"h.{i}.{kind}_res."
+        n, k = j // s + 1, j % s
+        do = dsource[("S", n)] + sum(dsource[("P", n, kk)] for kk in range(k + 1, s))
+        op_cache, cache = caches[j]
+        dx_in = _sublayer_backward(do.reshape(B, T, C), cache, h, kind, grads).reshape(-1, C)
+        if j == 0:
+            dsource[("S", 0)] += dx_in
+            continue
+        dvs, grads[op + "query"], grads[op + "gain"] = depth_attention_backward(dx_in, op_cache)
+        for name, dv in zip(reads[j], dvs):
+            dsource[name] += dv
+    dwte, grads["wpe"] = embedding_backward(dsource[("S", 0)].reshape(B, T, C), emb_cache)
+    grads["wte"] = grads.get("wte", 0) + dwte
+    return loss, {key: v for key, v in grads.items() if v is not None}
+
+
+# --- the encoder-decoder (Vaswani et al. 2017, Figure 1, pre-LN) -------------------------------
+
+
+def _self_attention(P, h, a, cfg, causal, pad):
+    """Self-attention of block ``h`` on a. Non-causal with padded keys is cross-attention of a
+    to itself ([q | k | v] split into c_q = [q] and c_kv = [k | v]): the same equations."""
+    H, Dk = cfg.n_head, cfg.d_qk
+    w, b = P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias")
+    if causal:
+        y, c = attention_forward(a, w, b, P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"), H, Dk)
+        return y, ("causal", c)
+    y, c = cross_attention_forward(a, a, w[:, :H * Dk], None if b is None else b[:H * Dk], w[:, H * Dk:],
+                                   None if b is None else b[H * Dk:], P[h + "attn.c_proj.weight"],
+                                   P.get(h + "attn.c_proj.bias"), H, Dk, pad)
+    return y, ("self-cross", c)
+
+
+def _self_attention_backward(dy, cache):
+    """(da, dw_attn, db_attn, dw_proj, db_proj): the self-cross form sums both paths into a."""
+    form, c = cache
+    if form == "causal":
+        return attention_backward(dy, c)
+    dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj = cross_attention_backward(dy, c)
+    db = None if db_q is None else np.concatenate([db_q, db_kv])
+    return dx + dm, np.concatenate([dw_q, dw_kv], axis=1), db, dw_proj, db_proj
+
+
+def encoder_decoder_loss_and_grads(P: dict, cfg, src, tgt_in, tgt_out):
+    """The encoder-decoder's loss and every gradient. Encoder: embeddings (``enc.wte``,
+    ``enc.wpe``), n_enc_layer pre-LN blocks of non-causal self-attention that no position may
+    read a padded source key through, ``enc.ln_f``: the memory m. Decoder: embeddings, blocks
+    x = x + attn(ln_1(x)); x = x + cross(ln_cross(x), m); x = x + mlp(ln_2(x)), ln_f and the
+    head. The loss is the mean cross-entropy over targets that are not padding. Every decoder
+    layer reads m, so m's gradient is the sum of their cross-attentions' dm."""
+    pad = src == cfg.pad_id if cfg.pad_id is not None else None
+    grads: dict = {}
+    x, enc_emb = embedding_forward(src, P["enc.wte"], P["enc.wpe"])
+    enc = []
+    for i in range(cfg.n_enc_layer):
+        h = f"enc.h.{i}."
+        a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
+        a, attn = _self_attention(P, h, a, cfg, False, pad)
+        x = x + a
+        f, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
+        f, mlp = mlp_forward(f, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"), P[h + "mlp.c_proj.weight"],
+                             P.get(h + "mlp.c_proj.bias"), cfg.activation)
+        x = x + f
+        enc.append((ln1, attn, ln2, mlp))
+    m, enc_lnf = layernorm_forward(x, P["enc.ln_f.weight"], P.get("enc.ln_f.bias"), cfg.ln_eps)
+    y, dec_emb = embedding_forward(tgt_in, P["wte"], P["wpe"])
+    dec = []
+    for i in range(cfg.n_layer):
+        h = f"h.{i}."
+        a, ln1 = layernorm_forward(y, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
+        a, attn = _self_attention(P, h, a, cfg, True, None)
+        y = y + a
+        c, lnc = layernorm_forward(y, P[h + "ln_cross.weight"], P.get(h + "ln_cross.bias"), cfg.ln_eps)
+        c, cross = cross_attention_forward(c, m, P[h + "cross.c_q.weight"], P.get(h + "cross.c_q.bias"),
+                                           P[h + "cross.c_kv.weight"], P.get(h + "cross.c_kv.bias"),
+                                           P[h + "cross.c_proj.weight"], P.get(h + "cross.c_proj.bias"),
+                                           cfg.n_head, cfg.d_qk, pad)
+        y = y + c
+        f, ln2 = layernorm_forward(y, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
+        f, mlp = mlp_forward(f, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"), P[h + "mlp.c_proj.weight"],
+                             P.get(h + "mlp.c_proj.bias"), cfg.activation)
+        y = y + f
+        dec.append((ln1, attn, lnc, cross, ln2, mlp))
+    weights = (tgt_out != cfg.pad_id).astype(float) if cfg.pad_id is not None else None
+    loss, dy = _head_loss_and_backward(P, cfg, y, tgt_out, grads, weights)
+
+    dm = np.zeros_like(m)
+    for i in reversed(range(cfg.n_layer)):
+        h = f"h.{i}."
+        ln1, attn, lnc, cross, ln2, mlp = dec[i]
+        df, *g = mlp_backward(dy, mlp)
+        for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(df, ln2)
+        dy = dy + dln
+        dc, dm_i, *g = cross_attention_backward(dy, cross)
+        for name, gi in zip(("cross.c_q.weight", "cross.c_q.bias", "cross.c_kv.weight", "cross.c_kv.bias",
+                             "cross.c_proj.weight", "cross.c_proj.bias"), g):
+            grads[h + name] = gi
+        dm = dm + dm_i
+        dln, grads[h + "ln_cross.weight"], grads[h + "ln_cross.bias"] = layernorm_backward(dc, lnc)
+        dy = dy + dln
+        da, *g = _self_attention_backward(dy, attn)
+        for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
+        dy = dy + dln
+    dwte, grads["wpe"] = embedding_backward(dy, dec_emb)
+    grads["wte"] = grads.get("wte", 0) + dwte
+    dx, grads["enc.ln_f.weight"], grads["enc.ln_f.bias"] = layernorm_backward(dm, enc_lnf)
+    for i in reversed(range(cfg.n_enc_layer)):
+        h = f"enc.h.{i}."
+        ln1, attn, ln2, mlp = enc[i]
+        df, *g = mlp_backward(dx, mlp)
+        for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(df, ln2)
+        dx = dx + dln
+        da, *g = _self_attention_backward(dx, attn)
+        for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias"), g):
+            grads[h + name] = gi
+        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
+        dx = dx + dln
+    grads["enc.wte"], grads["enc.wpe"] = embedding_backward(dx, enc_emb)
+    return loss, {key: v for key, v in grads.items() if v is not None}
+
+
+# --- sparse decoding's selection (LessIsMore, Yang et al., arXiv 2508.07101) -----------------
+
+
+def select_positions(scores, kind, budget, sinks=4, recency=0.25):
+    """The kept positions of each batch row (and head, for topk), from scores (B, H, n).
+
+    topk: each head's ``budget`` best positions.  window: the first ``sinks`` positions and the
+    last budget - sinks.  lessismore: the sinks, the last ``recent`` positions, and between them
+    ``middle`` = min(int((1 - recency) budget), budget - sinks) positions taken rank by rank --
+    every head's best, then every head's second best, ... -- each position once.
+    Returns sorted lists: [B][K] (lessismore, window) or [B][H][K] (topk)."""
+    B, H, n = scores.shape
+    if kind == "topk":
+        return [[sorted(sorted(range(n), key=lambda j: -scores[b, h, j])[:budget]) for h in range(H)]
+                for b in range(B)]
+    middle = min(int((1 - recency) * budget), budget - sinks)
+    if kind == "window":
+        middle = 0
+    recent = budget - sinks - middle
+    out = []
+    for b in range(B):
+        kept = list(range(sinks)) + list(range(n - recent, n))
+        ranked = [sorted(range(sinks, n - recent), key=lambda j: -scores[b, h, j]) for h in range(H)]
+        chosen = []
+        for rank in range(n):
+            for h in range(H):
+                if rank < len(ranked[h]) and ranked[h][rank] not in chosen and len(chosen) < middle:
+                    chosen.append(ranked[h][rank])
+        out.append(sorted(kept + chosen))
+    return out
