@@ -98,7 +98,7 @@ ATTN_IMPLS = ("auto", "dense", "flash")
 FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, README)
 POSITIONS = ("learned", "rope")
 ARCHS = ("gpt", "encoder-decoder")
-ATTENTIONS = ("standard", "mta")
+ATTENTIONS = ("standard", "mta", "gqa")
 RESIDUALS = ("sum", "attention")
 
 
@@ -142,9 +142,13 @@ class ModelConfig(DictConfig):
                                        "context).", choices=POSITIONS, gpt2="learned")
     rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
                               min=1.0, min_open=True)
-    attention: str = option("standard", "standard, or mta: Multi-Token Attention, a learned convolution over "
-                                        "each head's score map (identity at initialisation).",
+    attention: str = option("standard", "standard; mta: Multi-Token Attention, a learned convolution over "
+                                        "each head's score map (identity at initialisation); gqa: grouped-query "
+                                        "attention, --n-kv-head key/value heads shared by the query heads.",
                             choices=ATTENTIONS, gpt2="standard")
+    n_kv_head: int | None = option(None, "Grouped-query attention: key/value heads, dividing n_head (1: multi-query "
+                                         "attention); the KV cache is n_head / n_kv_head times smaller.",
+                                   min=1, max=128)
     mta_cq: int = option(2, "MTA: query rows of the key-query kernel (the current and cq - 1 past).", min=1, max=64)
     mta_ck: int = option(9, "MTA: key columns of the key-query kernel, centred on the key (odd).", min=1, max=255)
     mta_layers: str = option("all", "MTA: the layers with the key-query convolution, all or e.g. 0,2 (every "

@@ -1,0 +1,125 @@
+"""Grouped-query attention: key and value heads shared by groups of query heads.
+[Ainslie et al., arXiv 2305.13245; multi-query attention: Shazeer, arXiv 1911.02150]
+
+Multi-head attention gives each of the H query heads its own keys and values. Grouped-query
+attention keeps H query heads but only Hkv = ``n_kv_head`` key/value heads, Hkv dividing H:
+query head h reads key/value head h // G, G = H / Hkv (Hkv = 1 is multi-query attention).
+The model computes fewer keys and values, and -- what matters when decoding -- caches
+Hkv (Dk + Dv) numbers per position and layer instead of H (Dk + Dv): G times less memory and
+memory traffic per generated token. Llama 2 70B uses H = 64, Hkv = 8.
+
+Per group of query heads sharing k_j, v_j (j = h // G):
+
+    y_h = softmax(q_h k_j^T / sqrt(Dk)) v_j
+
+Forward: the kernel reads each shared head repeated G times, k' = repeat(k, G), so it is
+standard attention's kernel unchanged. Backward: a repeat's transpose is a sum, so each
+shared head's gradient is the sum of its G readers' [derived]:
+
+    dk_j = sum_{h: h // G = j} dk'_h,    dv_j = sum_{h: h // G = j} dv'_h
+
+Decoding reads the cache as it is: the G query rows of a group are one product against their
+head's cached keys, (G Tn, Dk) x (Dk, t). Sparse decoding (LessIsMore) chooses per key/value
+group, the group's query heads together, since a kept position is a cached row of that group.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import CausalSelfAttention
+from .config import ConfigError
+from .rope import Rotary
+from .sparse import select
+from .variant import Variant
+
+
+class GroupedQueryAttention(CausalSelfAttention):
+    """CausalSelfAttention with ``n_kv_head`` key/value heads; c_attn.weight: (C, H Dk + Hkv (Dk + Dv)),
+    columns [all queries | the Hkv keys | the Hkv values]."""
+
+    def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
+                 dtype=np.float32, n_kv_head: int = 1, **kw):
+        if n_kv_head < 1 or n_head % n_kv_head:
+            raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
+        super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, n_kv_head=n_kv_head, **kw)
+        self.group = n_head // n_kv_head                                   # G: query heads per key head
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
+        rope = cfg.positions == "rope"
+        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.n_kv_head, bias=cfg.bias,
+                   causal=cfg.causal, proj_std=proj_std, impl=cfg.attn_kernel,
+                   rotary=CausalSelfAttention.rotary_of(cfg), window=cfg.n_ctx if rope else None)
+
+    def _expand(self, k: np.ndarray, v: np.ndarray):
+        """k (B, Hkv, T, Dk), v (B, Hkv, T, Dv) -> one copy per query head, (B, H, T, .)."""
+        return np.repeat(k, self.group, axis=1), np.repeat(v, self.group, axis=1)
+
+    def _reduce(self, dk_heads: np.ndarray, dv_heads: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+        """dk_j, dv_j = the sum over the G query heads that read head j."""
+        B, _, T, _ = dk_heads.shape
+        G, Hkv = self.group, self.n_kv_head
+        np.add.reduce(dk_heads.reshape(B, Hkv, G, T, -1), axis=2, out=dk)
+        np.add.reduce(dv_heads.reshape(B, Hkv, G, T, -1), axis=2, out=dv)
+
+    # --- inference (decode.py) --------------------------------------------------------------
+    @classmethod
+    def cache_numbers(cls, cfg) -> int:
+        return cfg.n_ctx * cfg.n_kv_head * (cfg.d_qk + cfg.d_v + 1)
+
+    def _scratch(self, B: int, Tn: int, n_ctx: int, dtype):
+        """The shared scratch, with the query-side arrays grouped (B, Hkv, G, Tn, .): one
+        product per cache head reads its group's queries together."""
+        s = super()._scratch(B, Tn, n_ctx, dtype)
+        H, Hkv, G, Dk, Dv = self.n_head, self.n_kv_head, self.group, self.d_qk, self.d_v
+        s.q = s.qkv[:, :H * Dk].reshape(B, Tn, Hkv, G, Dk).transpose(0, 2, 3, 1, 4)
+        s.att = s.att.reshape(B, Hkv, G, Tn, n_ctx)
+        s.rowmax = s.rowmax.reshape(B, Hkv, G, Tn, 1)
+        s.ysum = s.ysum.reshape(B, Hkv, G, Tn, Dv + 1)
+        s.ysum_v, s.ysum_p = s.ysum[..., :-1], s.ysum[..., -1:]
+        s.y = s.ya.reshape(B, Tn, Hkv, G, Dv).transpose(0, 2, 3, 1, 4)
+        return s
+
+    def _by_cache_head(self, cached: np.ndarray) -> np.ndarray:
+        """(B, Hkv, ., .) -> (B, Hkv, 1, ., .): broadcast over the group's query heads."""
+        return cached[:, :, None]
+
+    def select(self, scores: np.ndarray, rule) -> np.ndarray:
+        """Kept positions per key/value group, (B, Hkv, K), from the scores (B, H, t): the rule
+        ranks over the group's G query heads (topk: over their highest score per position)."""
+        B, H, t = scores.shape
+        grouped = scores.reshape(B * self.n_kv_head, self.group, t)
+        if rule.kind == "topk":
+            grouped = grouped.max(axis=1, keepdims=True)
+        return select(grouped, rule).reshape(B, self.n_kv_head, -1)
+
+
+def _check(cfg) -> None:
+    if cfg.n_kv_head is None:
+        raise ConfigError("grouped-query attention needs --n-kv-head, the key/value heads (1: multi-query)")
+    if cfg.n_head % cfg.n_kv_head:
+        raise ConfigError(f"n_kv_head ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
+
+
+VARIANT = Variant(
+    key="gqa", name="grouped-query attention", active=lambda cfg: cfg.attention == "gqa", axis="attention",
+    options=("n_kv_head",), switch="--attention gqa",
+    refuses={"encoder-decoder": "grouped-query attention is built for the GPT here (the encoder-decoder's "
+                                "cross-attention has no grouped form)",
+             "export": "GPT-2 has a key and a value head for every query head"},
+    check=_check,
+    describe=lambda cfg: ("grouped-query", f"{cfg.n_kv_head} key/value head{'s' * (cfg.n_kv_head != 1)} for "
+                                           f"{cfg.n_head} query heads · KV cache {cfg.n_head // cfg.n_kv_head}× "
+                                           f"smaller"),
+    layer_cases=(
+        ("attention [gqa: 4 heads, 2 key/value heads]",
+         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 3, C // 4, rng, dtype, 2)),
+        ("attention [gqa: multi-query, flash in tiles + rope]",
+         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 1, impl="flash",
+                                                        tiles=(2, 3), rotary=Rotary(2))),
+        ("attention [gqa: 2 key/value heads, causal query blocks]",
+         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 2, split_rows=2))),
+    model_cases=(("gpt [gqa: 2 key/value heads for 4]", dict(attention="gqa", n_head=4, n_kv_head=2)),
+                 ("gpt [gqa: multi-query, rope, untied head]",
+                  dict(attention="gqa", n_head=4, n_kv_head=1, positions="rope", tie_head=False))),
+)

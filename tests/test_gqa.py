@@ -1,0 +1,160 @@
+"""Grouped-query attention: its plain twin, standard attention as its H = Hkv case, the KV cache
+n_head / n_kv_head times smaller, cached and sparse decoding, and the refusals."""
+import numpy as np
+import pytest
+
+from tbp import GPT, ModelConfig
+from tbp.errors import TbpError
+from tbp.nn import CausalSelfAttention, ConfigError
+from tbp.nn import reference_variants as twin
+from tbp.nn.gqa import GroupedQueryAttention
+from tbp.nn.rope import Rotary
+from tbp.nn.sparse import Sparsity
+
+B, T, C = 2, 7, 16
+
+
+def randomize(module, rng, scale=0.5):
+    for p in module.params.values():
+        p[...] = rng.standard_normal(p.shape) * scale
+
+
+@pytest.mark.parametrize("n_kv_head,options", [
+    (2, {}), (1, {}), (4, {}), (2, {"bias": False}), (1, {"causal": False}),
+    (2, {"impl": "flash", "tiles": (2, 3)}), (2, {"split_rows": 2}), (1, {"rope": True}),
+    (2, {"rope": True, "impl": "flash", "tiles": (3, 2)})], ids=str)
+def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, n_kv_head, options):
+    options = dict(options)
+    rope = options.pop("rope", False)
+    layer = GroupedQueryAttention(C, 4, 4, C // 4, rng, np.float64, n_kv_head,
+                                  rotary=Rotary(4) if rope else None, **options)
+    randomize(layer, rng)
+    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    layer.zero_grad()
+    y = layer.forward(x)
+    dx = layer.backward(dy.copy())
+    P = layer.params
+    y_ref, cache = twin.gqa_attention_forward(x, P["c_attn.weight"], P.get("c_attn.bias"), P["c_proj.weight"],
+                                              P.get("c_proj.bias"), 4, n_kv_head, 4, options.get("causal", True),
+                                              10000.0 if rope else None)
+    dx_ref, dw, db, dw_proj, db_proj = twin.gqa_attention_backward(dy, cache)
+    tol = dict(rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(y, y_ref, **tol)
+    np.testing.assert_allclose(dx, dx_ref, **tol)
+    np.testing.assert_allclose(layer.grads["c_attn.weight"], dw, **tol)
+    np.testing.assert_allclose(layer.grads["c_proj.weight"], dw_proj, **tol)
+    if "c_attn.bias" in layer.grads:
+        np.testing.assert_allclose(layer.grads["c_attn.bias"], db, **tol)
+        np.testing.assert_allclose(layer.grads["c_proj.bias"], db_proj, **tol)
+
+
+def test_with_a_key_value_head_per_query_head_it_is_standard_attention(rng):
+    gqa = GroupedQueryAttention(C, 4, 4, 4, rng, np.float64, 4)
+    std = CausalSelfAttention(C, 4, 4, 4, rng, np.float64)
+    randomize(gqa, rng)
+    for k, p in std.params.items():
+        p[...] = gqa.params[k]
+    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    np.testing.assert_array_equal(gqa.forward(x), std.forward(x))
+    np.testing.assert_array_equal(gqa.backward(dy.copy()), std.backward(dy.copy()))
+    for k, g in std.grads.items():
+        np.testing.assert_array_equal(gqa.grads[k], g)
+
+
+def gqa_model(n_kv_head=2, **kw):
+    cfg = dict(vocab_size=13, n_ctx=48, n_layer=3, n_head=4, d_model=16, attention="gqa", n_kv_head=n_kv_head)
+    cfg.update(kw)
+    m = GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+    randomize(m, np.random.default_rng(2), 0.3)
+    return m
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 4])
+def test_the_kv_cache_is_n_head_over_n_kv_head_times_smaller(n_kv_head):
+    """Measured: the bytes the Inference's caches hold, against standard attention's."""
+    std = GPT(ModelConfig(vocab_size=13, n_ctx=48, n_layer=3, n_head=4, d_model=16), dtype=np.float64).inference(2)
+    gqa = gqa_model(n_kv_head).inference(2)
+    assert std.cache_bytes == 4 // n_kv_head * gqa.cache_bytes
+    assert gqa.cache_bytes == gqa.cache_size(gqa.model, 2)
+    assert {a.shape[1] for _, name, a in gqa.caches()} == {n_kv_head}            # (B, Hkv, ., .)
+
+
+@pytest.mark.parametrize("options", [{}, {"positions": "rope", "n_ctx": 16}, {"n_kv_head": 1, "tie_head": False}],
+                         ids=str)
+def test_cached_decoding_equals_the_full_forward_at_every_step(rng, options):
+    m = gqa_model(**options)
+    tokens = rng.integers(0, 13, (3, 16))
+    full = m.forward(tokens)
+    dec = m.inference(3)
+    steps = [dec.forward(tokens[:, :5]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(5, 16)]
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=0, atol=1e-12)
+
+
+def test_rope_decoding_slides_past_the_context(rng):
+    m = gqa_model(positions="rope", n_ctx=8, n_layer=1)
+    tokens = rng.integers(0, 13, (1, 20))
+    dec = m.inference(1)
+    dec.forward(tokens[:, :8])
+    for t in range(8, 20):                      # the ring of slots equals sliding-window attention
+        got = dec.forward(tokens[:, t:t + 1])[:, -1]
+        np.testing.assert_allclose(got, m.forward(tokens[:, t - 7:t + 1])[:, -1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lessismore", "topk", "window"])
+def test_sparse_decoding_chooses_per_key_value_group(rng, kind):
+    """The kept set is one per key/value group (B, Hkv, K), the selection rule applied to the
+    group's query heads together; a budget covering every position is dense bit for bit."""
+    m = gqa_model(n_kv_head=2)
+    tokens = rng.integers(0, 13, (2, 40))
+    sparse = m.inference(2, Sparsity(kind, budget=12, layers=(1,)))
+    dense, full = m.inference(2), m.inference(2, Sparsity(kind, budget=48, layers=(1,)))
+    for d in (sparse, dense, full):
+        d.forward(tokens[:, :4])
+    for t in range(4, 40):
+        got = sparse.forward(tokens[:, t:t + 1])
+        np.testing.assert_array_equal(full.forward(tokens[:, t:t + 1]), dense.forward(tokens[:, t:t + 1]))
+        assert np.isfinite(got).all()
+        if t + 1 <= 12:
+            continue
+        assert sparse.kept.shape == (2, 2, 12)
+        scores = sparse.kept_scores.reshape(2 * 2, 2, t + 1)              # (B Hkv, G, t)
+        if kind == "topk":
+            scores = scores.max(axis=1, keepdims=True)
+        want = twin.select_positions(scores, kind, 12)
+        np.testing.assert_array_equal(sparse.kept.reshape(4, -1), np.array(want).reshape(4, -1))
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(n_kv_head=3), "must divide n_head"),
+    (dict(n_kv_head=None), "needs --n-kv-head"),
+    (dict(attention="standard"), "pass --attention gqa"),
+    (dict(arch="encoder-decoder"), "grouped-query attention is built for the GPT"),
+])
+def test_the_config_refusals(changes, message):
+    cfg = dict(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa", n_kv_head=2)
+    cfg.update(changes)
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**cfg)
+
+
+def test_export_to_gpt2_is_refused_with_the_reason():
+    from tbp.hf import exportable
+    with pytest.raises(TbpError, match="attention = gqa .*a key and a value head for every query head"):
+        exportable(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa",
+                               n_kv_head=2))
+
+
+def test_train_info_and_generate_from_the_cli(tmp_path, corpus_file):
+    from click.testing import CliRunner
+    from tbp.cli.main import main
+    run = lambda args: CliRunner().invoke(main, args, catch_exceptions=False)
+    out = str(tmp_path / "r")
+    r = run(["train", "--data", str(corpus_file), "--out", out, "--attention", "gqa", "--n-kv-head", "1",
+             "--n-layer", "1", "--n-head", "4", "--d-model", "16", "--n-ctx", "16", "--max-iters", "3",
+             "--eval-interval", "3", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    r = run(["info", out])
+    assert r.exit_code == 0 and "grouped-query" in r.output and "1 key/value head for 4 query heads" in r.output
+    r = run(["generate", "--checkpoint", out, "--max-new-tokens", "8", "--seed", "1", "--sparse", "lessismore",
+             "--budget", "6", "--sparse-layers", "0"])
+    assert r.exit_code == 0, r.output
