@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from . import jsonio, schema
-from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, row_starts, write_dataset
+from .dataprep import DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out, read_file, row_starts, versions, \
+    write_dataset
 from .errors import TbpError
-from .fsutil import claim_output
 from .tokenizer import ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, Tokenizer, token_dtype, train_bpe, \
     train_char
 
@@ -199,18 +199,15 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     loss = loss or ("last" if ghost else "assistant")
     if loss not in LOSSES:
         raise TbpError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
-    out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
-    claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
-                 inputs=(source,) if Path(source).exists() else ())
-    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
-        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
+    claim(out, force, (source,) if Path(source).exists() else (), val_fraction)
     t0 = time.perf_counter()
     if ghost:
         convs = [ghost_attention(c) for c in convs]
     texts = [m["content"] for c in convs for m in c]
     if tokenizer is None:
         tokenizer = train_char("".join(texts), CHAT_SPECIALS) if kind == "char" else \
-            train_bpe(texts, vocab_size or 1024, CHAT_SPECIALS)
+            train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB, CHAT_SPECIALS)
     else:
         chat_ids(tokenizer)
         tokenizer.check("".join(texts), source)
@@ -253,7 +250,7 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
         "max_example_tokens": int(max(encoded["train"][2].max(), encoded["val"][2].max(initial=0))),
         "characters": sum(len(t) for t in texts), "val_fraction": val_fraction, "source": source,
         "source_sha256": hashlib.sha256(json.dumps(convs).encode("utf-8")).hexdigest(),
-        "tokenizer_sha256": tokenizer.sha256(), "name": name, "versions": _versions(), "seconds": 0.0,
+        "tokenizer_sha256": tokenizer.sha256(), "name": name, "versions": versions(), "seconds": 0.0,
     }
     if origin:
         meta["task"] = origin
@@ -309,3 +306,6 @@ def load_split(path: Path, split: str, tokens: np.ndarray, meta: dict) -> ChatSp
 
 def check_meta(meta: dict, where: str) -> None:
     schema.check(meta, CHAT_META, where)
+
+
+KIND = Kind("chat", ("train.idx", "val.idx", "train.mask", "val.mask"), check_meta, load_split)

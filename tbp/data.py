@@ -12,47 +12,23 @@ Corpora are read as streams (tbp.corpus) and prepared in bounded memory (tbp.tex
 """
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .version import __version__
 from .errors import ConfigError, TbpError
 from . import schema
-from .jsonio import strip_bom
 from .corpus import BUILTIN, TEXT_SUFFIXES, Corpus, builtin_text, in_memory, open_corpus  # noqa: F401
-from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_dir, write_raw
+from .dataprep import (DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out,  # noqa: F401
+                       read_file, versions)
 from .textprep import DEFAULT_SAMPLE, prepare_text
-from .tokenizer import KINDS, Tokenizer
+from .tokenizer import KINDS as TOKENIZERS, Tokenizer
+from . import chat, pairs
 
 
 
 # --- reading text ---------------------------------------------------------------------------
-def _decode(raw: bytes, where: str, encoding: str) -> str:
-    try:
-        return strip_bom(raw.decode(encoding))        # a byte-order mark is not a character of the text
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise TbpError(f"{where}: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) is not "
-                       f"valid {encoding}; pass --encoding (for example latin-1) if the file uses another")
-    except LookupError:
-        raise TbpError(f"unknown --encoding {encoding!r}") from None
-
-
-def read_file(path: str, encoding: str = "utf-8", what: str = "file") -> tuple[str, str, str]:
-    """(text, where, name) of one file, or of stdin for '-': examples (pairs, conversations)
-    come one file at a time. ``what`` names it in the error for a folder."""
-    if path == "-":
-        return _decode(sys.stdin.buffer.read(), "stdin", encoding), "stdin", "stdin"
-    p = Path(path)
-    if not p.is_file():
-        raise TbpError(f"{p}: {f'a folder; give one {what}' if p.is_dir() else 'no such file'}")
-    return _decode(p.read_bytes(), str(p), encoding), str(p), p.stem
-
-
 def read_corpus(path: str | None, encoding: str = "utf-8") -> tuple[str, str, str]:
     """(text, name, source) of a corpus (corpus.open_corpus), in memory: for small ones."""
     with open_corpus(path, encoding) as c:
@@ -71,35 +47,6 @@ def split_text(text: str, val_fraction: float) -> tuple[str, str]:
 
 
 # --- preparing ------------------------------------------------------------------------------
-DEFAULT_BPE_VOCAB = 1024
-DATASET_FILES = ("meta.json", "tokenizer.json", "train.bin", "val.bin",     # what --force may replace
-                 "train.idx", "val.idx", "train.mask", "val.mask", ".owner")
-
-
-class PrepareReport:
-    """What a front end may observe while text becomes a dataset; every method is optional.
-    A text corpus is read in passes, each a ``phase`` over its input bytes; pairs and chats
-    ``start`` one over their characters. ``advance`` counts the same unit."""
-
-    def start(self, name: str, characters: int) -> None: ...
-    def phase(self, what: str, total_bytes: int) -> None: ...
-    def advance(self, amount: int) -> None: ...
-    def done(self, meta: dict) -> None: ...
-
-
-def default_out(name: str) -> Path:
-    return Path("data") / name
-
-
-def dataset_name(name: str, kind: str = "char", vocab_size: int | None = None,
-                 tokenizer: Tokenizer | None = None) -> str:
-    """The folder name a corpus called ``name`` is prepared under: the name itself for a char
-    tokenizer, ``name-bpeN`` for BPE, ``name-tokXXXXXXXX`` when encoded with a given tokenizer."""
-    if tokenizer is not None:
-        return f"{name}-tok{tokenizer.sha256()[:8]}"
-    return name if kind == "char" else f"{name}-bpe{vocab_size or DEFAULT_BPE_VOCAB}"
-
-
 def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = "char",
                    vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
                    encoding: str = "utf-8", report: PrepareReport | None = None, text_field: str | None = None,
@@ -134,52 +81,15 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
     """
     report = report or PrepareReport()
     out = Path(out)
-    claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
-                 inputs=(corpus.source,) if corpus.spool is None and Path(corpus.source).exists() else ())
-    if kind not in KINDS:
-        raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(KINDS)}")
-    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
-        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    meta = prepare_text(corpus, out, kind, vocab_size, val_fraction, force, tokenizer, report, _versions(),
+    claim(out, force, (corpus.source,) if corpus.spool is None and Path(corpus.source).exists() else (),
+          val_fraction)
+    if kind not in TOKENIZERS:
+        raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(TOKENIZERS)}")
+    meta = prepare_text(corpus, out, kind, vocab_size, val_fraction, force, tokenizer, report, versions(),
                         tokenizer_sample, DEFAULT_BPE_VOCAB)
     meta["path"] = str(out)
     report.done(meta)
     return meta
-
-
-def write_dataset(out: Path, force: bool, tokenizer: Tokenizer, arrays: dict[str, np.ndarray], meta: dict,
-                  t0: float, report: PrepareReport) -> dict:
-    """Write a dataset folder as one: the tokenizer, each array raw under its file name, and
-    meta.json (with the seconds since ``t0``) go into a temporary sibling renamed into place.
-    Returns ``meta`` with the folder's "path"; text, pairs and chat datasets all end here."""
-    with staged_dir(out, force) as tmp:
-        atomic_write_text(tmp / "tokenizer.json", tokenizer.to_str())
-        for name, a in arrays.items():
-            write_raw(tmp / name, a)
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write_json(tmp / "meta.json", meta)
-    meta["path"] = str(out)
-    report.done(meta)
-    return meta
-
-
-def row_starts(totals: np.ndarray, size: int, where: Path, split: str, what: str) -> np.ndarray:
-    """Each row's first token in a split of ``size`` tokens, from the rows' lengths (each in
-    0 .. size, checked by the caller), which must add up to ``size``. The running sum is
-    checked at every row, so lengths crafted to wrap int64 around are caught before they do."""
-    ends = np.cumsum(totals, dtype=np.int64)
-    if ends.size == 0 and size == 0:
-        return np.zeros(0, np.int64)
-    if ends.size == 0 or (ends > size).any() or ends[-1] != size:
-        raise TbpError(f"{where}: {what} lengths do not add up to the {size} tokens of {split}.bin; "
-                       f"the file is damaged")
-    return np.concatenate([[0], ends[:-1]]).astype(np.int64)
-
-
-def _versions() -> dict:
-    import tokenizers
-    return {"tbp": __version__, "tokenizers": tokenizers.__version__, "numpy": np.__version__,
-            "python": sys.version.split()[0]}
 
 
 # --- a run's data -----------------------------------------------------------------------------
@@ -272,12 +182,10 @@ class Dataset:
         if not where.is_file():
             raise TbpError(f"{path}: missing meta.json; prepare it again with tbp prepare --force")
         meta = schema.check(schema.read_json(where), schema.DATASET_META, str(where))
-        kind = meta.get("kind", "text")
-        if kind not in ("text", "pairs", "chat"):
-            raise TbpError(f"{where}: kind {kind!r} is not one this tbp reads (text, pairs, chat)")
-        extra = {"text": (), "pairs": ("train.idx", "val.idx"),
-                 "chat": ("train.idx", "val.idx", "train.mask", "val.mask")}[kind]
-        for f in ("tokenizer.json", "train.bin", "val.bin") + extra:
+        kind = KINDS.get(meta.get("kind", "text"))
+        if kind is None:
+            raise TbpError(f"{where}: kind {meta['kind']!r} is not one this tbp reads ({', '.join(KINDS)})")
+        for f in ("tokenizer.json", "train.bin", "val.bin") + kind.files:
             if not (path / f).is_file():
                 raise TbpError(f"{path}: missing {f}; prepare it again with tbp prepare --force")
         if meta["dtype"] not in ("uint16", "uint32"):
@@ -288,15 +196,18 @@ class Dataset:
             raise TbpError(f"{path}: tokenizer has {tok.vocab_size} tokens, meta.json says {meta['vocab_size']}")
         # a text split prepare checked, unchanged since (size, mtime): not scanned again at every
         # start of a multi-gigabyte run; its batches are checked as they are drawn (tbp.batches)
-        checked = meta.get("checked") if kind == "text" and isinstance(meta.get("checked"), dict) else {}
+        checked = meta.get("checked") if kind is TEXT and isinstance(meta.get("checked"), dict) else {}
         splits = [_read_tokens(path / f"{split}.bin", dtype, meta[f"{split}_tokens"], tok.vocab_size,
                                checked.get(f"{split}.bin")) for split in ("train", "val")]
-        if kind != "text":
-            from . import chat, pairs
-            rows = pairs if kind == "pairs" else chat
-            rows.check_meta(meta, str(where))
-            splits = [rows.load_split(path, split, ids, meta) for split, ids in zip(("train", "val"), splits)]
+        if kind.check_meta is not None:
+            kind.check_meta(meta, str(where))
+        if kind.load_split is not None:
+            splits = [kind.load_split(path, split, ids, meta) for split, ids in zip(("train", "val"), splits)]
         return cls(path, meta, tok, *splits)
+
+
+TEXT = Kind("text")              # flat token arrays: the splits are the arrays themselves
+KINDS = {"text": TEXT, "pairs": pairs.KIND, "chat": chat.KIND}
 
 
 def _read_tokens(f: Path, dtype: np.dtype, count: int, vocab_size: int, stamp=None) -> np.ndarray:

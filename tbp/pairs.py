@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from . import jsonio, schema
-from .data import DATASET_FILES, PrepareReport, _versions, default_out, read_file, row_starts, write_dataset
+from .dataprep import DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out, read_file, row_starts, versions, \
+    write_dataset
 from .errors import TbpError
-from .fsutil import claim_output
 from .nn.config import N_CTX_MAX
 from .tokenizer import EOT, PAD, PAIR_SPECIALS, SEP, Tokenizer, token_dtype, train_bpe, train_char
 
@@ -131,11 +131,8 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     "path"). ``origin`` (a task's parameters) is recorded in the meta; ``lines`` (each pair's
     line in its file) names a refused pair."""
     report = report or PrepareReport()
-    out = Path(out) if out else default_out(name if kind == "char" else f"{name}-bpe{vocab_size or 1024}")
-    claim_output(out, force, DATASET_FILES, "meta.json", "a tbp dataset",
-                 inputs=(source,) if Path(source).exists() else ())
-    if not 0 < val_fraction < 1:        # every trainer evaluates: a dataset without val is of no use
-        raise TbpError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
+    claim(out, force, (source,) if Path(source).exists() else (), val_fraction)
     n_val = max(1, round(len(pairs) * val_fraction))
     if len(pairs) - n_val < 1:
         raise TbpError(f"{source}: {len(pairs)} pair(s) leave nothing to train on after the validation split")
@@ -146,7 +143,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
         if kind == "char":
             tokenizer = train_char(text, PAIR_SPECIALS)
         else:
-            tokenizer = train_bpe(sides, vocab_size or 1024, PAIR_SPECIALS)
+            tokenizer = train_bpe(sides, vocab_size or DEFAULT_BPE_VOCAB, PAIR_SPECIALS)
     else:
         missing = [s for s in PAIR_SPECIALS if s not in tokenizer.hf.get_vocab()]
         if missing:
@@ -184,7 +181,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
         "max_example_tokens": int(all_lengths.sum(1).max()),
         "characters": len(text), "val_fraction": val_fraction, "source": source,
         "source_sha256": hashlib.sha256(json.dumps(pairs).encode("utf-8")).hexdigest(),
-        "tokenizer_sha256": tokenizer.sha256(), "name": name, "versions": _versions(), "seconds": 0.0,
+        "tokenizer_sha256": tokenizer.sha256(), "name": name, "versions": versions(), "seconds": 0.0,
     }
     if origin:
         meta["task"] = origin
@@ -228,3 +225,6 @@ def load_split(path: Path, split: str, tokens: np.ndarray, meta: dict) -> PairSp
 
 def check_meta(meta: dict, where: str) -> None:
     schema.check(meta, PAIRS_META, where)
+
+
+KIND = Kind("pairs", ("train.idx", "val.idx"), check_meta, load_split)
