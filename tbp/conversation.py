@@ -16,6 +16,7 @@ import numpy as np
 from .chat import chat_ids, render
 from .errors import TbpError
 from .generate import Sampling, TextStream, sample
+from .nn import build
 
 
 class Conversation:
@@ -27,8 +28,9 @@ class Conversation:
 
     def __init__(self, model, tok, system: str | None = None, sampling: Sampling | None = None,
                  rng: np.random.Generator | None = None, max_reply: int = 256):
-        if model.config.arch != "gpt":
-            raise TbpError("conversations are for a GPT trained on a chat dataset")
+        why = build.refusal(model.config, "chat")
+        if why is not None:
+            raise TbpError(why)
         self.model, self.tok = model, tok
         self.sp = chat_ids(tok)
         self.n_ctx = model.config.n_ctx

@@ -104,7 +104,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
-    slides = model.config.positions == "rope"
+    slides = model.slides
     # what the uncached path recomputes at each step: the window (learned positions), or with
     # rotary positions every token the last one depends on through L layers of sliding-window
     # attention, L (n_ctx - 1) + 1 of them (further back can reach it through no path)

@@ -52,8 +52,7 @@ def train_bytes(cfg: ModelConfig, tcfg) -> int:
     declared ``activations``: flash keeps fewer, Multi-Token Attention and Attention Residuals
     more)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
-    L = cfg.n_layer + (cfg.n_enc_layer or 0) * 2        # an encoder layer, and a decoder's cross-attention
-    per_token = L * (26 * C + 2 * H * T) + 3 * V + 4 * C
+    per_token = cfg.n_layer * (26 * C + 2 * H * T) + 3 * V + 4 * C
     per_token += sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
     activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
@@ -68,10 +67,12 @@ def check_step_work(cfg: ModelConfig, batch_size: int) -> None:
     """Refuse a configuration whose step would run for minutes (a 64 x 255 MTA kernel at T 512):
     a step that long cannot stop in time when a scheduler sends SIGTERM."""
     for v in build.active(cfg):
-        work = v.step_work(cfg, batch_size) if v.step_work is not None else 0
+        if v.step_work is None:
+            continue
+        work, what, remedy = v.step_work(cfg, batch_size)
         if work > STEP_WORK_LIMIT:
-            raise TbpError(f"{v.name} at this size makes {work:.1e} multiply-adds a step ({STEP_WORK_LIMIT:.0e} "
-                           f"at most: minutes per step on a CPU); use a smaller configuration, context or batch")
+            raise TbpError(f"{what} makes {work:.1e} multiply-adds a step ({STEP_WORK_LIMIT:.0e} at most: minutes "
+                           f"per step on a CPU); {remedy}")
 
 
 def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:

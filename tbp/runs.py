@@ -21,7 +21,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport, resolve_dataset
 from .errors import ConfigError, TbpError
 from .fsutil import RunLock, check_replaceable, sweep_temporaries
-from .nn import LORA_TARGETS, add_lora, build_model
+from .nn import LORA_TARGETS, add_lora, build, build_model
 from .nn.config import KERNEL_FIELDS
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
@@ -364,9 +364,9 @@ def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
 
 def _check_lora(lora: LoraSpec, cfg: ModelConfig) -> None:
     """Usage errors in a LoRA request, named before anything is built or written."""
-    if cfg.arch != "gpt":
-        raise ConfigError("LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
-                          "(drop --lora-rank)")
+    why = build.refusal(cfg, "lora")
+    if why is not None:
+        raise ConfigError(why)
     if not lora.targets:
         raise ConfigError("--lora-targets needs at least one layer")
     # the narrowest side of any adapted matrix: C (c_attn, the projections, c_fc), or V (lm_head)

@@ -239,7 +239,7 @@ def test_causal_query_blocks_equal_the_full_square(T, rows):
         rng = np.random.default_rng(1)
         x, d = rng.standard_normal((2, T, 32)), rng.standard_normal((2, T, 32))
         y = layer.forward(x)
-        assert len(layer.cache[3]) == len(query_blocks(T, split))        # P in that many query blocks
+        assert len(layer.cache[3][1]) == len(query_blocks(T, split))     # P in that many query blocks
         P = layer.weights()
         dx = layer.backward(d)
         results.append((y, P, dx, {k: g.copy() for k, g in layer.grads.items()}))

@@ -8,6 +8,7 @@ import click
 
 from ..bench import bench_generate, bench_train, machine, matmul_peak_gflops
 from ..config import ModelConfig
+from ..nn import build
 from .common import console, fmt_count, kv_table
 from .options import config_options
 
@@ -40,8 +41,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
       tbp bench --n-ctx 1024 --iters 3 --json
     """
     cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
-    if cfg.arch != "gpt":
-        raise click.UsageError("tbp bench times the GPT; an encoder-decoder's speed shows in tbp train's tokens/s")
+    why = build.refusal(cfg, "bench")
+    if why is not None:
+        raise click.UsageError(why)
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
         res.update(bench_train(cfg, batch_size, iters, threads=threads))
@@ -55,8 +57,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     if as_json:
         click.echo(json.dumps(res))
         return
+    attention = next((v.name for v in build.active(cfg) if v.axis == "attention"), "standard attention")
     t = kv_table(f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
-                 f"batch {batch_size} · {cfg.attn_kernel} {'multi-token ' * (cfg.attention == 'mta')}attention{' (auto)' * (cfg.attn_impl == 'auto')} · "
+                 f"batch {batch_size} · {attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
                  f"{cfg.positions} positions", "right")
     t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
                        f" · {res['train_threads']} thread(s)")

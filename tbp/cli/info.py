@@ -138,7 +138,7 @@ def info(path, as_json):
         if variant.describe is not None:
             t.add_row(*variant.describe(cfg))
     defaults = ModelConfig.defaults()
-    shown = set(shape) | {"d_qk", "pad_id", "arch", "attention", "attn_impl", "positions", "residual"}
+    shown = set(shape) | {"d_qk", "pad_id", "arch", "attention", "attn_impl", "positions", "residual", "rope_base"}
     shown |= {name for v in build.VARIANTS for name in v.options}
     changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
                if k not in shown and v != defaults.get(k)]

@@ -26,7 +26,7 @@ Backward [derived; ``u_i = v_i / r_i``, ``q = g * w``, so ``z_i = q . u_i``]:
     dv_i += alpha_i dh + dz_i (q - z_i u_i / C) / r_i
 
 Each source feeds every later operation, so its gradient is a sum over consumers: ``backward``
-adds into the caller's arrays, and :func:`stack_backward` walks the operations in reverse so
+adds into the caller's arrays, and :class:`DepthGrad` walks the operations in reverse so
 that a source's gradient is complete before the sublayer that made it is differentiated. The
 terms that depend on the source alone wait for that moment (:class:`Reads`): summed over all
 its readers they are two matrix products, not a pass per reader.
@@ -324,7 +324,11 @@ class DepthGrad:
     until the block's gradient is needed. Walking the sublayers in reverse, sublayer j of block
     n has output gradient dblock[n] plus what the later sublayers of its block sent to the
     partial sums it is part of (``carry``); its operation then adds into dblock[0 .. n-1] and
-    ``carry``."""
+    ``carry``.
+
+    The blocks call ``output()`` then ``input(op, dh)`` for each sublayer, strictly in turn and
+    in reverse order (Block.backward_stream): ``input`` acts on the sublayer ``output`` named.
+    The number of sources is the one the forward's final operation read."""
 
     def __init__(self, dxf: np.ndarray, scheme: DepthResidual):
         self.shape, C = dxf.shape, dxf.shape[-1]

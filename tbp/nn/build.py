@@ -1,10 +1,12 @@
 """The registry: which class each config value stands for, every variant's declaration, and
 the one way a model is built.
 
-Reading this file tells you every variant there is. A config value maps to a class here; the
-class builds itself from the config (``from_config``), so nothing else in tbp asks which
-attention or residual scheme a model has. The architectures sit above this module (they build
-their blocks from it), so they add themselves to ``ARCH`` at the end of their modules.
+A config value maps to a class here; the class builds itself from the config
+(``from_config``), and what the rest of tbp asks of a variant it asks through ``active``,
+``refusal`` and the declarations (variant.py), not by testing config strings. The
+architectures sit above this module (they build their blocks from it), so they add
+themselves at the end of their modules: ``ARCH["gpt"]`` (gpt.py), ``ARCH["encoder-decoder"]``
+and the encoder-decoder's declaration (seq2seq.py).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .config import ConfigError, ModelConfig
 from .gqa import GroupedQueryAttention
 from .mta import MultiTokenAttention
 from .residual import Sum
-from .variant import Variant
+from .variant import USES, Variant
 
 ATTENTION = {"standard": CausalSelfAttention, "mta": MultiTokenAttention, "gqa": GroupedQueryAttention}
 RESIDUAL = {"sum": Sum, "attention": DepthResidual}
@@ -62,6 +64,16 @@ def active(cfg: ModelConfig) -> list[Variant]:
     return [v for v in VARIANTS if v.active(cfg)]
 
 
+def declarations_are_consistent() -> list[str]:
+    """What is wrong with the declarations: a refusal of a key no variant has and no use
+    (variant.USES) names, or two variants with one key. Empty when all is well (a test asks)."""
+    keys = [v.key for v in VARIANTS]
+    problems = [f"two variants are called {k!r}" for k in set(keys) if keys.count(k) > 1]
+    problems += [f"{v.key} refuses {other!r}, which is neither a variant nor a use"
+                 for v in VARIANTS for other in v.refuses if other not in keys and other not in USES]
+    return problems
+
+
 def refusal(cfg: ModelConfig, use: str) -> str | None:
     """Why ``cfg`` cannot have ``use`` -- another variant's key, or "sparse" / "export" --, or
     None: the reason the first active variant refusing it gives."""
@@ -72,8 +84,9 @@ def refusal(cfg: ModelConfig, use: str) -> str | None:
 
 
 def check(cfg: ModelConfig) -> None:
-    """ModelConfig's validation, from the declarations: each variant's options only with the
-    variant; no pair of active variants one of which refuses the other; each one's own check."""
+    """ModelConfig's validation, from the declarations, in this order: each variant's options
+    only with the variant; no pair of active variants one of which refuses the other (in the
+    order of VARIANTS); each active one's own check."""
     on = active(cfg)
     for v in VARIANTS:
         if v in on:

@@ -178,6 +178,8 @@ class ModelConfig(DictConfig):
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.d_qk is None:
             self.d_qk = self.d_v
+        if not CHECKS:                      # the registry installs them when tbp.nn is imported
+            raise RuntimeError("model configs are checked by tbp.nn.build, which is not imported")
         for check in CHECKS:
             check(self)
         if self.pad_id is not None and self.pad_id >= self.vocab_size:

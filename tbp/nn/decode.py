@@ -115,7 +115,7 @@ class Inference:
                                  f"{cfg.n_layer} layers")
         self.model, self.B, self.dtype = model, batch, model.dtype
         # rotary positions let the cache slide past n_ctx, one token at a time (a ring of slots)
-        self.slides = cfg.positions == "rope"
+        self.slides = model.slides
         self.n_ctx, self.V, self.C = cfg.n_ctx, cfg.vocab_size, cfg.d_model
         self.residual = model.residual
         self.residual_state = self.residual.decode_state()

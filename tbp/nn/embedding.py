@@ -49,7 +49,7 @@ class Embedding(Module):
         if "wpe" in self.grads:
             self.grads["wpe"][:T] += dout.reshape(B, T, C).sum(0)
 
-    # --- inference (the Decoder) ------------------------------------------------------------
+    # --- inference (decode.py) --------------------------------------------------------------
     def decode(self, idx: np.ndarray, t0: int, out: np.ndarray) -> None:
         """out (B*Tn, C) = the embeddings of tokens idx (B, Tn) at positions t0 .. t0+Tn-1."""
         B, Tn = idx.shape

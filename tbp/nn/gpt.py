@@ -73,8 +73,10 @@ class LanguageModel(Module):
     """What every tbp model shares: token embeddings, blocks, a final norm and a head that gives
     next-token logits; one flat layout of its trainable parameters; a masked loss.
 
-    Subclasses build ``embed``, ``blocks``, ``ln_f`` and ``lm_head`` (None: tied to ``wte``),
-    then call :meth:`pack`; they define ``forward``/``backward`` and the loss's inputs.
+    Subclasses build ``embed``, ``blocks``, their ``residual`` scheme (residual.py), ``ln_f``
+    and ``lm_head`` (None: tied to ``wte``), then call :meth:`pack`; they define
+    ``forward``/``backward`` and the loss's inputs, and ``reads_source``/``read_source`` if
+    decoding first reads a source.
     """
 
     CHILD_NAMES = {"embed": "", "blocks": "h", "residual": ""}      # GPT-2's names: wte, wpe, h.0, ...
@@ -117,6 +119,12 @@ class LanguageModel(Module):
     def zero_grad(self) -> None:
         self.layout.grads.fill(0)       # every gradient is a view into it
 
+    @property
+    def slides(self) -> bool:
+        """No learned position table (rotary positions): any length reads, past the context as
+        sliding-window attention, and the KV cache slides with it."""
+        return "wpe" not in self.embed.params
+
     # --- checks -----------------------------------------------------------------------------
     def check_tokens(self, idx: np.ndarray, pos0: int = 0) -> np.ndarray:
         """Validate token ids: integers in [0, V), 2-D (B, T), positions inside the context (with
@@ -131,7 +139,7 @@ class LanguageModel(Module):
         if idx.size and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
             bad = idx[(idx < 0) | (idx >= self.config.vocab_size)][0]
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        if pos0 + idx.shape[1] > self.config.n_ctx and self.config.positions == "learned":
+        if pos0 + idx.shape[1] > self.config.n_ctx and not self.slides:
             raise ValueError(
                 f"sequence of {pos0 + idx.shape[1]} tokens is longer than the context ({self.config.n_ctx})")
         return idx

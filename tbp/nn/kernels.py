@@ -91,7 +91,8 @@ def query_blocks(T: int, rows: int = SPLIT_ROWS) -> list[tuple[int, int]]:
 
 
 def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
-                         rows: int = SPLIT_ROWS, window: int | None = None) -> tuple:
+                         rows: int = SPLIT_ROWS, window: int | None = None,
+                         key_mask: np.ndarray | None = None) -> tuple:
     """Causal ``attend`` with the queries in blocks; returns each block's P.
 
     Queries [a, b) may read only keys [0, b), so block i's scores are (b - a, b): the masked
@@ -99,7 +100,8 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     P v cost (n + 1) / 2n of the full square (3/4 for two), what flash attention's tiles skip
     as well, without its recomputation in the backward. qs, k (B, H, T, Dk); v (B, H, T, Dv);
     out (B, H, T, Dv); ``rows``: the blocks' size (query_blocks); ``window``: each query reads at
-    most this many positions (applied only past it, T > window).
+    most this many positions (applied only past it, T > window); ``key_mask`` (B, 1, 1, T),
+    additive, on keys no query may read.
     """
     T = qs.shape[2]
     mask = causal_mask(T, 0, qs.dtype, window if window and T > window else None)
@@ -107,7 +109,7 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     for a, b in query_blocks(T, rows):
         att = gemm.batched_matmul(qs[:, :, a:b], k[:, :, :b].transpose(0, 1, 3, 2))   # (B, H, b - a, b)
         att += mask[a:b, :b]
-        blocks.append(attend(att, v[:, :, :b], out=out[:, :, a:b]))
+        blocks.append(attend(att, v[:, :, :b], None if key_mask is None else key_mask[..., :b], out=out[:, :, a:b]))
     return tuple(blocks)
 
 
@@ -156,23 +158,27 @@ class Dense:
 class CausalBlocks:
     """Causal dense attention in query blocks of about ``rows`` rows (one block below 2 rows),
     the masked part right of each block never computed (:func:`attend_causal_blocks`).
-    ``window``: sliding-window attention past that many positions."""
+    ``window``: sliding-window attention past that many positions. With a key mask, or past
+    the window, it is one block, the full square (a window's masked part is on the left).
+    ``saved`` is (the rows a block, each block's P)."""
 
     def __init__(self, rows: int = SPLIT_ROWS, window: int | None = None):
         self.rows, self.window = rows, window
 
     def forward(self, qs, k, v, out, key_mask=None):
-        if key_mask is not None:
-            raise ValueError("causal self-attention takes no key padding mask")
-        return attend_causal_blocks(qs, k, v, out, self.rows, self.window)
+        T = qs.shape[2]
+        rows = T if key_mask is not None or (self.window and T > self.window) else self.rows
+        return rows, attend_causal_blocks(qs, k, v, out, rows, self.window, key_mask)
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:
-        attend_causal_blocks_backward(dy, qs, k, v, saved, y, out, self.rows)
+        rows, blocks = saved
+        attend_causal_blocks_backward(dy, qs, k, v, blocks, y, out, rows)
 
     def weights(self, qs, k, saved) -> np.ndarray:
+        rows, blocks = saved
         T = qs.shape[2]
         P = np.zeros(qs.shape[:2] + (T, T), qs.dtype)
-        for (a, b), block in zip(query_blocks(T, self.rows), saved):
+        for (a, b), block in zip(query_blocks(T, rows), blocks):
             P[:, :, a:b, :b] = block
         return P
 

@@ -72,7 +72,7 @@ class LayerNorm(Module):
         dx *= rstd
         return dx.reshape(dout.shape)
 
-    # --- inference (the Decoder) ------------------------------------------------------------
+    # --- inference (decode.py) --------------------------------------------------------------
     def fold(self, W: np.ndarray, b: np.ndarray | None = None, col_scale=None) -> np.ndarray:
         """(C + 1, out) matrix M of the linear layer (W, b) that reads this norm's output, with
         [xhat, 1] @ M == (layernorm(x) @ W + b) * col_scale.

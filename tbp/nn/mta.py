@@ -349,12 +349,15 @@ def _describe(cfg) -> tuple[str, str]:
     return "multi-token", " · ".join(steps)
 
 
-def step_work(cfg, batch_size: int) -> int:
+def step_work(cfg, batch_size: int) -> tuple[int, str, str]:
     """Multiply-adds of the key-query convolutions in one training step: each of cq x ck taps
     passes over every B x H x T x T score map once forward and twice backward (dX and the
-    kernel's gradient), in each convolution layer (twice with mta_post)."""
+    kernel's gradient), in each convolution layer (twice with mta_post). Returns (work, what
+    makes it, what to change)."""
     maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(conv_layers(cfg)) * (2 if cfg.mta_post else 1)
-    return 3 * cfg.mta_cq * cfg.mta_ck * maps
+    return (3 * cfg.mta_cq * cfg.mta_ck * maps,
+            f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} over {cfg.n_ctx} x {cfg.n_ctx} maps",
+            "use a smaller kernel (the paper's is 6 x 11), context or batch")
 
 
 VARIANT = Variant(

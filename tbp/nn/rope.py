@@ -75,7 +75,7 @@ def _check(cfg) -> None:
 
 VARIANT = Variant(
     key="rope", name="rotary positions", active=lambda cfg: cfg.positions == "rope", axis="positions", check=_check,
-    options=("rope_base",), switch="--positions rope",
+    switch="--positions rope",      # rope_base is not its option: older runs saved it with learned positions
     describe=lambda cfg: ("rotary", f"base {cfg.rope_base:g} · past the context of {cfg.n_ctx}, a sliding window"),
     refuses={"export": "GPT-2 learns a vector per position; it has no rotation of queries and keys"},
 )

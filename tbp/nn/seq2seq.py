@@ -231,7 +231,13 @@ VARIANT = Variant(
              "flash": "an encoder-decoder's attention is dense: its padding masks are not in the flash kernel "
                       "(attn_impl auto or dense)",
              "sparse": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
-             "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention"},
+             "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
+             "lora": "LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
+                     "(drop --lora-rank)",
+             "chat": "conversations are for a GPT trained on a chat dataset",
+             "bench": "tbp bench times the GPT; an encoder-decoder's speed shows in tbp train's tokens/s"},
+    # an encoder layer, and each decoder layer's cross-attention, keep what a GPT layer keeps
+    activations=lambda cfg: 2 * cfg.n_enc_layer * (26 * cfg.d_model + 2 * cfg.n_head * cfg.n_ctx),
     check=_check,
 )
 

@@ -9,21 +9,23 @@ architecture (the encoder-decoder), a kernel (flash). Its module declares one ``
 - ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
   one of which ``refuses`` the other (one message, written once, by the variant that knows
   why), and whatever the variant's own ``check`` refuses;
-- ``build.refusal(cfg, use)`` answers the uses outside the model -- "sparse" decoding,
-  "export" to GPT-2 -- for the CLI, hf.py and the decoder alike;
+- ``build.refusal(cfg, use)`` answers the uses outside the model (``USES``: sparse decoding,
+  LoRA, chat, tbp bench) for the CLI, the runs and the decoder alike; the GPT-2 export
+  (hf.py) gives every active variant's "export" reason;
 - ``tbp info`` shows each active variant's ``describe`` row; ``tbp.memory`` adds its
   ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases`` and
   ``model_cases``.
 
 So a new variant is its module (the layer, its backward, its ``VARIANT``), a registry line in
-build.py, its config fields, and its tests.
+build.py, its config fields (with its value among the axis field's choices in config.py, e.g.
+``ATTENTIONS``), its plain twin, and its tests.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-USES = ("sparse", "export")      # what a variant may refuse beside other variants
+USES = ("sparse", "export", "lora", "chat", "bench")      # what a variant may refuse beside other variants
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,8 @@ class Variant:
     describe: the ``tbp info`` row (label, text) of an active variant, or None.
     activations: numbers the training backward keeps per token beyond standard dense
         attention's (negative where it keeps fewer), for the memory estimate.
-    step_work: multiply-adds of one training step that would take minutes, (cfg, batch) -> int,
-        refused above memory.STEP_WORK_LIMIT.
+    step_work: (cfg, batch) -> (multiply-adds of one training step, what makes them, what to
+        change), for work that can take minutes; refused above memory.STEP_WORK_LIMIT.
     layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
     model_cases: gradcheck cases of a small model, (label, config fields).
     """
@@ -62,6 +64,5 @@ class Variant:
     model_cases: tuple = ()
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.refuses if k == self.key]
-        if unknown:
+        if self.key in self.refuses:
             raise ValueError(f"variant {self.key!r} refuses itself")
