@@ -19,6 +19,7 @@ import numpy as np
 
 from .data import Dataset, get_batch
 from .errors import TbpError
+from .nn import model_class
 
 
 class DoesNotFit(TbpError):
@@ -76,13 +77,14 @@ class PairBatches:
     """Whole examples of a pairs dataset, laid out for the model's architecture."""
 
     def __init__(self, ds: Dataset, cfg):
-        self.ds, self.arch = ds, cfg.arch
+        self.ds = ds
+        self.two_streams = model_class(cfg).reads_source      # an encoder-decoder: source and target apart
         meta = ds.meta
         self.sep, self.eot, self.pad = meta["sep_id"], meta["eot_id"], meta["pad_id"]
         for split in ("train", "val"):
             if not len(getattr(ds, split)):
                 raise TbpError(f"{ds.path}: the {split} split has no examples; prepare it with --val-fraction > 0")
-        if cfg.arch == "gpt":
+        if not self.two_streams:
             need = meta["max_example_tokens"] + 1            # source, <|sep|>, target (inputs)
             if need > cfg.n_ctx:
                 raise DoesNotFit(f"{ds.path}: its longest example is {need} tokens as one sequence (source, "
@@ -116,7 +118,7 @@ class PairBatches:
     def collate(self, split: str, ids) -> dict:
         pairs = self.examples(split, ids)
         B = len(pairs)
-        if self.arch == "gpt":
+        if not self.two_streams:
             seqs = [np.concatenate([s, [self.sep], t, [self.eot]]) for s, t in pairs]
             T = max(len(q) for q in seqs) - 1
             idx = np.full((B, T), self.pad, np.int64)
@@ -146,7 +148,7 @@ class ChatBatches:
 
     def __init__(self, ds: Dataset, cfg):
         self.ds, self.pad = ds, ds.meta["pad_id"]
-        if cfg.arch != "gpt":
+        if model_class(cfg).reads_source:
             raise TbpError(f"{ds.path}: conversations train a GPT (drop --arch encoder-decoder)")
         for split in ("train", "val"):
             if not len(getattr(ds, split)):
@@ -188,7 +190,7 @@ def batches_for(ds: Dataset, cfg) -> TextBatches | PairBatches | ChatBatches:
         return PairBatches(ds, cfg)
     if ds.kind == "chat":
         return ChatBatches(ds, cfg)
-    if cfg.arch != "gpt":
+    if model_class(cfg).reads_source:
         raise TbpError(f"{ds.path}: an encoder-decoder trains on paired data "
                        f"(tbp prepare --format pairs, or --task reverse); this dataset is plain text")
     return TextBatches(ds, cfg)
