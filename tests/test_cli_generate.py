@@ -73,3 +73,21 @@ def test_no_checkpoint_at_all(tmp_path, monkeypatch):
 def test_a_dataset_folder_is_not_a_checkpoint(run_dir):
     r = run(["generate", "--checkpoint", run_dir.parent.parent / "data" / "corpus"])
     assert r.exit_code == 1 and "is a prepared dataset, not a checkpoint" in r.output
+
+
+def test_a_stop_string_typed_with_backslash_escapes_stops_at_the_newline(run_dir):
+    """--stop "\\n" as a shell passes it (a backslash and an n) ends the sample at its first
+    newline; without the stop the same seed runs on through several lines."""
+    args = ["generate", "--checkpoint", run_dir, "--prompt", "the", "--max-new-tokens", 300, "--seed", 2]
+    free = run(args)
+    stopped = run(args + ["--stop", "\\n"])
+    assert free.exit_code == stopped.exit_code == 0, stopped.output
+    assert free.stdout.rstrip("\n").count("\n") >= 2                  # the model writes lines
+    text = stopped.stdout.rstrip("\n")
+    assert "\n" not in text and free.stdout.startswith(text)
+
+
+def test_stop_escapes():
+    from tbp.cli.options import unescape
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb"
+    assert unescape("x\\\\n") == "x\\n" and unescape(r"\q") == r"\q" and unescape("end\\") == "end\\"

@@ -13,7 +13,7 @@ from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes
 from ..nn import build
 from ..nn.sparse import KINDS, Sparsity
-from .options import FiniteFloat, refuse_unused
+from .options import FiniteFloat, refuse_unused, stop_strings
 
 
 def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
@@ -88,7 +88,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Make the sampling repeatable.")
 @click.option("--num-samples", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Independent samples, decoded together as one batch.")
-@click.option("--stop", multiple=True, help="End a sample at this string (repeatable).")
+@click.option("--stop", multiple=True, callback=stop_strings,
+              help=r"End a sample at this string (repeatable); \n, \t and \\ stand for a newline, a tab "
+                   r"and a backslash.")
 @click.option("--kv-cache/--no-kv-cache", default=True, show_default=True,
               help="--no-kv-cache recomputes every token's full window: the slow baseline.")
 @click.option("--stream/--no-stream", default=True, show_default=True,

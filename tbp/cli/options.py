@@ -106,6 +106,28 @@ def text_encoding(ctx, param, value):
     return value
 
 
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """``\\n``, ``\\t`` and ``\\\\`` typed in a shell (a backslash, then a letter) as the newline,
+    tab and backslash they stand for; any other backslash is kept as it is."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in ESCAPES:
+            out.append(ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def stop_strings(ctx, param, values) -> tuple[str, ...]:
+    """--stop: each value with its typed escapes read (``--stop "\\n\\n"`` ends at a blank line)."""
+    return tuple(unescape(v) for v in values)
+
+
 def refuse_unused(ctx: click.Context, names: tuple[str, ...], mode: str) -> None:
     """Exit 2 if the user gave any of ``names`` (parameter names), which only ``mode`` reads: an
     option silently ignored would let a user believe it took effect. Whether it was given is
