@@ -119,3 +119,15 @@ def test_causal_blocks_that_drop_the_earlier_blocks_key_gradients_fail(monkeypat
     monkeypatch.setattr(kernels, "attend_causal_blocks_backward", broken)
     rows = _rows("attention [causal, query blocks]")
     assert any(r.tensor == "x (input)" and not r.passed for r in rows)
+
+
+def test_the_table_fits_80_columns_with_every_column():
+    """In an 80-column terminal or a log every line fits and no column is dropped."""
+    from helpers import run
+    r = run(["gradcheck", "--layer", "attention"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.startswith("tensor"))
+    assert header.split() == ["tensor", "shape", "probed", "abs", "err", "rel", "err", "verdict"]
+    assert sum(line.rstrip().endswith(("ok", "zero ok")) for line in lines) > 50

@@ -6,8 +6,6 @@ import time
 
 import click
 from rich.markup import escape
-from rich import box
-from rich.table import Table
 
 from .. import gradcheck as gc
 from .common import console
@@ -43,30 +41,44 @@ def gradcheck(layer, seed, eps, rtol, as_json):
         click.echo(json.dumps({"eps": eps, "rtol": rtol, "seed": seed, "passed": not failed,
                                "rows": [r.to_dict() for r in rows]}, indent=1))
     else:
-        table = Table(title=f"gradcheck: float64, centred differences, eps {eps:g}, rtol {rtol:g}",
-                      caption="probed: entries checked one by one; every tensor also along one random "
-                              "direction.\nzero: exactly 0 by design: the key bias (softmax shift invariance, "
-                              "paper §3.2) and a padded position read as a key (masked).",
-                      caption_justify="left", box=box.SIMPLE_HEAD)
-        for col, width in (("tensor", 20), ("shape", 7), ("probed", 6), ("abs err", 7), ("rel err", 7),
-                           ("verdict", 7)):
-            table.add_column(col, justify="right" if col in ("probed", "abs err", "rel err") else "left",
-                             no_wrap=True, min_width=width)
-        last = None
-        for r in rows:
-            if r.layer != last:
-                table.add_row(f"[bold]{escape(r.layer)}[/]")
-                last = r.layer
-            verdict = "[green]ok[/]" if r.passed else "[bold red]FAIL[/]"
-            if r.note.startswith("zero"):
-                verdict = "[green]zero ok[/]" if r.passed else "[bold red]FAIL[/] (not zero)"
-            elif r.note:
-                verdict += f" [dim]({r.note})[/]"
-            table.add_row("  " + escape(r.tensor), "×".join(map(str, r.shape)), str(r.checked),
-                          f"{r.max_abs:.1e}", f"{r.max_rel:.1e}", verdict)
-        console.print(table)
+        for line in report_lines(rows, eps, rtol):
+            console.print(line, soft_wrap=True)
     worst = max((r.max_rel for r in rows if not r.note.startswith("zero")), default=0.0)
     console.print(f"{len(rows) - len(failed)}/{len(rows)} tensors pass, worst relative error "
                   f"{worst:.1e} (rtol {rtol:g}), {elapsed:.1f}s")
     if failed:
         raise SystemExit(1)
+
+
+WIDTH = 80             # the table fits an 80-column terminal, and a log
+COLUMNS = (("tensor", 30, "<"), ("shape", 9, "<"), ("probed", 6, ">"), ("abs err", 7, ">"), ("rel err", 7, ">"),
+           ("verdict", 0, "<"))
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def report_lines(rows, eps: float, rtol: float) -> list[str]:
+    """The table as lines of at most WIDTH characters (rich markup for colour only): a heading
+    line per case, then a line per tensor; a name too long for its column is cut with "…"."""
+    def line(cells) -> str:
+        return " ".join(f"{_fit(c, w):{a}{w}}" if w else c for c, (_, w, a) in zip(cells, COLUMNS))
+    out = [f"[bold]gradcheck: float64, centred differences, eps {eps:g}, rtol {rtol:g}[/]",
+           line([name for name, _, _ in COLUMNS]), "─" * WIDTH]
+    last = None
+    for r in rows:
+        if r.layer != last:
+            out.append(f"[bold]{escape(_fit(r.layer, WIDTH))}[/]")
+            last = r.layer
+        if r.note.startswith("zero"):
+            verdict = "[green]zero ok[/]" if r.passed else "[bold red]FAIL[/] (not zero)"
+        else:
+            verdict = ("[green]ok[/]" if r.passed else "[bold red]FAIL[/]") + (f" [dim]({escape(r.note)})[/]"
+                                                                                  if r.note else "")
+        cells = ["  " + r.tensor, "×".join(map(str, r.shape)), str(r.checked), f"{r.max_abs:.1e}", f"{r.max_rel:.1e}"]
+        out.append(escape(line(cells + [""])) + verdict)
+    out += ["", "probed: entries checked one by one; each tensor also along a random direction.",
+            "zero: exactly 0 by design: the key bias (softmax shift invariance, paper §3.2)",
+            "and a padded position read as a key (masked)."]
+    return out
