@@ -144,7 +144,7 @@ def test_attention_residuals_run_through_the_command_line(tmp_path, corpus_file,
     assert r.exit_code == 0, r.output
     r = run(["attention", "--checkpoint", out, "--prompt", "the cat", "--depth", "--json"])
     assert r.exit_code == 0, r.output
-    shown = json.loads(r.output)
+    shown = json.loads(r.stdout)
     assert shown["operations"] == ["m0", "a1", "m1", "final"] and shown["sources"] == ["emb", "a0–m0", "a1–m1"]
     np.testing.assert_allclose(np.sum(shown["mean"], axis=1), 1.0, rtol=1e-5)
     r = run(["attention", "--checkpoint", out, "--prompt", "the cat", "--depth"])

@@ -108,14 +108,14 @@ def test_chat_through_a_pipe_equals_the_messages_file(chat_run, tmp_path):
     r = run(["chat", "--checkpoint", chat_run, "--system", "Be loud.", "--seed", "3", "--max-new-tokens", "12"],
             input="the sky?\nthe coal?\n")
     assert r.exit_code == 0, r.output
-    piped = r.output.splitlines()[:2]
+    piped = r.stdout.splitlines()[:2]
     convo = [{"role": "system", "content": "Be loud."}, {"role": "user", "content": "the sky?"},
              {"role": "user", "content": "the coal?"}]
     (tmp_path / "m.jsonl").write_text(json.dumps({"messages": [convo[0], convo[1],
                                                   {"role": "assistant", "content": "ignored"}, convo[2]]}) + "\n")
     r = run(["chat", "--checkpoint", chat_run, "--messages", "m.jsonl", "--seed", "3", "--max-new-tokens", "12"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)["messages"]
+    out = json.loads(r.stdout)["messages"]
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant"]
     assert [out[2]["content"], out[4]["content"]] == piped
 

@@ -91,3 +91,19 @@ def test_stop_escapes():
     from tbp.cli.options import unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb"
     assert unescape("x\\\\n") == "x\\n" and unescape(r"\q") == r"\q" and unescape("end\\") == "end\\"
+
+
+@pytest.mark.parametrize("command", [["generate", "--max-new-tokens", "3"], ["attention", "--prompt", "the"],
+                                     ["info"], ["eval"]], ids=lambda c: c[0])
+def test_every_command_names_the_run_it_read_first(run_dir, command):
+    """Without --checkpoint a command takes the newest run: its first line on stderr says which,
+    and that it was chosen for the user."""
+    r = run(command)
+    assert r.exit_code == 0, r.output
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("run: ") and "checkpoints/g" in first and "the newest" in first
+
+
+def test_a_given_run_is_named_too(run_dir):
+    r = run(["generate", "--checkpoint", run_dir, "--max-new-tokens", "3"])
+    assert r.exit_code == 0 and r.stderr.splitlines()[0] == f"run: {run_dir}"

@@ -139,12 +139,12 @@ def test_train_generate_and_eval_a_pairs_run(tmp_path, monkeypatch, arch):
         assert config["model"]["pad_id"] == 12 and config["model"]["n_enc_layer"] == 1
     r = run(["generate", "--checkpoint", "run", "--prompt", "1234", "--temperature", "0"])
     assert r.exit_code == 0, r.output
-    completion = r.output.splitlines()[0]
+    completion = r.stdout.splitlines()[0]
     assert "1234" not in completion or arch == "gpt"      # the target alone, not the source echoed
     assert set(completion) <= set("0123456789")
     r = run(["eval", "--checkpoint", "run", "--json"])
     assert r.exit_code == 0, r.output
-    figures = json.loads(r.output)
+    figures = json.loads(r.stdout)
     assert {"val_loss", "val_bpb", "exact_match", "examples", "token_accuracy"} <= set(figures)
     assert figures["examples"] == 15 and 0 <= figures["exact_match"] <= 1
     r = run(["info", "run"])
@@ -161,7 +161,7 @@ def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
     clean_fail(run(["export", "run", "--out", "hf"]), 1, "GPT-2 is decoder-only")
     r = run(["attention", "--checkpoint", "run", "--prompt", "12", "--json"])      # cross-attention
     assert r.exit_code == 0, r.output
-    view = json.loads(r.output)
+    view = json.loads(r.stdout)
     assert view["kind"] == "cross-attention" and view["source"] == ["1", "2"]
     w = np.array(view["layers"]["0"])                          # (H, target + end, source)
     assert w.shape == (2, len(view["target"]), 2) and np.allclose(w.sum(-1), 1, atol=1e-5)
@@ -172,14 +172,14 @@ def test_what_an_encoder_decoder_run_refuses(tmp_path, monkeypatch):
     clean_fail(run(["eval", "--checkpoint", "run", "--zero-encoder", "--data", "data/copy", "--limit", "3",
                     "--json", "--best", "--checkpoint", "nope"]), 1, "nope")
     r = run(["eval", "--checkpoint", "run", "--zero-encoder", "--limit", "5", "--json"])
-    assert r.exit_code == 0 and json.loads(r.output)["zero_encoder"] is True
+    assert r.exit_code == 0 and json.loads(r.stdout)["zero_encoder"] is True
 
 
 def test_eval_of_a_text_run_covers_the_whole_validation_split(tmp_path, corpus_file, monkeypatch):
     out = train_tiny(tmp_path, corpus_file, monkeypatch, "run", 5)
     r = run(["eval", "--checkpoint", out, "--json"])
     assert r.exit_code == 0, r.output
-    figures = json.loads(r.output)
+    figures = json.loads(r.stdout)
     assert "exact_match" not in figures
     from tbp import checkpoint
     model, _, cfg = checkpoint.load_model(out)

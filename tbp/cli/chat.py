@@ -13,7 +13,7 @@ from ..chat import read_conversations
 from ..conversation import Conversation
 from ..errors import TbpError
 from ..generate import Sampling
-from .common import console
+from .common import console, the_run
 from .options import FiniteFloat
 
 
@@ -47,7 +47,7 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
       printf 'hello\\nwhat is the sky?\\n' | tbp chat --seed 1
       tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
     """
-    run = run or checkpoint.latest_run()
+    run = the_run(run)
     model, tok, _ = checkpoint.load_model(run, best=best)
     sampling = Sampling(temperature, top_k, top_p)
     if messages_file is not None:

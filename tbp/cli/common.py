@@ -14,6 +14,18 @@ from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
+def the_run(run) -> "Path":
+    """The run a command reads: ``run`` as given, or the newest under checkpoints/, named on
+    stderr either way, first, so that no output comes from a run the user did not mean."""
+    from .. import checkpoint            # the console is needed before the engine is loaded
+    if run is None:
+        run = checkpoint.latest_run()
+        console.print(f"[dim]run: {run} (the newest under checkpoints/; pass --checkpoint to choose)[/]")
+    else:
+        console.print(f"[dim]run: {run}[/]")
+    return run
+
+
 BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"
 
 

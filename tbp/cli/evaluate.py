@@ -11,7 +11,7 @@ from .. import checkpoint
 from ..data import Dataset
 from ..errors import TbpError
 from ..evaluate import evaluate
-from .common import console, kv_table
+from .common import console, kv_table, the_run
 from .options import refuse_unused
 
 
@@ -39,7 +39,7 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
       tbp eval --checkpoint checkpoints/reverse
       tbp eval --checkpoint checkpoints/reverse --zero-encoder --json
     """
-    run = run or checkpoint.latest_run()
+    run = the_run(run)
     model, tok, cfg = checkpoint.load_model(run, best=best)
     if data_dir is None:
         if not cfg.get("data"):

@@ -10,7 +10,7 @@ import numpy as np
 from .. import checkpoint, data, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
-from .common import console, fmt_bytes
+from .common import console, fmt_bytes, the_run
 from ..nn import build
 from ..nn.sparse import KINDS, Sparsity
 from .options import FiniteFloat, refuse_unused, stop_strings
@@ -142,7 +142,7 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
             rule = Sparsity(sparse, budget, layers, recency)
         except ValueError as e:
             raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
-    run = run or checkpoint.latest_run()
+    run = the_run(run)
     text, streamed = _prompt_text(prompt, prompt_file)
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone

@@ -13,7 +13,7 @@ from .. import checkpoint
 from ..config import ModelConfig
 from ..errors import TbpError
 from ..nn import build
-from .common import console, fmt_bytes, kv_table
+from .common import console, fmt_bytes, kv_table, the_run
 from .prepare import summary
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -105,7 +105,7 @@ def info(path, as_json):
       tbp info data/pydoc
       tbp info checkpoints
     """
-    path = path or checkpoint.latest_run()
+    path = path or the_run(None)
     runs = sorted(p.parent for p in path.glob("*/config.json")) if not (path / "config.json").is_file() else []
     if runs:
         _list_runs(path, runs, as_json)

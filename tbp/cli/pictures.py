@@ -12,7 +12,7 @@ from rich.text import Text
 from .. import checkpoint, plot
 from ..errors import TbpError
 from ..nn import build
-from .common import console
+from .common import console, the_run
 from ..nn.sparse import KINDS, Sparsity
 from ..generate import Sampling, generate_ids
 from .generate import source_tokens, start_tokens
@@ -106,7 +106,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     elif depth:
         raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
                                "give one of them")
-    run = run or checkpoint.latest_run()
+    run = the_run(run)
     model, tok, _ = checkpoint.load_model(run, best=best)
     why = build.refusal(model.config, "sparse") if sparse is not None else None
     if why is not None:
