@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -343,9 +344,24 @@ def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) 
     return path, None
 
 
+def relative_to_run(path: Path, run: Path) -> str:
+    """``path`` as a LoRA run records its base: relative to the run (``../pydoc``), so that
+    the two can move together; absolute where no relative path exists (another drive)."""
+    try:
+        return os.path.relpath(path.resolve(), run.resolve())
+    except ValueError:
+        return str(path.resolve())
+
+
+def base_of(run: Path, base: dict) -> Path:
+    """The base run a LoRA run names (config.json's "base"): a relative path is the run's."""
+    path = Path(base["path"])
+    return path if path.is_absolute() else Path(run) / path
+
+
 def _base_weights(run: Path, base: dict) -> Path:
     """The weights a LoRA run's adapters were trained on, proven unchanged by their SHA-256."""
-    base_run = Path(base["path"])
+    base_run = base_of(run, base)
     try:
         path = weights_path(base_run)
     except TbpError:

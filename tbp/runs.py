@@ -242,7 +242,7 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
             weights = checkpoint.weights_path(base_run)
-            base = {"path": str(Path(base_run).resolve()), "sha256": checkpoint.file_sha256(weights)}
+            base = {"path": checkpoint.relative_to_run(Path(base_run), Path(out)), "sha256": checkpoint.file_sha256(weights)}
         record = _record(model.config, tcfg, ds, lora, base)
         record["init_from"] = str(Path(base_run).resolve())
         return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,

@@ -72,3 +72,9 @@ def test_flop_count_matches_a_hand_count():
     cfg = ModelConfig(vocab_size=10, n_ctx=8, n_layer=1, n_head=2, d_model=4)
     # per layer: c_attn 4*12 + c_proj 4*4 + mlp 2*4*16 = 192 weights; head 4*10; attention 2*8*2*(2+2)
     assert train_flops_per_token(cfg) == 3 * (2 * (192 + 40) + 2 * 8 * 2 * 4)
+
+
+def test_losses_keep_their_digits_when_small():
+    from tbp.cli.common import fmt_loss
+    assert fmt_loss(1.37281) == "1.3728" and fmt_loss(0.0123) == "0.0123"
+    assert fmt_loss(0.00412) == "0.00412" and fmt_loss(8.31e-05) == "8.31e-05" and fmt_loss(0.0) == "0.0000"

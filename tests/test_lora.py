@@ -125,3 +125,28 @@ def test_changed_or_missing_base_is_refused(base, tmp_path):
     base_weights.unlink()
     g = run(["generate", "--checkpoint", tmp_path / "ft"])
     assert g.exit_code == 1 and "base model" in g.output and "is missing" in g.output
+
+
+def test_the_base_is_recorded_relative_so_the_runs_move_together(base, tmp_path):
+    """config.json names the base relative to the adapter run (../base); moved side by side,
+    the pair still loads and generates; tbp info shows where the base is."""
+    import shutil
+    assert lora().exit_code == 0
+    assert checkpoint.read_config(tmp_path / "ft")["base"]["path"] == "../base"
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.move(str(tmp_path / "ft"), moved / "ft")
+    shutil.move(str(tmp_path / "base"), moved / "base")
+    r = run(["generate", "--checkpoint", moved / "ft", "--max-new-tokens", 5, "--seed", 1])
+    assert r.exit_code == 0, r.output
+    assert json.loads(run(["info", moved / "ft", "--json"]).stdout)["base"]["path"] == "../base"
+
+
+def test_a_fine_tune_prints_no_loss_expected_at_init_and_a_resume_names_its_step(base, tmp_path):
+    r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", "full", "--max-iters", 3,
+             "--eval-interval", 3, "--eval-batches", 1, "--batch-size", 4])
+    assert r.exit_code == 0, r.output
+    assert "step 1: loss" in r.stderr and "expected at init" not in r.stderr
+    r = run(["train", "--out", "full", "--resume", "--max-iters", 5])
+    assert r.exit_code == 0, r.output
+    assert "resuming from step 3 of 5" in r.stderr

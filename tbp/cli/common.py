@@ -105,6 +105,12 @@ def kv_table(title: str, value_justify: str = "left") -> Table:
     return t
 
 
+def fmt_loss(x: float) -> str:
+    """A loss in nats: four decimals, or three significant digits below 0.01, so that a run
+    that has converged shows how far (8.31e-05, not 0.0000)."""
+    return f"{x:.4f}" if not 0 < abs(x) < 0.01 else f"{x:.3g}" if abs(x) >= 1e-4 else f"{x:.2e}"
+
+
 def fmt_count(n: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:

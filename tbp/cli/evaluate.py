@@ -11,7 +11,7 @@ from .. import checkpoint
 from ..data import Dataset
 from ..errors import TbpError
 from ..evaluate import evaluate
-from .common import console, kv_table, the_run
+from .common import console, fmt_loss, kv_table, the_run
 from .options import refuse_unused
 
 
@@ -62,7 +62,7 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
         click.echo(json.dumps(out, indent=1))
         return
     t = kv_table(f"{run} on {ds.path} (validation)" + (", encoder zeroed" if zero_encoder else ""))
-    t.add_row("loss", f"{out['val_loss']:.4f} per token over {out['val_tokens']:,} tokens "
+    t.add_row("loss", f"{fmt_loss(out['val_loss'])} per token over {out['val_tokens']:,} tokens "
                       f"({out['val_bpb']:.3f} bits/byte)")
     if "token_accuracy" in out:
         t.add_row("next token", f"{100 * out['token_accuracy']:.1f}% of target tokens ranked first "

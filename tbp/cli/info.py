@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from .. import checkpoint
 from ..config import ModelConfig
 from ..errors import TbpError
 from ..nn import build
-from .common import console, fmt_bytes, kv_table, the_run
+from .common import console, fmt_bytes, fmt_loss, kv_table, the_run
 from .prepare import summary
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -68,7 +69,7 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
     for col in ("run", "kind", "shape", "step", "best val"):
         t.add_column(col, justify="right" if col in ("step", "best val") else "left")
     for r in rows:
-        best = f"{r['best_val_loss']:.4f}" if r["best_val_loss"] is not None else "-"
+        best = fmt_loss(r['best_val_loss']) if r["best_val_loss"] is not None else "-"
         t.add_row(r["run"], r["kind"], r["shape"], str(r["step"] if r["step"] is not None else "-"), best)
     console.print(t)
 
@@ -149,19 +150,19 @@ def info(path, as_json):
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
                           f"{', '.join(d['lora']['targets'])}")
-        t.add_row("base", f"{d['base']['path']} (SHA-256 {d['base']['sha256'][:12]}…)")
+        t.add_row("base", f"{os.path.normpath(checkpoint.base_of(Path(d['path']), d['base']))} (SHA-256 {d['base']['sha256'][:12]}…)")
     st = d["state"]
     if st:
         tr = d["train"] or {}
         t.add_row("trained", f"step {st.get('step', 0):,} of {tr.get('max_iters', '?')} · "
                              f"{st.get('tokens_seen', 0):,} tokens · {st.get('elapsed_s', 0):.0f}s")
         if st.get("best_val_loss") is not None:
-            t.add_row("best val loss", f"{st['best_val_loss']:.4f} at step {st['best_step']}")
+            t.add_row("best val loss", f"{fmt_loss(st['best_val_loss'])} at step {st['best_step']}")
     evals = [x for x in d["metrics"] if "val_loss" in x]
     if evals:
         last = evals[-1]
-        t.add_row("last eval", f"step {last['step']}: train {last['eval_train_loss']:.4f} · "
-                               f"val {last['val_loss']:.4f} ({last['val_bpb']:.3f} bits/byte)")
+        t.add_row("last eval", f"step {last['step']}: train {fmt_loss(last['eval_train_loss'])} · "
+                               f"val {fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte)")
     losses = [x["train_loss"] for x in d["metrics"]]
     if losses:
         t.add_row("train loss", f"{sparkline(losses)}  {losses[0]:.2f} → {losses[-1]:.2f}")
@@ -181,6 +182,6 @@ def info(path, as_json):
             curve.add_column(col, justify="right")
         stride = max(1, len(evals) // 12)
         for x in evals[::stride] + ([evals[-1]] if (len(evals) - 1) % stride else []):
-            curve.add_row(str(x["step"]), f"{x['lr']:.2e}", f"{x['eval_train_loss']:.4f}", f"{x['val_loss']:.4f}",
+            curve.add_row(str(x["step"]), f"{x['lr']:.2e}", fmt_loss(x['eval_train_loss']), fmt_loss(x['val_loss']),
                           f"{x['val_bpb']:.3f}")
         console.print(curve)

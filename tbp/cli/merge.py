@@ -29,7 +29,7 @@ def merge(run, out, force):
     cfg = checkpoint.read_config(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
-    inputs = (run, (cfg.get("base") or {}).get("path"))            # the adapter run and its base
+    inputs = (run, checkpoint.base_of(run, cfg["base"]) if cfg.get("base") else None)   # the adapter run and its base
     checkpoint.claim_run_output(out, force, inputs)
     model, tok, cfg = checkpoint.load_model(run)
     merge_lora(model)
@@ -37,7 +37,7 @@ def merge(run, out, force):
     record = {"model": model.config.to_dict(), "train": cfg.get("train"),
               # what it was trained on, and how (a pairs run completes sources): the merged model's too
               **{k: cfg.get(k) for k in checkpoint.DATA_FIELDS}, "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
-                                                          "base": cfg.get("base")},
+                                                          "base": {**cfg["base"], "path": str(inputs[1].resolve())}},
               "step": state.get("step", 0)}
     checkpoint.save_plain(out, model, tok, record, force, inputs)
     console.print(f"merged {run} (rank {cfg['lora']['rank']}, {', '.join(cfg['lora']['targets'])}) "

@@ -15,7 +15,7 @@ from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..tokenizer import KINDS
 from ..train import Callbacks
-from .common import console, fmt_count, kv_table
+from .common import console, fmt_count, fmt_loss, kv_table
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
 
@@ -46,15 +46,21 @@ class Progress(Callbacks):
         else:
             what += f" · {meta['train_tokens']:,} train tokens"
         workers = trainer.workers
-        tqdm.write(f"{what} · vocabulary {V} · {workers.workers} thread(s), products by {workers.gemm.name} · "
-                   f"run {trainer.run}", file=sys.stderr)
+        world = distributed.current()
+        where = f"{world.size} ranks × {workers.workers} thread(s)" if world.size > 1 else f"{workers.workers} thread(s)"
+        tqdm.write(f"{what} · vocabulary {V} · {where}, products by {workers.gemm.name} · run {trainer.run}",
+                   file=sys.stderr)
+        if trainer.state.step:
+            tqdm.write(f"resuming from step {trainer.state.step:,} of {trainer.cfg.max_iters:,}", file=sys.stderr)
+        # the loss a fresh model starts at; a fine-tuned or resumed one starts wherever it was
+        self.fresh = not trainer.state.step and not trainer.config_record.get("init_from")
 
     def step(self, trainer, m):
         if self.first and trainer.state.step == 1:
-            tqdm.write(f"step 1: loss {m['train_loss']:.4f} (expected at init: ln V = {self.expected:.4f})",
-                       file=sys.stderr)
+            at_init = f" (expected at init: ln V = {self.expected:.4f})" if self.fresh else ""
+            tqdm.write(f"step 1: loss {fmt_loss(m['train_loss'])}{at_init}", file=sys.stderr)
         self.first = False
-        post = {"loss": f"{m['train_loss']:.4f}", "lr": f"{m['lr']:.2e}"}
+        post = {"loss": fmt_loss(m['train_loss']), "lr": f"{m['lr']:.2e}"}
         if "tokens_per_s" in m:
             self.tok_s = m["tokens_per_s"]
         if getattr(self, "tok_s", None):
@@ -62,7 +68,7 @@ class Progress(Callbacks):
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
         if "val_loss" in m:
-            tqdm.write(f"step {m['step']}: train {m['eval_train_loss']:.4f} · val {m['val_loss']:.4f} "
+            tqdm.write(f"step {m['step']}: train {fmt_loss(m['eval_train_loss'])} · val {fmt_loss(m['val_loss'])} "
                        f"({m['val_bpb']:.3f} bits/byte) · lr {m['lr']:.2e} · {fmt_count(m['tokens_per_s'])} tok/s",
                        file=sys.stderr)
 
@@ -111,9 +117,9 @@ def _summary(trainer, state, interrupted: bool):
     t.add_row("steps", f"{state.step:,} / {trainer.cfg.max_iters:,}")
     last = _last_eval(trainer.run)
     if last:
-        t.add_row("final val loss", f"{last['val_loss']:.4f} ({last['val_bpb']:.3f} bits/byte) at step {last['step']}")
+        t.add_row("final val loss", f"{fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte) at step {last['step']}")
     if state.best_val_loss is not None:
-        t.add_row("best val loss", f"{state.best_val_loss:.4f} at step {state.best_step}")
+        t.add_row("best val loss", f"{fmt_loss(state.best_val_loss)} at step {state.best_step}")
     t.add_row("tokens seen", f"{state.tokens_seen:,}")
     t.add_row("time", f"{state.elapsed_s:.1f}s ({fmt_count(state.tokens_seen / max(state.elapsed_s, 1e-9))} tok/s)")
     t.add_row("checkpoint", str(trainer.run))
