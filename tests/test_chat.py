@@ -166,3 +166,10 @@ def test_bits_per_byte_are_of_what_the_loss_is_on(tmp_path, loss, tokens, nbytes
     meta = chat.prepare_chat([CONV, CONV], "c", "test", tmp_path / "c", val_fraction=0.5, loss=loss)
     assert meta["val_target_tokens"] == tokens          # "ok" + <|end|> (and "yo" + <|end|>)
     assert meta["val_target_bytes"] == nbytes
+
+
+def test_generate_on_a_chat_model_stops_at_the_end_marker_and_points_to_chat(chat_run):
+    r = run(["generate", "--checkpoint", chat_run, "--prompt", "the sky?", "--max-new-tokens", 200,
+             "--seed", 1, "--num-samples", 3])
+    assert r.exit_code == 0, r.output
+    assert "<|end|>" not in r.stdout and "tbp chat --checkpoint" in r.stderr

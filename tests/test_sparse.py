@@ -117,3 +117,13 @@ def test_generate_with_sparse_decoding_from_the_cli(tmp_path, corpus_file, monke
     clean_fail(run(["generate", "--checkpoint", run_dir, "--sparse", "topk", "--no-kv-cache"]), 2, "--no-kv-cache")
     clean_fail(run(["generate", "--checkpoint", run_dir, "--sparse", "topk", "--sparse-layers", 5]), 2,
                "the model has 2 layers")
+
+
+def test_the_stats_line_names_the_sparse_rule_on_one_line(tmp_path, corpus_file, monkeypatch):
+    from helpers import run, train_tiny
+    out = train_tiny(tmp_path, corpus_file, monkeypatch, "s", 3, "--positions", "rope", "--n-layer", "2")
+    r = run(["generate", "--checkpoint", out, "--max-new-tokens", 40, "--sparse", "lessismore", "--budget", 8,
+             "--sparse-layers", 1], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stderr.splitlines() if "tokens/s" in x)
+    assert "sparse lessismore, budget 8, selection layer 1" in line and len(line) > 80

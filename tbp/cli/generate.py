@@ -13,6 +13,7 @@ from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
 from ..nn import build
 from ..nn.sparse import KINDS, Sparsity
+from ..tokenizer import END
 from .options import FiniteFloat, refuse_unused, stop_strings
 
 
@@ -169,6 +170,10 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         ids = ids[-n_ctx:]
     if note:
         console.print(f"[dim]{note}[/]")
+    if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker
+        stop = tuple(stop) + (END,)
+        console.print(f"[dim]a chat model: each sample ends at {END}; tbp chat --checkpoint {run} holds a "
+                      f"conversation[/]")
     rng = np.random.default_rng(seed)
     stats = Stats()
     streaming = stream and num_samples == 1
@@ -194,6 +199,10 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     out.flush()
     tps = stats.new_tokens / max(stats.decode_s + stats.prefill_s, 1e-9)
     cache = f" · KV cache {fmt_bytes(stats.cache_bytes)}" if kv_cache else " · no KV cache"
+    if rule is not None:
+        cache += (f" · sparse {rule.kind}, budget {rule.budget}, selection layer{'s' * (len(rule.layers) > 1)} "
+                  f"{','.join(map(str, rule.layers))}")
+    # one line in a log too: not wrapped at 80 columns mid-phrase
     console.print(f"[dim]{stats.new_tokens} tokens × {num_samples} sample(s) in "
                   f"{stats.prefill_s + stats.decode_s:.2f}s ({tps:.0f} tokens/s; prompt {stats.prompt_tokens} "
-                  f"tokens, prefill {stats.prefill_s * 1e3:.0f} ms){cache} · {run}[/]")
+                  f"tokens, prefill {stats.prefill_s * 1e3:.0f} ms){cache} · {run}[/]", soft_wrap=True)
