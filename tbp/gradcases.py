@@ -137,7 +137,7 @@ def _loss_case(rng) -> Case:
         ce.forward(logits, targets)
         return [Target("logits (input)", logits, ce.backward())]
 
-    return Case("cross_entropy", f, prepare)
+    return Case("cross-entropy", f, prepare)
 
 
 def _weighted_loss_case(rng) -> Case:
@@ -156,7 +156,7 @@ def _weighted_loss_case(rng) -> Case:
         ce.forward(logits, targets, weights)
         return [Target("logits (input)", logits, ce.backward())]
 
-    return Case("cross_entropy [weights]", f, prepare)
+    return Case("cross-entropy [weights]", f, prepare)
 
 
 S_SRC = 7           # source length != target length T, the last position padded in row 0
@@ -254,7 +254,7 @@ def _depth_case(rng, C: int, K: int = 4) -> Case:
         op.backward(w.copy(), dvs)
         return _targets(op) + [Target(f"v_{i} (source)", v, dv) for i, (v, dv) in enumerate(zip(vs, dvs))]
 
-    return Case(f"depth attention [{K} sources]", f, prepare)
+    return Case(f"depth-attention [{K} sources]", f, prepare)
 
 
 def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted: bool = False) -> Case:
@@ -323,7 +323,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
                            CrossAttention(C, H, 4, C // H, rng, f64), rng, C, H, 4))
     out.append(_cross_case("cross-attention [d_qk=3 != d_v=4]",
                            CrossAttention(C, H, 3, C // H, rng, f64), rng, C, H, 3))
-    out.append(_cross_case("decoder block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
+    out.append(_cross_case("decoder-block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
     out.append(_depth_case(rng, C))
     out.append(_loss_case(rng))
     out.append(_weighted_loss_case(rng))

@@ -164,7 +164,7 @@ def test_a_backward_that_treats_the_depth_weights_as_constants_fails_the_check(m
 
     monkeypatch.setattr(DepthAttention, "backward", broken)
     rng = np.random.default_rng(0)
-    case = next(c for c in gradcheck.cases(rng) if c.layer.startswith("depth attention"))
+    case = next(c for c in gradcheck.cases(rng) if c.layer.startswith("depth-attention"))
     rows = gradcheck.check_case(case, rng)
     assert [r.passed for r in rows if "source" in r.tensor] == [False] * 4
 

@@ -30,10 +30,10 @@ def test_cases_cover_every_layer_and_option():
     names = " ".join(CASES)
     for needle in ("embedding", "linear [bias=off]", "lora", "layernorm [eps=0]", "layernorm [no bias]",
                    "d_qk=3 != d_v=4", "non-causal", "mlp [gelu]", "mlp [relu]", "block",
-                   "cross_entropy", "tied head", "untied head", "gpt + lora", "cross_entropy [weights]",
+                   "cross-entropy", "tied head", "untied head", "gpt + lora", "cross-entropy [weights]",
                    "gpt [masked loss]", "key padding", "cross-attention [Tq=5, Tk=7, padded key]",
-                   "decoder block", "encoder-decoder [tied head, padding]", "1 enc + 2 dec",
-                   "depth attention", "attention residuals: full", "attention residuals: 2 blocks"):
+                   "decoder-block", "encoder-decoder [tied head, padding]", "1 enc + 2 dec",
+                   "depth-attention", "attention residuals: full", "attention residuals: 2 blocks"):
         assert needle in names
 
 
@@ -98,7 +98,7 @@ def test_an_embedding_backward_that_overwrites_repeated_tokens_fails(monkeypatch
 def test_a_loss_gradient_off_by_the_mean_fails(monkeypatch):
     orig = CrossEntropy.backward
     monkeypatch.setattr(CrossEntropy, "backward", lambda self: orig(self) * 2)
-    assert not _rows("cross_entropy")[0].passed
+    assert not _rows("cross-entropy")[0].passed
 
 
 def test_run_filters_by_layer_and_rejects_unknown():
@@ -131,3 +131,8 @@ def test_the_table_fits_80_columns_with_every_column():
     header = next(line for line in lines if line.startswith("tensor"))
     assert header.split() == ["tensor", "shape", "probed", "abs", "err", "rel", "err", "verdict"]
     assert sum(line.rstrip().endswith(("ok", "zero ok")) for line in lines) > 50
+
+
+def test_layer_names_are_one_spelling_and_the_former_ones_still_read():
+    assert all(" " not in name and "_" not in name for name in gradcheck.LAYERS)
+    assert [r.layer for r in gradcheck.run(layer="cross_entropy")] == [r.layer for r in gradcheck.run(layer="cross-entropy")]

@@ -12,9 +12,20 @@ from .common import console
 from .options import FiniteFloat
 
 
+def _layer(ctx, param, value):
+    """--layer: one of gc.LAYERS (a former spelling is read as its new one)."""
+    if value is None:
+        return None
+    value = gc.FORMER_NAMES.get(value, value)
+    if value not in gc.LAYERS:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(gc.LAYERS)}", param=param)
+    return value
+
+
 @click.command()
-@click.option("--layer", type=click.Choice(gc.LAYERS), default=None,
-              help="Check only this layer's cases (default: every layer and the whole model).")
+@click.option("--layer", callback=_layer, default=None, metavar="NAME",
+              help="Check only this layer's cases: " + ", ".join(gc.LAYERS) + " (default: every layer and "
+                   "the whole model).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for the random instances, probes and directions.")
 @click.option("--eps", type=FiniteFloat(min=0, min_open=True, max=1e-2), default=gc.DEFAULT_EPS,
