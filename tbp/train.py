@@ -32,6 +32,7 @@ class Callbacks:
     """What a front end may observe; every method is optional."""
 
     def start(self, trainer: "Trainer") -> None: ...
+    def evaluating(self, trainer: "Trainer") -> None: ...                # an evaluation begins
     def step(self, trainer: "Trainer", metrics: dict) -> None: ...     # has val_loss on evals
     def saved(self, trainer: "Trainer", step: int, best: bool) -> None: ...
 
@@ -149,12 +150,15 @@ class Trainer:
                 now = time.perf_counter()
                 metrics["tokens_per_s"] = tokens_log / max(now - t_log, 1e-9)
                 metrics["elapsed_s"] = st.elapsed_s
-                t_log, tokens_log = now, 0
+                tokens_log = 0
                 if is_eval:
+                    self.cb.evaluating(self)
                     metrics.update(self.evaluate())
+                    st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     if not math.isfinite(metrics["val_loss"]):
                         raise NonFiniteError(f"step {st.step}: validation loss is {metrics['val_loss']}; "
                                              f"not saving (last good checkpoint: step {self.last_saved_step})")
+                t_log = time.perf_counter()                            # tokens/s: training steps only
                 self._log(json.dumps(metrics))
             self.cb.step(self, metrics)
             if is_eval:

@@ -230,3 +230,23 @@ def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus
     assert set(lora.model.grads) == {f"h.{i}.attn.c_attn.{k}" for i in range(2) for k in ("lora_down", "lora_up")}
     with pytest.raises(ConfigError, match="pick one"):
         runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, init_from=tmp_path / "a"))
+
+
+def test_the_final_evaluation_is_announced_and_inside_the_run_time(tmp_path, dataset):
+    """A front end hears each evaluation begin (the bar says so); the run's elapsed time, and
+    so the summary's, includes the evaluations, the last one too, and tokens/s leaves them out."""
+    import time
+
+    class SlowEval(Callbacks):
+        calls = 0
+
+        def evaluating(self, trainer):
+            SlowEval.calls += 1
+            time.sleep(0.3)
+
+    tr = new_trainer(tmp_path, dataset, callbacks=SlowEval(), max_iters=4, eval_interval=2)
+    state = tr.run_loop()
+    assert SlowEval.calls == 2 and state.elapsed_s >= 0.6
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert checkpoint.read_state(tmp_path / "run")["elapsed_s"] == pytest.approx(state.elapsed_s)
+    assert logged[-1]["tokens_per_s"] > 0

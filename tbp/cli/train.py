@@ -55,7 +55,13 @@ class Progress(Callbacks):
         # the loss a fresh model starts at; a fine-tuned or resumed one starts wherever it was
         self.fresh = not trainer.state.step and not trainer.config_record.get("init_from")
 
+    def evaluating(self, trainer):
+        if self.bar is not None:
+            self.bar.set_description("eval", refresh=True)
+
     def step(self, trainer, m):
+        if self.bar is not None and "val_loss" in m:
+            self.bar.set_description("train", refresh=False)
         if self.first and trainer.state.step == 1:
             at_init = f" (expected at init: ln V = {self.expected:.4f})" if self.fresh else ""
             tqdm.write(f"step 1: loss {fmt_loss(m['train_loss'])}{at_init}", file=sys.stderr)
