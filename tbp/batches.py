@@ -60,12 +60,12 @@ class TextBatches:
     def tokens(batch: dict) -> int:
         return batch["idx"].size
 
-    def ordered(self, split: str, batch_size: int):
+    def ordered(self, split: str, batch_size: int, every: int = 1):
         """Every whole window of the split once, in order (evaluation): non-overlapping
-        n_ctx-token windows, batch_size at a time."""
+        n_ctx-token windows, batch_size at a time; with ``every`` k, every k-th of them."""
         data = getattr(self.ds, split)
         T = self.n_ctx
-        starts = np.arange(0, data.size - T, T)
+        starts = np.arange(0, data.size - T, T)[::every]
         for i in range(0, len(starts), batch_size):
             rows = starts[i:i + batch_size, None] + np.arange(T + 1)[None, :]
             window = np.asarray(data[rows], dtype=np.int64)
@@ -105,8 +105,8 @@ class PairBatches:
     def tokens(batch: dict) -> int:
         return int(np.count_nonzero(batch["weights"]))     # target tokens the loss is on
 
-    def ordered(self, split: str, batch_size: int):
-        """Every example of the split once, in order."""
+    def ordered(self, split: str, batch_size: int, every: int = 1):
+        """Every example of the split once, in order (``every``: read whole, examples are few)."""
         n = len(getattr(self.ds, split))
         for i in range(0, n, batch_size):
             yield self.collate(split, np.arange(i, min(n, i + batch_size)))
@@ -166,7 +166,8 @@ class ChatBatches:
     def tokens(batch: dict) -> int:
         return int(np.count_nonzero(batch["weights"]))
 
-    def ordered(self, split: str, batch_size: int):
+    def ordered(self, split: str, batch_size: int, every: int = 1):
+        """Every conversation of the split once, in order (``every``: read whole)."""
         n = len(getattr(self.ds, split))
         for i in range(0, n, batch_size):
             yield self.collate(split, np.arange(i, min(n, i + batch_size)))

@@ -11,17 +11,39 @@ from .data import Dataset
 from .nn import LanguageModel
 
 
-def split_loss(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32) -> tuple[float, int]:
+SPLIT_EVAL_TOKENS = 1 << 20      # the most a run's final evaluation reads: beyond, every k-th window
+
+
+def split_loss(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32, losses=None,
+               every: int = 1) -> tuple[float, int]:
     """(mean loss per loss-bearing token, tokens) over the whole split, in order: every
-    non-overlapping window of text, or every example of a pairs dataset (its target tokens)."""
+    non-overlapping window of text, or every example of a pairs dataset (its target tokens).
+    ``losses`` maps a list of batches to their mean losses (a trainer's workers; default: the
+    model, one batch at a time); ``every``: a text split's every k-th window only. The sum runs
+    batch by batch in order, so a trainer's figure and ``tbp eval``'s are the same number."""
     batches = batches_for(ds, model.config)
+    losses = losses or (lambda group: [model.loss(**b) for b in group])
     total, tokens = 0.0, 0
+    group: list = []
     with np.errstate(over="ignore", invalid="ignore"):
-        for batch in batches.ordered(split, batch_size):
-            n = batches.tokens(batch)
-            total += model.loss(**batch) * n
-            tokens += n
+        for batch in list(batches.ordered(split, batch_size, every)) + [None]:
+            if batch is not None:
+                group.append(batch)
+            if group and (batch is None or len(group) == 8):      # a few batches at a time, for the workers
+                for b, loss in zip(group, losses(group)):
+                    n = batches.tokens(b)
+                    total += loss * n
+                    tokens += n
+                group = []
     return total / max(tokens, 1), tokens
+
+
+def split_stride(ds: Dataset, limit: int = SPLIT_EVAL_TOKENS) -> int:
+    """k such that every k-th window of a text split reads at most about ``limit`` tokens (1:
+    the whole split); paired and chat splits are read whole."""
+    if ds.kind != "text":
+        return 1
+    return max(1, -(-ds.val.size // limit))
 
 
 def token_accuracy(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32) -> float:

@@ -78,5 +78,6 @@ DATASET_META = {"format": int, "tokenizer": str, "vocab_size": int, "dtype": str
                 "source?": str, "characters?": int, "bytes_per_token?": float, "seconds?": float}
 
 METRICS_LINE = {"step": int, "lr": float, "train_loss": float, "grad_norm?": float, "tokens_per_s?": float,
-                "elapsed_s?": float, "val_loss?": float, "eval_train_loss?": float, "val_bpb?": float}
+                "elapsed_s?": float, "val_loss?": float, "eval_train_loss?": float, "val_bpb?": float,
+                "val_split_loss?": float, "val_split_tokens?": int, "val_split_every?": int, "val_split_bpb?": float}
 EVAL_KEYS = ("val_loss", "eval_train_loss", "val_bpb")       # an evaluation writes all of them

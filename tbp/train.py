@@ -25,6 +25,7 @@ from .fsutil import append_line, atomic_write_text
 from .nn import LanguageModel
 from .optim import AdamW, clip_grads, lr_at
 from .distributed import Ranks, World
+from .evaluate import split_loss, split_stride
 from .parallel import available_cores, data_parallel
 
 
@@ -154,6 +155,8 @@ class Trainer:
                 if is_eval:
                     self.cb.evaluating(self)
                     metrics.update(self.evaluate())
+                    if st.step == cfg.max_iters:                   # the run's final figure: the split itself
+                        metrics.update(self.evaluate_split())
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     if not math.isfinite(metrics["val_loss"]):
                         raise NonFiniteError(f"step {st.step}: validation loss is {metrics['val_loss']}; "
@@ -176,6 +179,15 @@ class Trainer:
                 out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses))
         out["val_bpb"] = out["val_loss"] / math.log(2) / self.data.bytes_per_loss_token
         return out
+
+    def evaluate_split(self) -> dict:
+        """The mean loss over the validation split itself, in order -- what ``tbp eval`` reports --
+        rather than over the fixed batches (an estimate, the curve's): every window of a text
+        split up to SPLIT_EVAL_TOKENS, every k-th beyond (``val_split_every``)."""
+        every = split_stride(self.data)
+        loss, tokens = split_loss(self.model, self.data, "val", losses=self.workers.losses, every=every)
+        return {"val_split_loss": loss, "val_split_tokens": tokens, "val_split_every": every,
+                "val_split_bpb": loss / math.log(2) / self.data.bytes_per_loss_token}
 
     def save(self, val_loss: float | None) -> None:
         st = self.state

@@ -14,7 +14,8 @@ def test_info_on_a_run_and_on_its_dataset(tmp_path, corpus_file, monkeypatch):
     assert run(["train", "--data", corpus_file, "--out", "checkpoints/r", "--max-iters", 10, *TINY]).exit_code == 0
     r = run(["info", "checkpoints/r"])
     assert r.exit_code == 0, r.output
-    for text in ("2 layers", "parameters per layer", "h.1.mlp", "best val loss", "evaluations"):
+    for text in ("2 layers", "parameters per layer", "h.1.mlp", "best (estimate)", "evaluations",
+                 "final val loss", "over the whole validation split"):
         assert text in r.output
     d = json.loads(run(["info", "checkpoints/r", "--json"]).stdout)
     assert d["state"]["step"] == 10 and d["kind"] == "model"

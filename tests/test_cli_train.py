@@ -124,3 +124,27 @@ def test_loaded_model_reproduces_logits(trained):
 
 def test_resume_needs_out():
     clean_fail(run(["train", "--resume"]), 2, "--resume needs --out")
+
+
+def test_the_final_val_loss_is_the_split_itself_and_eval_agrees(tmp_path, corpus_file, monkeypatch):
+    """Two validation figures, each named: the fixed batches every eval reads (an estimate, the
+    curve's), and at the end the whole split in order, the very number tbp eval reports."""
+    import json as js
+    from helpers import train_tiny
+    from tbp.checkpoint import read_metrics
+    out = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
+    last = [m for m in read_metrics(out) if "val_loss" in m][-1]
+    assert last["val_split_every"] == 1 and last["val_split_tokens"] > 0
+    r = run(["eval", "--checkpoint", out, "--json"])
+    assert r.exit_code == 0, r.output
+    assert js.loads(r.stdout)["val_loss"] == last["val_split_loss"]
+    assert js.loads(r.stdout)["val_tokens"] == last["val_split_tokens"]
+
+
+def test_a_large_split_is_read_every_kth_window():
+    from types import SimpleNamespace
+    import numpy as np
+    from tbp.evaluate import split_stride
+    ds = SimpleNamespace(kind="text", val=np.zeros(10_000_000))
+    assert split_stride(ds) == 10 and split_stride(ds, limit=20_000_000) == 1
+    assert split_stride(SimpleNamespace(kind="pairs", val=[0] * 10)) == 1

@@ -111,6 +111,14 @@ def fmt_loss(x: float) -> str:
     return f"{x:.4f}" if not 0 < abs(x) < 0.01 else f"{x:.3g}" if abs(x) >= 1e-4 else f"{x:.2e}"
 
 
+def split_figure(m: dict) -> str:
+    """A run's final loss over its validation split (a metrics line's val_split_*), in words."""
+    where = "the whole validation split" if m.get("val_split_every", 1) == 1 else \
+        f"every {m['val_split_every']}th window of the validation split"
+    return f"{fmt_loss(m['val_split_loss'])} ({m['val_split_bpb']:.3f} bits/byte) over {where}, " \
+           f"{m['val_split_tokens']:,} tokens"
+
+
 def fmt_count(n: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:

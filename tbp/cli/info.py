@@ -14,7 +14,7 @@ from .. import checkpoint
 from ..config import ModelConfig
 from ..errors import TbpError
 from ..nn import build
-from .common import console, fmt_bytes, fmt_loss, kv_table, the_run
+from .common import console, fmt_bytes, fmt_loss, kv_table, split_figure, the_run
 from .prepare import summary
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -157,12 +157,15 @@ def info(path, as_json):
         t.add_row("trained", f"step {st.get('step', 0):,} of {tr.get('max_iters', '?')} · "
                              f"{st.get('tokens_seen', 0):,} tokens · {st.get('elapsed_s', 0):.0f}s")
         if st.get("best_val_loss") is not None:
-            t.add_row("best val loss", f"{fmt_loss(st['best_val_loss'])} at step {st['best_step']}")
+            t.add_row("best (estimate)", f"{fmt_loss(st['best_val_loss'])} at step {st['best_step']}")
     evals = [x for x in d["metrics"] if "val_loss" in x]
     if evals:
         last = evals[-1]
+        if "val_split_loss" in last:
+            t.add_row("final val loss", split_figure(last))
         t.add_row("last eval", f"step {last['step']}: train {fmt_loss(last['eval_train_loss'])} · "
-                               f"val {fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte)")
+                               f"val {fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte), the fixed "
+                               f"batches' estimate")
     losses = [x["train_loss"] for x in d["metrics"]]
     if losses:
         t.add_row("train loss", f"{sparkline(losses)}  {losses[0]:.2f} → {losses[-1]:.2f}")

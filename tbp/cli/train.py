@@ -15,7 +15,7 @@ from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..tokenizer import KINDS
 from ..train import Callbacks
-from .common import console, fmt_count, fmt_loss, kv_table
+from .common import console, fmt_count, fmt_loss, kv_table, split_figure
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
 
@@ -122,10 +122,13 @@ def _summary(trainer, state, interrupted: bool):
     t = kv_table("interrupted: saved, resume with --resume" if interrupted else "training finished")
     t.add_row("steps", f"{state.step:,} / {trainer.cfg.max_iters:,}")
     last = _last_eval(trainer.run)
+    if last and "val_split_loss" in last:
+        t.add_row("final val loss", split_figure(last))
     if last:
-        t.add_row("final val loss", f"{fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte) at step {last['step']}")
+        t.add_row("val estimate", f"{fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte) at step "
+                                  f"{last['step']}, on the {trainer.cfg.eval_batches} fixed batches of every eval")
     if state.best_val_loss is not None:
-        t.add_row("best val loss", f"{fmt_loss(state.best_val_loss)} at step {state.best_step}")
+        t.add_row("best (estimate)", f"{fmt_loss(state.best_val_loss)} at step {state.best_step}")
     t.add_row("tokens seen", f"{state.tokens_seen:,}")
     t.add_row("time", f"{state.elapsed_s:.1f}s ({fmt_count(state.tokens_seen / max(state.elapsed_s, 1e-9))} tok/s)")
     t.add_row("checkpoint", str(trainer.run))
