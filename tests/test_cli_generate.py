@@ -107,3 +107,35 @@ def test_every_command_names_the_run_it_read_first(run_dir, command):
 def test_a_given_run_is_named_too(run_dir):
     r = run(["generate", "--checkpoint", run_dir, "--max-new-tokens", "3"])
     assert r.exit_code == 0 and r.stderr.splitlines()[0] == f"run: {run_dir}"
+
+
+def test_many_prompts_from_a_file_as_json_lines(run_dir, tmp_path):
+    """--prompts: one prompt a line; --json: a record per sample with its prompt, settings and
+    seed; prompt i uses seed + i, so its record repeats a single run with that seed."""
+    import json
+    (tmp_path / "p.txt").write_text("the cat\n\nthe dog\nline 3\n")
+    r = run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.txt", "--max-new-tokens", 12,
+             "--seed", 5, "--num-samples", 2, "--json"])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["prompt"], x["sample"], x["seed"]) for x in records] == [
+        ("the cat", 0, 5), ("the cat", 1, 5), ("the dog", 0, 6), ("the dog", 1, 6), ("line 3", 0, 7), ("line 3", 1, 7)]
+    assert records[0]["temperature"] == 0.8 and records[0]["max_new_tokens"] == 12 and records[0]["run"] == str(run_dir)
+    one = run(["generate", "--checkpoint", run_dir, "--prompt", "the dog", "--max-new-tokens", 12, "--seed", 6,
+               "--num-samples", 2, "--json"])
+    assert [json.loads(line)["completion"] for line in one.stdout.splitlines()] == \
+        [x["completion"] for x in records if x["prompt"] == "the dog"]
+    text = run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.txt", "--max-new-tokens", 5])
+    assert text.exit_code == 0 and text.stdout.count("=== prompt") == 3
+
+
+def test_prompts_as_json_lines_and_their_refusals(run_dir, tmp_path):
+    from helpers import clean_fail
+    (tmp_path / "p.jsonl").write_text('{"prompt": "the cat"}\n"the dog"\n')
+    r = run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.jsonl", "--max-new-tokens", 4, "--json"])
+    assert r.exit_code == 0, r.output
+    assert [line.split('"prompt": ')[1].split(",")[0] for line in r.stdout.splitlines()] == ['"the cat"', '"the dog"']
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"text": 3}\n')
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "bad.jsonl"]), 1, "bad.jsonl:2")
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.jsonl", "--prompt", "x"]), 2,
+               "not both")

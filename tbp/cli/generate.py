@@ -1,13 +1,14 @@
 """`tbp generate`: stream text from a checkpoint."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
-from .. import checkpoint, data, memory
+from .. import checkpoint, data, jsonio, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
@@ -29,6 +30,28 @@ def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
     if not sys.stdin.isatty():
         return data.read_file("-")[0], True
     return "", False
+
+
+def read_prompts(path: str) -> list[str]:
+    """The prompts of --prompts FILE ('-': stdin): JSON lines (each a string, or an object with a
+    string "prompt"), when the file is .jsonl or its first line is JSON; else one per line. Blank
+    lines are skipped; a bad line is named file:line."""
+    text, where, _ = data.read_file(path, what="file of prompts")
+    numbered = [(n, line) for n, line in jsonio.lines(text) if line.strip()]
+    if not numbered:
+        raise TbpError(f"{where}: no prompts (one a line, or JSON lines)")
+    as_json = where.endswith((".jsonl", ".ndjson")) or numbered[0][1].lstrip().startswith(("{", '"'))
+    if not as_json:
+        return [line for _, line in numbered]
+    out = []
+    for n, line in numbered:
+        value = jsonio.parse(line, f"{where}:{n}")
+        if isinstance(value, dict):
+            value = value.get("prompt")
+        if not isinstance(value, str):
+            raise TbpError(f"{where}:{n}: expected a JSON string or an object with a string \"prompt\"")
+        out.append(value)
+    return out
 
 
 def _one_line_end_off(text: str) -> str:
@@ -79,7 +102,12 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
               help="Run directory. Default: the most recently saved run under checkpoints/.")
 @click.option("--prompt", default=None, help="Text to continue. Default: stdin when piped, else none.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Read the prompt from a file.")
+              help="Read the prompt from a file (one prompt, any number of lines).")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE",
+              help="Many prompts: one per line, or JSON lines (strings, or objects with \"prompt\"); '-' for "
+                   "stdin. Each is sampled in turn, prompt i with seed --seed + i.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON lines on stdout: one record per sample, with its prompt, settings and seed.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--temperature", type=FiniteFloat(min=0), default=0.8, show_default=True,
               help="Softmax temperature; 0 is greedy.")
@@ -108,8 +136,8 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
                    "layers after them); layers before the first stay dense.")
 @click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
               help="With --sparse lessismore: the share of the budget given to the most recent tokens.")
-def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, seed, num_samples, stop,
-             kv_cache, stream, best, sparse, budget, sparse_layers, recency):
+def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, seed,
+             num_samples, stop, kv_cache, stream, best, sparse, budget, sparse_layers, recency):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -128,6 +156,7 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
       tbp generate --checkpoint checkpoints/shakespeare --prompt "ROMEO:" --temperature 0.7 --top-k 40
       echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
       tbp generate --checkpoint checkpoints/reverse --prompt 12345 --temperature 0
+      tbp generate --prompts prompts.txt --max-new-tokens 100 --seed 0 --json > samples.jsonl
     """
     sampling = Sampling(temperature, top_k, top_p)
     rule = None
@@ -144,7 +173,10 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         except ValueError as e:
             raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
     run = the_run(run)
-    text, streamed = _prompt_text(prompt, prompt_file)
+    if prompts_file is not None and (prompt is not None or prompt_file is not None):
+        raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
+    texts = [(t, False) for t in read_prompts(prompts_file)] if prompts_file is not None \
+        else [_prompt_text(prompt, prompt_file)]
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
@@ -157,6 +189,37 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
                       f"sampling {num_samples} sequence(s) from {run}")
+    if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker
+        stop = tuple(stop) + (END,)
+        console.print(f"[dim]a chat model: each sample ends at {END}; tbp chat --checkpoint {run} holds a "
+                      f"conversation[/]")
+    settings = {"run": str(run), "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "max_new_tokens": max_new_tokens, "stop": list(stop), "kv_cache": kv_cache,
+                "sparse": None if rule is None else {"kind": rule.kind, "budget": rule.budget,
+                                                     "layers": list(rule.layers), "recency": rule.recency}}
+    for k, (text, streamed) in enumerate(texts):
+        if len(texts) > 1 and not as_json:
+            sys.stdout.write(f"=== prompt {k + 1} ===\n")
+        seed_k = None if seed is None else seed + k
+        stream_k = stream and num_samples == 1 and not as_json and len(texts) == 1
+        completions, prompt_shown = _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed_k,
+                                            num_samples, max_new_tokens, kv_cache, tuple(stop), rule, stream_k, run)
+        if as_json:
+            for i, completion in enumerate(completions):
+                sys.stdout.write(json.dumps({"prompt": text, "prompt_index": k, "sample": i, "seed": seed_k,
+                                             "completion": completion, **settings}) + "\n")
+        elif not stream_k:
+            for i, completion in enumerate(completions):
+                if num_samples > 1:
+                    sys.stdout.write(f"--- sample {i + 1} ---\n")
+                sys.stdout.write(prompt_shown + completion + "\n")
+        sys.stdout.flush()
+
+
+def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_samples, max_new_tokens, kv_cache,
+            stop, rule, streaming, run) -> tuple[list[str], str]:
+    """One prompt's samples: (each sample's completion, the prompt text the output shows before
+    it). Streams to stdout as it goes when ``streaming``; prints the stats line on stderr."""
     n_ctx = model.config.n_ctx
     if completes:
         ids, note = source_tokens(tok, _one_line_end_off(text) if streamed else text, n_ctx, seq2seq)
@@ -170,33 +233,22 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
         ids = ids[-n_ctx:]
     if note:
         console.print(f"[dim]{note}[/]")
-    if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker
-        stop = tuple(stop) + (END,)
-        console.print(f"[dim]a chat model: each sample ends at {END}; tbp chat --checkpoint {run} holds a "
-                      f"conversation[/]")
     rng = np.random.default_rng(seed)
     stats = Stats()
-    streaming = stream and num_samples == 1
     outputs = [""] * num_samples
     out = sys.stdout
     if streaming:
         out.write(text)
         out.flush()
     for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
-                                  kv_cache, tuple(stop), stats, rule):
+                                  kv_cache, stop, stats, rule):
         if streaming:
             out.write(piece)
             out.flush()
-        else:
-            outputs[i] += piece
+        outputs[i] += piece
     if streaming:
         out.write("\n")
-    else:
-        for i, o in enumerate(outputs):
-            if num_samples > 1:
-                out.write(f"--- sample {i + 1} ---\n")
-            out.write(text + o + "\n")
-    out.flush()
+        out.flush()
     tps = stats.new_tokens / max(stats.decode_s + stats.prefill_s, 1e-9)
     cache = f" · KV cache {fmt_bytes(stats.cache_bytes)}" if kv_cache else " · no KV cache"
     if rule is not None:
@@ -206,3 +258,4 @@ def generate(run, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p
     console.print(f"[dim]{stats.new_tokens} tokens × {num_samples} sample(s) in "
                   f"{stats.prefill_s + stats.decode_s:.2f}s ({tps:.0f} tokens/s; prompt {stats.prompt_tokens} "
                   f"tokens, prefill {stats.prefill_s * 1e3:.0f} ms){cache} · {run}[/]", soft_wrap=True)
+    return outputs, text
