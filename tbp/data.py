@@ -72,12 +72,14 @@ def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "cha
 
 def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int | None = None,
                  val_fraction: float = 0.1, force: bool = False, tokenizer: Tokenizer | None = None,
-                 report: PrepareReport | None = None, tokenizer_sample: int = DEFAULT_SAMPLE) -> dict:
+                 report: PrepareReport | None = None, tokenizer_sample: int = DEFAULT_SAMPLE,
+                 unknown: str = "refuse") -> dict:
     """Train (or reuse) a tokenizer, encode both splits, write the dataset folder atomically,
     streaming the corpus in bounded memory (tbp.textprep).
 
     Returns the dataset's meta dict (with its "path"). ``tokenizer`` reuses an existing
-    tokenizer (a checkpoint's when resuming or fine-tuning) instead of training one.
+    tokenizer (a checkpoint's when resuming or fine-tuning) instead of training one; ``unknown``
+    says what becomes of characters a given char tokenizer lacks (refuse, drop, space).
     """
     report = report or PrepareReport()
     out = Path(out)
@@ -86,7 +88,7 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
     if kind not in TOKENIZERS:
         raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(TOKENIZERS)}")
     meta = prepare_text(corpus, out, kind, vocab_size, val_fraction, force, tokenizer, report, versions(),
-                        tokenizer_sample, DEFAULT_BPE_VOCAB)
+                        tokenizer_sample, DEFAULT_BPE_VOCAB, unknown)
     meta["path"] = str(out)
     report.done(meta)
     return meta
@@ -94,7 +96,8 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
 
 # --- a run's data -----------------------------------------------------------------------------
 def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: str = "char",
-                    vocab_size: int | None = None, report: PrepareReport | None = None) -> Dataset:
+                    vocab_size: int | None = None, report: PrepareReport | None = None,
+                    unknown: str = "refuse") -> Dataset:
     """A prepared folder as is; a text file (or folder of text) prepared on the fly; None -> the
     built-in corpus. With ``tokenizer`` (resume / fine-tune) the text is encoded with it."""
     if arg is not None and Path(arg).is_dir() and (Path(arg) / "meta.json").is_file():
@@ -104,7 +107,8 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
             raise TbpError(f"{arg}: no such file or directory")
         with open_corpus(arg, spool_dir=Path("data")) as corpus:
             sha = corpus.sha256()                # a stream: the corpus is never held in memory
-            out = default_out(dataset_name(corpus.name, kind, vocab_size, tokenizer))
+            out = default_out(dataset_name(corpus.name, kind, vocab_size, tokenizer)
+                              + ("" if unknown == "refuse" else f"-{unknown}"))
             ds = _reuse(out, sha, tokenizer)
             if ds is None and _holds_other_text(out, sha):
                 # two corpora with the same file name: never prepare one over the other's dataset
@@ -112,7 +116,7 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
                 ds = _reuse(out, sha, tokenizer)
             if ds is None:
                 prepare_from(corpus, out, kind, vocab_size, force=out.exists(), tokenizer=tokenizer,
-                                  report=report)
+                             report=report, unknown=unknown)
                 ds = Dataset.load(out)
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():
         why = (f"{ds.path}: its tokenizer differs from the checkpoint's "

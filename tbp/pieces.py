@@ -93,15 +93,25 @@ def check_encodable(tok: Tokenizer) -> None:
                        "prepare the data with a tokenizer tbp trained")
 
 
-class CharCodes:
-    """A char tokenizer's ids as a lookup table over code points: id = table[ord(c)]."""
+UNKNOWN = ("refuse", "drop", "space")      # what a char tokenizer does with a character it lacks
 
-    def __init__(self, tok: Tokenizer):
+
+class CharCodes:
+    """A char tokenizer's ids as a lookup table over code points: id = table[ord(c)].
+    ``unknown``: a character the tokenizer lacks is refused (``tok.check`` names them all), left
+    out ("drop"), or encoded as a space ("space"); ``unknown_count`` counts them."""
+
+    def __init__(self, tok: Tokenizer, unknown: str = "refuse"):
         singles = {t: i for t, i in tok.hf.get_vocab().items() if len(t) == 1}
         # one entry past the largest code point: -1, where every code point beyond it is looked up
         self.table = np.full(max(map(ord, singles), default=0) + 2, -1, dtype=np.int64)
         for t, i in singles.items():
             self.table[ord(t)] = i
+        if unknown not in UNKNOWN:
+            raise ValueError(f"unknown characters are refused, dropped or spaced, not {unknown!r}")
+        if unknown == "space" and " " not in singles:
+            raise TbpError("--unknown-chars space: this char tokenizer has no space to put in their place")
+        self.unknown, self.space, self.unknown_count = unknown, singles.get(" ", -1), 0
 
     def ids(self, text: str, tok: Tokenizer, where: str) -> np.ndarray | None:
         """The ids of ``text``, or None after ``tok.check`` has raised naming what it lacks."""
@@ -112,7 +122,11 @@ class CharCodes:
             raise
         out = self.table[np.minimum(codes, self.table.size - 1)]
         if out.size and out.min() < 0:
-            tok.check(text, where)                  # raises, naming every missing character
+            if self.unknown == "refuse":
+                tok.check(text, where)              # raises, naming every missing character
+            lacking = out < 0
+            self.unknown_count += int(np.count_nonzero(lacking))
+            out = out[~lacking] if self.unknown == "drop" else np.where(lacking, self.space, out)
         return out
 
 
@@ -120,9 +134,10 @@ class PieceEncoder:
     """Feed text in any blocks; ``write`` receives the ids, in order, as arrays of ``dtype``.
     The ids equal ``tok.encode(whole text)`` (but at counted seams, see the module docstring)."""
 
-    def __init__(self, tok: Tokenizer, dtype, write: Callable[[np.ndarray], None], where: str = "text"):
+    def __init__(self, tok: Tokenizer, dtype, write: Callable[[np.ndarray], None], where: str = "text",
+                 unknown: str = "refuse"):
         self.tok, self.dtype, self.write, self.where = tok, np.dtype(dtype), write, where
-        self.codes = CharCodes(tok) if tok.kind == "char" else None
+        self.codes = CharCodes(tok, unknown) if tok.kind == "char" else None
         self.pending = ""
         self.tokens = self.seams = 0
 

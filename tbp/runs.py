@@ -55,6 +55,7 @@ class RunRequest:
     lora: LoraSpec | None = None
     model: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    unknown_chars: str = "refuse"       # text encoded with a run's char tokenizer: its unknown characters
 
 
 def start(req: RunRequest, callbacks: Callbacks | None = None,
@@ -70,6 +71,9 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         raise ConfigError("--resume needs --out, the run to continue")
     if req.lora is not None and req.init_from is None:
         raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
+    if req.unknown_chars != "refuse" and req.init_from is None and not req.resume:
+        raise ConfigError("--unknown-chars is for text encoded with another run's tokenizer (--init-from or "
+                          "--resume); a new run's tokenizer is made from its text and lacks nothing")
     tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
     if req.init_from is not None:
         _check_base(req.init_from, req.lora, req.model)          # before any data is prepared
@@ -81,10 +85,12 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         ds = None
         if req.data is not None:
             checkpoint.read_config(req.out)
-            ds = resolve_dataset(req.data, Tokenizer.load(Path(req.out) / "tokenizer.json"), report=report)
+            ds = resolve_dataset(req.data, Tokenizer.load(Path(req.out) / "tokenizer.json"), report=report,
+                                 unknown=req.unknown_chars)
         return resume(req.out, req.train, req.model, ds, callbacks)
     if req.init_from is not None:
-        ds = resolve_dataset(req.data, Tokenizer.load(Path(req.init_from) / "tokenizer.json"), report=report)
+        ds = resolve_dataset(req.data, Tokenizer.load(Path(req.init_from) / "tokenizer.json"), report=report,
+                             unknown=req.unknown_chars)
         out = req.out or Path("checkpoints") / f"{Path(req.init_from).name}-{'lora' if req.lora else 'ft'}"
         return init_from(out, req.init_from, tcfg, ds, req.force, req.lora, req.model, callbacks)
     ds = resolve_dataset(req.data, None, req.tokenizer, req.vocab_size, report=report)

@@ -56,7 +56,25 @@ def _read(corpus: Corpus, report, char: bool) -> dict:
             seen = np.pad(seen, (0, max(0, counts.size - seen.size)))
             seen[:counts.size] += counts
     alphabet = {chr(c) for c in np.flatnonzero(seen)}
-    return {"characters": n, "bytes": nbytes, "sha256": h.hexdigest(), "blank": blank, "alphabet": alphabet}
+    return {"characters": n, "bytes": nbytes, "sha256": h.hexdigest(), "blank": blank, "alphabet": alphabet,
+            "counts": {chr(c): int(seen[c]) for c in np.flatnonzero(seen)}}
+
+
+def lacking(counts: dict[str, int], tok: Tokenizer) -> dict[str, int]:
+    """The characters of a corpus (with their counts) a char tokenizer has no token for, most
+    frequent first."""
+    vocab = tok.hf.get_vocab()
+    return dict(sorted(((c, k) for c, k in counts.items() if c not in vocab), key=lambda ck: -ck[1]))
+
+
+def lacking_message(source: str, missing: dict[str, int], tok: Tokenizer) -> str:
+    shown = ", ".join(f"{c!r} (U+{ord(c):04X}) x{k:,}" for c, k in list(missing.items())[:12])
+    more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
+    return (f"{source}: {len(missing)} character(s), {sum(missing.values()):,} in all, are not in this char "
+            f"tokenizer's vocabulary of {tok.vocab_size}: {shown}{more}. To encode the text anyway pass "
+            f"--unknown-chars drop (leave them out) or --unknown-chars space (a space for each); or fine-tune a "
+            f"BPE base, which encodes any text: tbp train --tokenizer bpe --out checkpoints/pydoc-bpe trains one "
+            f"on the built-in corpus")
 
 
 def _cut(corpus: Corpus, n: int, val_fraction: float, report) -> int:
@@ -113,15 +131,21 @@ def _train_chunks(corpus: Corpus, cut: int, every: int, progress):
 
 def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, val_fraction: float,
                  force: bool, tokenizer: Tokenizer | None, report, versions: dict,
-                 sample: int = DEFAULT_SAMPLE, default_bpe_vocab: int = 1024) -> dict:
-    """Prepare ``corpus`` into the folder ``out`` (checked by the caller); returns meta."""
+                 sample: int = DEFAULT_SAMPLE, default_bpe_vocab: int = 1024, unknown: str = "refuse") -> dict:
+    """Prepare ``corpus`` into the folder ``out`` (checked by the caller); returns meta.
+    ``unknown``: with a given char tokenizer, what becomes of the characters it lacks (refused,
+    all named with their counts, unless "drop" or "space"; pieces.CharCodes)."""
     t0 = time.perf_counter()
     if tokenizer is not None:
         check_encodable(tokenizer)
+    given_char = tokenizer is not None and tokenizer.kind == "char"
     fingerprint = corpus.fingerprint()
-    info = _read(corpus, report, char=tokenizer is None and kind == "char")
+    info = _read(corpus, report, char=(tokenizer is None and kind == "char") or given_char)
     if info["blank"]:
         raise TbpError(f"{corpus.source}: corpus is empty")
+    missing = lacking(info["counts"], tokenizer) if given_char else {}
+    if missing and unknown == "refuse":
+        raise TbpError(lacking_message(corpus.source, missing, tokenizer))
     n = info["characters"]
     cut = _cut(corpus, n, val_fraction, report)
     sampled = None
@@ -142,7 +166,7 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
     dtype = token_dtype(tokenizer.vocab_size)
     with staged_dir(out, force) as tmp:
         atomic_write_text(tmp / "tokenizer.json", tokenizer.to_str())
-        counts = _encode(corpus, tokenizer, dtype, cut, tmp, report)
+        counts = _encode(corpus, tokenizer, dtype, cut, tmp, report, unknown)
         if corpus.fingerprint() != fingerprint or counts["train"]["bytes"] + counts["val"]["bytes"] != info["bytes"]:
             raise TbpError(f"{corpus.source}: changed while it was being prepared (it is read several times); "
                            f"prepare it again once nothing writes to it")
@@ -161,19 +185,22 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
         }
         if sampled:
             meta["tokenizer_sample"] = sampled
+        if missing:                             # what --unknown-chars did, and to which characters
+            meta["unknown_chars"] = {"mode": unknown, "count": sum(missing.values()),
+                                     "characters": dict(list(missing.items())[:32])}
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(tmp / "meta.json", meta)
     return meta
 
 
-def _encode(corpus: Corpus, tok: Tokenizer, dtype, cut: int, folder: Path, report) -> dict:
+def _encode(corpus: Corpus, tok: Tokenizer, dtype, cut: int, folder: Path, report, unknown: str = "refuse") -> dict:
     """Pass 4: both splits' ids into folder/train.bin and folder/val.bin."""
     report.phase("encoding", corpus.size())
     counts = {}
     files = {s: open(folder / f"{s}.bin", "xb") for s in ("train", "val")}
     try:
         enc = {s: PieceEncoder(tok, dtype, lambda a, f=files[s]: f.write(memoryview(a).cast("B")),
-                               f"{corpus.source} ({s} split)") for s in files}
+                               f"{corpus.source} ({s} split)", unknown) for s in files}
         nbytes = {"train": 0, "val": 0}
         for split, b in _split_blocks(corpus, cut, report.advance):
             enc[split].feed(b)

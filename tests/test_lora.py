@@ -150,3 +150,25 @@ def test_a_fine_tune_prints_no_loss_expected_at_init_and_a_resume_names_its_step
     r = run(["train", "--out", "full", "--resume", "--max-iters", 5])
     assert r.exit_code == 0, r.output
     assert "resuming from step 3 of 5" in r.stderr
+
+
+def test_fine_tuning_a_char_base_on_text_with_new_characters(base, tmp_path):
+    """Every character the base lacks is named once, with its count, and the message says what
+    can be done; --unknown-chars drop or space then encodes the text, and the dataset says so."""
+    from helpers import clean_fail
+    from tbp.data import Dataset
+    text = NEW_TEXT + "café costs $3 — `é`\n" * 5
+    (tmp_path / "new.txt").write_text(text)
+    r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", "ft2", "--max-iters", 2, "-q"])
+    clean_fail(r, 1, "--unknown-chars drop")
+    for c in ("'é' (U+00E9) x10", "'$' (U+0024) x5", "'—' (U+2014) x5", "'`' (U+0060) x10", "tokenizer bpe"):
+        assert c in r.output.replace("\n", " ") or c in r.output, c
+    for mode, kept in (("drop", len(text) - 35), ("space", len(text))):
+        r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", f"ft-{mode}", "--max-iters", 2,
+                 "--unknown-chars", mode, "--eval-batches", 1, "--batch-size", 2, "-q"])
+        assert r.exit_code == 0, r.output
+        ds = Dataset.load(checkpoint.read_config(tmp_path / f"ft-{mode}")["data"])
+        assert ds.meta["unknown_chars"]["mode"] == mode and ds.meta["unknown_chars"]["count"] == 35
+        assert ds.meta["train_tokens"] + ds.meta["val_tokens"] == kept
+    clean_fail(run(["train", "--data", "new.txt", "--out", "x", "--unknown-chars", "drop"]), 2,
+               "--unknown-chars is for text encoded with another run's tokenizer")

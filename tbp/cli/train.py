@@ -13,6 +13,7 @@ from .. import distributed, runs
 from ..checkpoint import read_metrics
 from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
+from ..pieces import UNKNOWN
 from ..tokenizer import KINDS
 from ..train import Callbacks
 from .common import console, fmt_count, fmt_loss, kv_table, split_figure
@@ -159,6 +160,9 @@ def _last_eval(run: Path):
 @click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Start from another run's weights (fine-tuning; see --lora-rank).")
 @click.option("--force", is_flag=True, help="Replace an existing run in --out.")
+@click.option("--unknown-chars", type=click.Choice(UNKNOWN), default="refuse", show_default=True,
+              help="Text encoded with the --init-from (or resumed) run's char tokenizer: refuse characters it "
+                   "lacks (naming them all), drop them, or put a space for each.")
 @config_options(ModelConfig)
 @config_options(TrainConfig)
 @click.option("--lora-rank", type=click.IntRange(min=1), default=None,
@@ -169,8 +173,8 @@ def _last_eval(run: Path):
               help=f"Comma-separated layers to adapt: {', '.join(LORA_TARGETS)}, or attn, mlp, all.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
-def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_rank, lora_alpha, lora_targets,
-          quiet, **opts):
+def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank, lora_alpha,
+          lora_targets, quiet, **opts):
     """Train a GPT with handwritten backprop; checkpoints at every eval, resumable exactly.
 
     With no options: prepares the built-in corpus (CPython's reference documentation) and
@@ -189,7 +193,7 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, lora_r
     if lora_rank is not None:
         lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
     request = runs.RunRequest(out=out, data=data_arg, tokenizer=kind, vocab_size=vocab_size, resume=resume,
-                              init_from=init_from, force=force, lora=lora,
+                              init_from=init_from, force=force, lora=lora, unknown_chars=unknown_chars,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     world = distributed.world()            # several ranks under mpiexec; else a world of one
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
