@@ -66,28 +66,40 @@ def training_figure(runs: list[dict]):
         val = np.array([m["val_loss"] for m in evals])
         tokens = run.get("tokens_per_step") or 0
         by_step.plot(steps, train, color=color, alpha=0.35, lw=1)
-        by_step.plot(ev_steps, val, color=color, lw=2, marker="o", ms=3, label=f"{run['label']} (val)")
-        if len(val):
+        name = f"{run['label']} (val)"
+        if len(val):                 # the best value in the legend: labels beside stars collide in an overlay
             best = int(np.argmin(val))
             by_step.plot(ev_steps[best], val[best], marker="*", ms=14, color=color, mec="black", zorder=5)
-            by_step.annotate(f"{val[best]:.3f}", (ev_steps[best], val[best]), textcoords="offset points",
-                             xytext=(6, 8), fontsize=8, color=color)
+            name = f"{run['label']} (val; best {val[best]:.4g} at step {ev_steps[best]:,})"
+        by_step.plot(ev_steps, val, color=color, lw=2, marker="o", ms=3, label=name)
+        final = [m for m in evals if "val_split_loss" in m]
+        if final:                    # the run's final figure: the whole split, not the fixed batches
+            by_step.plot(final[-1]["step"], final[-1]["val_split_loss"], marker="D", ms=7, color=color, mec="black",
+                         ls="none", label=f"{run['label']} (the whole split: {final[-1]['val_split_loss']:.4g})")
         if tokens:
             by_tokens.plot(steps * tokens, train, color=color, alpha=0.35, lw=1)
             by_tokens.plot(ev_steps * tokens, val, color=color, lw=2, marker="o", ms=3)
         bpb.plot(ev_steps, [m.get("val_bpb", np.nan) for m in evals], color=color, marker="o", ms=3)
         lr.plot(steps, [m.get("lr", np.nan) for m in ms], color=color)
         gnorm.plot(steps, [m.get("grad_norm", np.nan) for m in ms], color=color, alpha=0.8, lw=1)
-    by_step.set(title="loss (thin: train batches; thick: validation; star: best)", xlabel="step",
+    by_step.set(title="loss (thin: train batches; thick: validation batches; star: best; diamond: whole split)",
+                xlabel="step",
                 ylabel="cross-entropy (nats per token)")
     by_tokens.set(title="against tokens seen", xlabel="tokens")
     bpb.set(title="validation bits per byte", xlabel="step")
     lr.set(title="learning rate", xlabel="step")
     gnorm.set(title="gradient norm (before clipping)", xlabel="step")
     gnorm.set_yscale("log")
-    from matplotlib.ticker import EngFormatter, ScalarFormatter
+    from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator, NullFormatter
     by_tokens.xaxis.set_major_formatter(EngFormatter(sep=""))          # 150k, not 150000
-    gnorm.yaxis.set_major_formatter(ScalarFormatter())
+    # decades as plain numbers (0.001, 0.01, 1, 10), and no crowded labels between them
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    norms = [m["grad_norm"] for r in runs for m in r["metrics"] if m.get("grad_norm", 0) > 0]
+    narrow = bool(norms) and max(norms) / min(norms) < 30        # within about a decade: label 2, 3, 5 too
+    gnorm.yaxis.set_major_locator(LogLocator(base=10))
+    gnorm.yaxis.set_major_formatter(plain)
+    gnorm.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 3, 5) if narrow else ()))
+    gnorm.yaxis.set_minor_formatter(plain if narrow else NullFormatter())
     for ax in (by_step, lr, gnorm):
         if longest > 1000:
             ax.set_xscale("log")
@@ -105,25 +117,39 @@ def token_label(text: str, width: int = 8) -> str:
 
 
 def attention_figure(weights: dict, tokens: list[str], title: str = "layer {layer} · head {head}",
-                     label: str = "attention weight", keys: list[str] | None = None):
+                     label: str = "attention weight", keys: list[str] | None = None, causal: bool = False,
+                     xlabel: str = "key: the token attended to", ylabel: str = "query: the token attending"):
     """One heat map per head (columns) and layer (rows): row t is query token t, column j the
     weight it gives key token j. weights: {layer: (H, Tq, Tk) array}; tokens: Tq strings, and
-    ``keys`` the Tk key tokens where they differ (cross-attention's source).
-    ``title`` is formatted with the layer and head; ``label`` names the colour scale."""
+    ``keys`` the Tk key tokens where they differ (cross-attention's source). ``causal``: the
+    future (j > t), which no query may read, is left blank rather than painted as a weight of 0,
+    and so is every NaN (a source an operation does not read). ``title`` is formatted with the
+    layer and head; ``label`` names the colour scale, which is the terminal's: the square root
+    of the weight, so that 0.1 (a query spread over ten tokens) still shows."""
+    from matplotlib import colormaps
+    from matplotlib.colors import PowerNorm
     layers = sorted(weights)
     H, T, Tk = weights[layers[0]].shape
-    cell = min(0.35, 6.0 / max(T, Tk, 1))
-    side, width = max(2.2, T * cell), max(2.2, Tk * cell)
-    fig = figure(min(1.5 + H * width, 40), min(1 + len(layers) * (side + 0.6), 60))
+    cell = min(0.3, 5.0 / max(T, Tk, 1))
+    side, width = max(1.8, T * cell), max(1.8, Tk * cell)
+    fig = figure(min(1.2 + H * width, 40), min(0.8 + len(layers) * (side + 0.5), 60))
     axes = np.atleast_2d(fig.subplots(len(layers), H, squeeze=False))
     labels = [token_label(t) for t in tokens]
     key_labels = labels if keys is None else [token_label(t) for t in keys]
     step = max(1, math.ceil(max(T, Tk) / 40))        # at most ~40 tick labels per axis
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    norm = PowerNorm(0.5, vmin=0, vmax=1)
+    hidden = np.triu(np.ones((T, Tk), bool), k=1 + Tk - T) if causal else np.zeros((T, Tk), bool)
     for row, layer in zip(axes, layers):
         for h, ax in enumerate(row):
-            image = ax.imshow(weights[layer][h], vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+            shown = np.ma.masked_array(weights[layer][h], mask=hidden | ~np.isfinite(weights[layer][h]))
+            image = ax.imshow(shown, norm=norm, cmap=cmap, interpolation="nearest")
             ax.set_title(title.format(layer=layer, head=h), fontsize=9)
             ax.set_xticks(range(0, Tk, step), key_labels[::step], rotation=90, fontsize=7, family="monospace")
             ax.set_yticks(range(0, T, step), labels[::step], fontsize=7, family="monospace")
-    fig.colorbar(image, ax=axes, shrink=0.6, label=label)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label=f"{label} (square-root scale, as in the terminal)")
     return fig

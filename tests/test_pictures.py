@@ -128,3 +128,34 @@ def test_the_kept_positions_of_a_sparse_window_decoder(trained):
     r = run(["attention", "--checkpoint", trained, "--prompt", "the cat sat", "--sparse", "topk", "--budget", 4, "--sparse-layers", 0,
              "--out", "kept.png"])
     assert r.exit_code == 0, r.output
+
+
+def test_a_causal_map_leaves_the_future_blank_and_names_its_axes():
+    """The future no query may read is white, not the colour of a weight of 0; the axes say
+    which is the query and which the key; the colour bar states its scale."""
+    T = 4
+    weights = np.tril(np.ones((1, T, T))) / np.arange(1, T + 1)[None, :, None]
+    fig = plot.attention_figure({0: weights}, list("abcd"), causal=True)
+    image = rgba(fig)
+    ax = next(a for a in fig.axes if a.get_title().startswith("layer"))
+    assert (pixel(fig, image, ax, 3, 0) == 255).all()                   # key 3 is in query 0's future
+    assert not (pixel(fig, image, ax, 0, 3) == 255).all()               # query 3 reads key 0
+    assert "query" in ax.get_ylabel() and "key" in ax.get_xlabel()
+    assert any("square-root" in a.get_ylabel() for a in fig.axes if a is not ax)
+
+
+def test_the_training_figure_keeps_best_values_in_its_legend_and_norms_readable():
+    runs = []
+    for k, label in enumerate(("a", "b")):
+        metrics = [{"step": s, "lr": 1e-3, "train_loss": 3.0 - s / 10, "grad_norm": 10.0 ** (-s / 5)}
+                   for s in range(1, 21)]
+        metrics[9].update(val_loss=2.1 + k / 100, val_bpb=3.0, eval_train_loss=2.0)
+        runs.append({"label": label, "metrics": metrics, "tokens_per_step": 100})
+    fig = plot.training_figure(runs)
+    rgba(fig)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["a (val; best 2.1 at step 10)", "b (val; best 2.11 at step 10)"]
+    assert not fig.axes[0].texts                                         # no labels beside the stars to collide
+    gnorm = fig.axes[4]
+    shown = [t.get_text() for t in gnorm.get_yticklabels() if t.get_text()]
+    assert "0.001" in shown and "0.0001" in shown

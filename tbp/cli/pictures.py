@@ -141,7 +141,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
                                "layers": {str(i): w.round(6).tolist() for i, w in weights.items()}}))
         return
     if out is not None:
-        plot.save(plot.attention_figure(weights, tokens), out)
+        plot.save(plot.attention_figure(weights, tokens, causal=model.config.causal), out)
         console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, {len(ids)} tokens)")
         return
     labels = [plot.token_label(t) for t in tokens]
@@ -170,8 +170,13 @@ def _show_depth(model, ids, out, as_json, run) -> None:
                                "per_token": [w.round(6).tolist() for w in per_op]}))
         return
     if out is not None:
-        plot.save(plot.attention_figure({0: grid[None]}, ops, title="mean depth weights", label="depth weight",
-                                        keys=sources), out)
+        unread = np.full_like(grid, np.nan)                 # a source an operation does not read: blank
+        for r, w in enumerate(per_op):
+            unread[r, :len(w)] = grid[r, :len(w)]
+        plot.save(plot.attention_figure({0: unread[None]}, ops, title=f"mean depth weights over {len(ids)} tokens",
+                                        label="depth weight", keys=sources,
+                                        xlabel="source: the embedding, then each block's output",
+                                        ylabel="operation: a sublayer's input"), out)
         console.print(f"wrote {out} ({len(ops)} operations × {len(sources)} sources, {len(ids)} tokens)")
         return
     console.print("depth weights: a row per operation (the input of a sublayer, then the final state), "
@@ -207,7 +212,8 @@ def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
         return
     if out is not None:
         plot.save(plot.attention_figure(weights, rows, "cross-attention · layer {layer} · head {head}",
-                                        keys=source), out)
+                                        keys=source, xlabel="source token (key)",
+                                        ylabel="target token predicted (query)"), out)
         console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, "
                       f"{len(rows)} target × {len(source)} source tokens)")
         return
@@ -248,7 +254,8 @@ def _show_kept(model, ids, tokens, rule, out, as_json, run) -> None:
         return
     name = f"{rule.kind}, K = {rule.budget}: kept positions"
     if out is not None:
-        plot.save(plot.attention_figure({0: kept[None]}, tokens, title=name, label="kept (share of heads)"), out)
+        plot.save(plot.attention_figure({0: kept[None]}, tokens, title=name, label="kept (share of heads)",
+                                        causal=True, xlabel="cached position", ylabel="token being decoded"), out)
         console.print(f"wrote {out} ({len(ids)} tokens)")
         return
     console.print(_terminal_map(kept, [plot.token_label(t) for t in tokens], name))
