@@ -269,11 +269,14 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted:
     # completion-only training: no loss on a prompt (weight 0), random positive weights elsewhere
     weights = (rng.random((B, T)) + 0.5) * (np.arange(T) >= 2) if weighted else None
 
+    # dropout: the same row seeds at every evaluation, so the masks are fixed and f is smooth
+    noise = rng.integers(0, 1 << 31, B) if cfg.dropout else None
+
     def f():
-        return model.loss(idx, targets, weights)
+        return model.loss(idx, targets, weights, noise)
 
     def prepare():
-        model.loss_and_backward(idx, targets, weights)
+        model.loss_and_backward(idx, targets, weights, noise)
         return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
 
     return Case(layer, f, prepare)

@@ -236,6 +236,8 @@ class Trainer:
         total, tokens = 0.0, 0
         for _ in range(cfg.grad_accum):
             batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
+            if model.config.dropout:          # a seed a row, from the data generator: resumes exactly
+                batch["noise"] = self.data_rng.integers(0, 1 << 62, cfg.batch_size)
             tokens += self.batches.tokens(batch)
             total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum) / cfg.grad_accum
         # an MPI job: each rank holds its share of the gradient and loss; one sum completes both

@@ -111,7 +111,7 @@ def test_run_filters_by_layer_and_rejects_unknown():
 def test_causal_blocks_that_drop_the_earlier_blocks_key_gradients_fail(monkeypatch):
     from tbp.nn import kernels
 
-    def broken(dy, qs, k, v, blocks, y, out, rows):
+    def broken(dy, qs, k, v, blocks, y, out, rows, drop=None):
         dq, dk, dv = out
         a, b = kernels.query_blocks(qs.shape[2], rows)[-1]
         kernels.attend_backward(dy[:, :, a:], qs[:, :, a:], k, v, blocks[-1], y[:, :, a:], (dq[:, :, a:], dk, dv))

@@ -89,9 +89,10 @@ class CausalSelfAttention(Module):
     def _reduce(self, dk_heads: np.ndarray, dv_heads: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
         """The transpose of :meth:`_expand`, into dk, dv: here the kernel wrote them directly."""
 
-    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None, noise=None) -> np.ndarray:
         """x (B, T, C) -> (B, T, C). ``key_mask``: an additive (B, 1, 1, T) mask, -inf on padded
-        keys (an encoder's padded source positions), 0 elsewhere; non-causal dense kernel only."""
+        keys (an encoder's padded source positions), 0 elsewhere; non-causal dense kernel only.
+        ``noise``: dropout's (dropout.Noise), training only: the weights' mask is drawn here."""
         q, k, v = self._heads(self.c_attn.forward(x))
         if self.rotary is not None:
             q, k = self.rotary.forward(q), self.rotary.forward(k)          # rotated copies
@@ -100,7 +101,9 @@ class CausalSelfAttention(Module):
         merged = np.empty((B, T, H * self.d_v), dtype=qs.dtype)            # heads side by side
         y = self._heads_view(merged, self.d_v)                             # (B, H, T, Dv) view
         k, v = self._expand(k, v)                                          # (B, H, T, Dk | Dv)
-        saved = self.kernel.forward(qs, k, v, y, key_mask)
+        drop = None if noise is None else noise.mask((H, T, T), qs.dtype)  # (B, H, T, T)
+        saved = self.kernel.forward(qs, k, v, y, key_mask, drop) if drop is not None \
+            else self.kernel.forward(qs, k, v, y, key_mask)
         self.cache = qs, k, v, saved, y
         return self.c_proj.forward(merged)                                 # (B, T, C)
 

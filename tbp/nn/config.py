@@ -168,6 +168,9 @@ class ModelConfig(DictConfig):
     residual_blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
                                      "blocks, each a source (0: every sublayer its own source, full AttnRes).",
                                   min=0, max=192)
+    dropout: float = option(0.0, "Dropout probability on attention weights and on each sublayer's output, in "
+                                 "training only (nanoGPT's Shakespeare recipe uses 0.2; 0: off).",
+                            min=0.0, max=1.0, max_open=True)
     pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
                                       "targets (set from the tokenizer).", min=0, cli=False)
     KIND = "model config"

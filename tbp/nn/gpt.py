@@ -11,6 +11,7 @@ from .layout import Layout
 from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
+from .dropout import Dropout, Noise
 from .module import Module, Stack
 from .residual import Sum, SumGrad, SumStream
 
@@ -37,6 +38,7 @@ class Block(Module):
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
         self.attn_res, self.mlp_res = (residual or Sum()).block_ops(layer)
+        self.attn_drop, self.mlp_drop = Dropout(), Dropout()        # residual dropout (training, p > 0)
 
     def sublayers(self) -> tuple:
         """(the residual scheme's operation or None, norm, layer) of each sublayer, in order."""
@@ -52,15 +54,18 @@ class Block(Module):
         self.backward_stream(grad)
         return grad.finish()
 
-    def forward_stream(self, stream, key_mask: np.ndarray | None = None) -> None:
-        """Each sublayer reads its input from the scheme's stream and writes its output back."""
-        stream.write(self.attn.forward(self.ln_1.forward(stream.read(self.attn_res)), key_mask))
-        stream.write(self.mlp.forward(self.ln_2.forward(stream.read(self.mlp_res))))
+    def forward_stream(self, stream, key_mask: np.ndarray | None = None, noise=None) -> None:
+        """Each sublayer reads its input from the scheme's stream and writes its output back
+        (through dropout when training with ``noise``, dropout.py)."""
+        a = self.attn.forward(self.ln_1.forward(stream.read(self.attn_res)), key_mask, noise)
+        stream.write(self.attn_drop.forward(a, noise))
+        m = self.mlp.forward(self.ln_2.forward(stream.read(self.mlp_res)))
+        stream.write(self.mlp_drop.forward(m, noise))
 
     def backward_stream(self, grad) -> None:
         """The forward read bottom-up: each sublayer's output gradient in, its input's out."""
-        grad.input(self.mlp_res, self.ln_2.backward(self.mlp.backward(grad.output())))
-        grad.input(self.attn_res, self.ln_1.backward(self.attn.backward(grad.output())))
+        grad.input(self.mlp_res, self.ln_2.backward(self.mlp.backward(self.mlp_drop.backward(grad.output()))))
+        grad.input(self.attn_res, self.ln_1.backward(self.attn.backward(self.attn_drop.backward(grad.output()))))
 
     # --- inference (decode.py) --------------------------------------------------------------
     def decode_state(self, residual, batch: int, n_ctx: int, dtype) -> list[tuple]:
@@ -223,13 +228,20 @@ class GPT(LanguageModel):
         self._head_and_pack(cfg, rng)
 
     # --- training path ----------------------------------------------------------------------
-    def forward(self, idx: np.ndarray, outputs: list | None = None) -> np.ndarray:
+    def forward(self, idx: np.ndarray, outputs: list | None = None, noise=None) -> np.ndarray:
         """Logits (B, T, V) of token ids idx (B, T). ``outputs``, if given, collects each
-        sublayer's output (N, C), in order, for looking inside."""
+        sublayer's output (N, C), in order, for looking inside. ``noise``: one dropout seed per
+        row (B,), training with ``dropout`` > 0 only (dropout.py); None: no dropout."""
         idx = self.check_tokens(idx)
+        if noise is not None:
+            if not self.config.dropout:
+                raise ValueError("dropout noise given to a model with dropout 0")
+            if np.shape(noise) != idx.shape[:1]:
+                raise ValueError(f"dropout noise must be one seed per row, shape {idx.shape[:1]}, got {np.shape(noise)}")
+            noise = Noise(noise, self.config.dropout)
         stream = self.residual.stream(self.embed.forward(idx), outputs)       # (B, T, C)
         for block in self.blocks:
-            block.forward_stream(stream)
+            block.forward_stream(stream, None, noise)
         return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
 
     def backward(self, dlogits: np.ndarray) -> None:
@@ -257,22 +269,25 @@ class GPT(LanguageModel):
         self.forward(idx)
         return [op.weights().reshape(-1, B, T) for op in ops]
 
-    def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
+             noise: np.ndarray | None = None) -> float:
         """Mean cross-entropy of the next-token predictions (weighted by ``weights`` (B, T),
-        e.g. 0 on a prompt and 1 on its completion); forward only."""
-        return self.loss_fn.forward(self.forward(idx), self._check_targets(targets, idx), weights)
+        e.g. 0 on a prompt and 1 on its completion); forward only. ``noise``: dropout's row
+        seeds (training); evaluation passes none."""
+        return self.loss_fn.forward(self.forward(idx, noise=noise), self._check_targets(targets, idx), weights)
 
-    def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
+                          noise: np.ndarray | None = None) -> float:
         """Zero the gradients, then fill ``grads`` for the mean cross-entropy; returns the loss."""
         self.zero_grad()
-        return self.accumulate(idx, targets, weights=weights)
+        return self.accumulate(idx, targets, weights=weights, noise=noise)
 
     def accumulate(self, idx: np.ndarray, targets: np.ndarray, scale: float = 1.0,
-                   weights: np.ndarray | None = None) -> float:
+                   weights: np.ndarray | None = None, noise: np.ndarray | None = None) -> float:
         """*Add* ``scale`` times the gradient of the mean cross-entropy into ``grads``; returns
         the loss. The one gradient entry point: gradient accumulation over micro-batches and
         the data-parallel workers' shares of a batch are both a scale."""
-        loss = self.loss(idx, targets, weights)
+        loss = self.loss(idx, targets, weights, noise)
         self._backward_from_loss(scale)
         return loss
 

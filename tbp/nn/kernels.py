@@ -3,7 +3,7 @@
 A layer picks its kernel once, when it is built (:func:`kernel`), and from then on calls one
 signature, whatever the form:
 
-    saved = kernel.forward(qs, k, v, out, key_mask)      qs (B, H, Tq, Dk) scaled queries,
+    saved = kernel.forward(qs, k, v, out, key_mask, drop) qs (B, H, Tq, Dk) scaled queries,
                                                           k (B, H, Tk, Dk), v (B, H, Tk, Dv),
                                                           y written to out (B, H, Tq, Dv)
     kernel.backward(dy, qs, k, v, y, saved, (dqs, dk, dv))
@@ -44,13 +44,14 @@ def causal_mask(Tq: int, q_pos0: int, dtype, window: int | None = None) -> np.nd
 
 
 def attend(att: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None = None,
-           out: np.ndarray | None = None) -> np.ndarray:
+           out: np.ndarray | None = None, drop: np.ndarray | None = None) -> np.ndarray:
     """y = softmax(S + mask) v, the dense core every attention layer shares.   [paper §3.2]
 
     att: the scores S (B, H, Tq, Tk), already scaled and causally masked where that applies,
     turned into the probabilities P in place and returned; v (B, H, Tk, Dv); key_mask: an
     additive (B, 1, 1, Tk) mask, -inf on keys no query may read (padding); y is written to
-    ``out`` (B, H, Tq, Dv). A row must keep at least one key.
+    ``out`` (B, H, Tq, Dv). A row must keep at least one key. ``drop`` (B, H, Tq, Tk), dropout's
+    mask of 0 and 1/(1-p): y = (P * drop) v, and P itself is returned (dropout.py).
     """
     if key_mask is not None:
         att += key_mask
@@ -58,22 +59,25 @@ def attend(att: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None = None,
     att -= np.maximum.reduce(att, axis=-1, keepdims=True)
     np.exp(att, out=att)
     att /= np.add.reduce(att, axis=-1, keepdims=True)
-    gemm.batched_matmul(att, v, out)
+    gemm.batched_matmul(att if drop is None else att * drop, v, out)
     return att
 
 
 def attend_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray, att: np.ndarray,
-                    y: np.ndarray, out: tuple) -> None:
+                    y: np.ndarray, out: tuple, drop: np.ndarray | None = None) -> None:
     """The backward of S = qs k^T, y = softmax(S) v, into out = (dqs, dk, dv).   [paper §3.2, §4]
 
     dv = P^T dy;  dP = dy v^T;  dS = P * (dP - rowsum(dP * P));  dqs = dS k;  dk = dS^T qs.
     rowsum(dP * P) = rowsum(dy * y), since y = P v: a (Tq, Dv) product instead of (Tq, Tk).
     A masked key has P = 0 in every row, so its dk and dv rows are exactly zero, and dS
     vanishes wherever a mask is, with no special case. qs (B, H, Tq, Dk), k (B, H, Tk, Dk).
+    With dropout's ``drop``: dv = (P * drop)^T dy and dP = (dy v^T) * drop (dropout.py).
     """
     dq, dk, dv = out
-    gemm.batched_matmul(att.transpose(0, 1, 3, 2), dy, dv)                 # (B, H, Tk, Dv)
+    gemm.batched_matmul((att if drop is None else att * drop).transpose(0, 1, 3, 2), dy, dv)   # (B, H, Tk, Dv)
     datt = gemm.batched_matmul(dy, v.transpose(0, 1, 3, 2))                # (B, H, Tq, Tk)
+    if drop is not None:
+        datt *= drop
     datt -= np.add.reduce(dy * y, axis=-1, keepdims=True)                 # (B, H, Tq, 1) broadcast
     datt *= att                                                            # dS w.r.t. qs k^T
     gemm.batched_matmul(datt, k, dq)                                       # (B, H, Tq, Dk)
@@ -92,7 +96,7 @@ def query_blocks(T: int, rows: int = SPLIT_ROWS) -> list[tuple[int, int]]:
 
 def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                          rows: int = SPLIT_ROWS, window: int | None = None,
-                         key_mask: np.ndarray | None = None) -> tuple:
+                         key_mask: np.ndarray | None = None, drop: np.ndarray | None = None) -> tuple:
     """Causal ``attend`` with the queries in blocks; returns each block's P.
 
     Queries [a, b) may read only keys [0, b), so block i's scores are (b - a, b): the masked
@@ -109,11 +113,13 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     for a, b in query_blocks(T, rows):
         att = gemm.batched_matmul(qs[:, :, a:b], k[:, :, :b].transpose(0, 1, 3, 2))   # (B, H, b - a, b)
         att += mask[a:b, :b]
-        blocks.append(attend(att, v[:, :, :b], None if key_mask is None else key_mask[..., :b], out=out[:, :, a:b]))
+        blocks.append(attend(att, v[:, :, :b], None if key_mask is None else key_mask[..., :b], out=out[:, :, a:b],
+                             drop=None if drop is None else drop[:, :, a:b, :b]))
     return tuple(blocks)
 
 
-def attend_causal_blocks_backward(dy, qs, k, v, blocks: tuple, y, out: tuple, rows: int = SPLIT_ROWS) -> None:
+def attend_causal_blocks_backward(dy, qs, k, v, blocks: tuple, y, out: tuple, rows: int = SPLIT_ROWS,
+                                  drop: np.ndarray | None = None) -> None:
     """``attend_backward`` of ``attend_causal_blocks``, into out = (dqs, dk, dv).
 
     The last block's queries read every key: its products write dk and dv whole. Each other
@@ -129,7 +135,8 @@ def attend_causal_blocks_backward(dy, qs, k, v, blocks: tuple, y, out: tuple, ro
         else:
             dk_i, dv_i = np.empty_like(dk[:, :, keys]), np.empty_like(dv[:, :, keys])
         attend_backward(dy[:, :, q_rows], qs[:, :, q_rows], k[:, :, keys], v[:, :, keys], blocks[i],
-                        y[:, :, q_rows], out=(dq[:, :, q_rows], dk_i, dv_i))
+                        y[:, :, q_rows], out=(dq[:, :, q_rows], dk_i, dv_i),
+                        drop=None if drop is None else drop[:, :, q_rows, keys])
         if dk_i is not dk:
             dk[:, :, keys] += dk_i
             dv[:, :, keys] += dv_i
@@ -144,7 +151,9 @@ class Dense:
     """Every score kept: P (B, H, Tq, Tk) is what the backward reads. Non-causal (an encoder,
     cross-attention), with an optional additive key mask (B, 1, 1, Tk) for padding."""
 
-    def forward(self, qs, k, v, out, key_mask=None):
+    def forward(self, qs, k, v, out, key_mask=None, drop=None):
+        if drop is not None:
+            raise ValueError("dropout is for causal self-attention here")
         att = gemm.batched_matmul(qs, k.transpose(0, 1, 3, 2))            # (B, H, Tq, Tk)
         return attend(att, v, key_mask, out=out)
 
@@ -160,22 +169,22 @@ class CausalBlocks:
     the masked part right of each block never computed (:func:`attend_causal_blocks`).
     ``window``: sliding-window attention past that many positions. With a key mask, or past
     the window, it is one block, the full square (a window's masked part is on the left).
-    ``saved`` is (the rows a block, each block's P)."""
+    ``saved`` is (the rows a block, each block's P, dropout's mask or None)."""
 
     def __init__(self, rows: int = SPLIT_ROWS, window: int | None = None):
         self.rows, self.window = rows, window
 
-    def forward(self, qs, k, v, out, key_mask=None):
+    def forward(self, qs, k, v, out, key_mask=None, drop=None):
         T = qs.shape[2]
         rows = T if key_mask is not None or (self.window and T > self.window) else self.rows
-        return rows, attend_causal_blocks(qs, k, v, out, rows, self.window, key_mask)
+        return rows, attend_causal_blocks(qs, k, v, out, rows, self.window, key_mask, drop), drop
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:
-        rows, blocks = saved
-        attend_causal_blocks_backward(dy, qs, k, v, blocks, y, out, rows)
+        rows, blocks, drop = saved
+        attend_causal_blocks_backward(dy, qs, k, v, blocks, y, out, rows, drop)
 
     def weights(self, qs, k, saved) -> np.ndarray:
-        rows, blocks = saved
+        rows, blocks, _ = saved
         T = qs.shape[2]
         P = np.zeros(qs.shape[:2] + (T, T), qs.dtype)
         for (a, b), block in zip(query_blocks(T, rows), blocks):
@@ -190,9 +199,9 @@ class Flash:
     def __init__(self, causal: bool = True, window: int | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K)):
         self.causal, self.window, self.tiles = causal, window, tiles
 
-    def forward(self, qs, k, v, out, key_mask=None):
-        if key_mask is not None:
-            raise ValueError("flash attention takes no key padding mask; use the dense kernel")
+    def forward(self, qs, k, v, out, key_mask=None, drop=None):
+        if key_mask is not None or drop is not None:
+            raise ValueError("flash attention takes no key padding mask and no dropout; use the dense kernel")
         return flash_forward(qs, k, v, self.causal, *self.tiles, out=out, window=self.window)[1]
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:

@@ -109,7 +109,9 @@ class MultiTokenAttention(CausalSelfAttention):
                    cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm)
 
     # --- training path ----------------------------------------------------------------------
-    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None, noise=None) -> np.ndarray:
+        if noise is not None:
+            raise ValueError("dropout is not wired into Multi-Token Attention")
         if key_mask is not None:
             raise ValueError("Multi-Token Attention is causal self-attention: it takes no padding mask")
         q, k, v = self._heads(self.c_attn.forward(x))

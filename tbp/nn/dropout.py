@@ -1,0 +1,77 @@
+"""Dropout: while training, zero each number with probability p and scale the rest by 1/(1 - p).
+[Srivastava et al., JMLR 15 (2014); GPT-2's and nanoGPT's placement]
+
+Two sites, as in GPT-2: the attention weights (each query's row of P, after the softmax) and
+each sublayer's output, before it joins the residual stream. With a mask M of 0 and 1/(1-p):
+
+    residual:   y = x * M                           dx = dy * M
+    attention:  y = (P * M) v                       dv = (P * M)^T dy;   dP = (dy v^T) * M
+                dS = P * (dP - rowsum(dP * P))      and rowsum(dP * P) = rowsum(dy * y) still,
+                                                    since y = (P * M) v  [derived]
+
+Evaluation and sampling draw no masks: a model with dropout computes the same numbers as
+without it there. The randomness of a batch is one seed per row (:class:`Noise`, drawn by the
+trainer from its data generator, so a resumed run draws the same): each row's masks come from
+its own generator in one fixed order, so they do not depend on how the rows are shared out
+over threads or ranks. The flash kernel is refused: its tiles never hold a whole row of P.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ConfigError
+from .module import Module
+from .variant import Variant
+
+
+class Noise:
+    """A batch's dropout masks, row by row: ``seeds`` (B,) ints, one generator each, and the
+    drop probability ``p``. ``mask(shape, dtype)`` (B, *shape) of 0 and 1/(1 - p), the next masks
+    of every row; the model asks for them in the same order at every step."""
+
+    def __init__(self, seeds, p: float):
+        self.rows = [np.random.default_rng(int(s)) for s in np.asarray(seeds).reshape(-1)]
+        self.keep = 1.0 - p
+
+    def mask(self, shape: tuple, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        out = np.empty((len(self.rows),) + tuple(shape), dtype)
+        scale = dtype.type(1.0 / self.keep)
+        for b, rng in enumerate(self.rows):
+            np.multiply(rng.random(shape, dtype=np.float32) < self.keep, scale, out=out[b])
+        return out
+
+
+class Dropout(Module):
+    """Residual dropout on a sublayer's output x (B, T, C): y = x * M. No parameters."""
+
+    def forward(self, x: np.ndarray, noise: Noise | None) -> np.ndarray:
+        if noise is None:
+            self.cache = None
+            return x
+        self.cache = noise.mask(x.shape[1:], x.dtype)                    # (B, T, C)
+        x *= self.cache                                                   # the sublayer's own new array
+        return x
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        if self.cache is not None:
+            dy = dy * self.cache
+        return dy
+
+
+def _check(cfg) -> None:
+    if not 0 <= cfg.dropout < 1:
+        raise ConfigError(f"dropout must be in [0, 1), got {cfg.dropout}")
+
+
+VARIANT = Variant(
+    key="dropout", name="dropout", active=lambda cfg: cfg.dropout > 0, check=_check,
+    refuses={"flash": "dropout needs whole rows of attention weights; the flash kernel has tiles (attn_impl "
+                      "auto or dense)",
+             "mta": "dropout is not wired into Multi-Token Attention's steps",
+             "encoder-decoder": "dropout is built for the GPT here (not the encoder-decoder)"},
+    describe=lambda cfg: ("dropout", f"p = {cfg.dropout:g} on attention weights and on each sublayer's output, "
+                                     f"in training"),
+    model_cases=(("gpt [dropout 0.3, fixed masks]", dict(dropout=0.3)),
+                 ("gpt [dropout 0.3, rope, untied head]", dict(dropout=0.3, positions="rope", tie_head=False))),
+)
