@@ -259,10 +259,7 @@ class DepthResidual(Module):
 
     def ops(self, blocks) -> list["DepthAttention"]:
         """Every operation in order: the MLP of block 0, attn and mlp of each later block, res_f."""
-        out = []
-        for block in blocks:
-            out += [op for op in (block.attn_res, block.mlp_res) if op is not None]
-        return out + [self.res_f]
+        return [op for b in blocks for op in (b.attn_res, b.mlp_res) if op is not None] + [self.res_f]
 
     def stream(self, x0: np.ndarray, outputs: list | None = None) -> "DepthStream":
         return DepthStream(x0, self, outputs)
@@ -326,9 +323,8 @@ class DepthGrad:
     partial sums it is part of (``carry``); its operation then adds into dblock[0 .. n-1] and
     ``carry``.
 
-    The blocks call ``output()`` then ``input(op, dh)`` for each sublayer, strictly in turn and
-    in reverse order (Block.backward_stream): ``input`` acts on the sublayer ``output`` named.
-    The number of sources is the one the forward's final operation read."""
+    The blocks call ``output()`` then ``input(op, dh)`` per sublayer, in turn and in reverse
+    (Block.backward_stream); the sources are those the forward's final operation read."""
 
     def __init__(self, dxf: np.ndarray, scheme: DepthResidual):
         self.shape, C = dxf.shape, dxf.shape[-1]
@@ -384,9 +380,8 @@ def _check(cfg) -> None:
 
 
 def _describe(cfg) -> tuple[str, str]:
-    form = (f"full: each of the {2 * cfg.n_layer} sublayers reads the embedding and every earlier output"
-            if block_size(cfg) == 1 else
-            f"blocks: {cfg.residual_blocks} blocks of {block_size(cfg)} sublayers")
+    form = f"blocks: {cfg.residual_blocks} blocks of {block_size(cfg)} sublayers" if block_size(cfg) > 1 else \
+        f"full: each of the {2 * cfg.n_layer} sublayers reads the embedding and every earlier output"
     return "residual", f"attention over depth · {form} · final state mixed too"
 
 
@@ -397,10 +392,9 @@ VARIANT = Variant(
              "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth"},
     check=_check, describe=_describe,
     activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
-    # on 3 layers: every source feeds every later sublayer
     model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),
-                 ("gpt [attention residuals: 2 blocks of 3 sublayers]",
-                  dict(n_layer=3, residual="attention", residual_blocks=2)),
+                 ("gpt [attention residuals: 2 blocks of 3 sublayers]", dict(n_layer=3, residual="attention",
+                                                                             residual_blocks=2)),
                  ("gpt [attention residuals: 3 blocks, untied head, no biases]",
                   dict(n_layer=3, residual="attention", residual_blocks=3, tie_head=False, bias=False))),
 )
