@@ -80,7 +80,10 @@ def train_step(model: GPT, opt: AdamW, workers, x: np.ndarray, y: np.ndarray, lr
     """One training step as `tbp train` takes it on a batch x, y (B, T): gradients from zero
     over ``workers`` (parallel.data_parallel's, entered), clipped to norm 1.0, an AdamW update."""
     model.zero_grad()
-    workers.accumulate({"idx": x, "targets": y})
+    batch = {"idx": x, "targets": y}
+    if model.config.dropout:                  # as tbp train draws them: a seed a row
+        batch["noise"] = np.arange(len(x))
+    workers.accumulate(batch)
     clip_grads(model.layout.grads, 1.0)
     opt.step(lr)
 

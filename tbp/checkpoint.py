@@ -345,12 +345,14 @@ def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) 
 
 
 def relative_to_run(path: Path, run: Path) -> str:
-    """``path`` as a LoRA run records its base: relative to the run (``../pydoc``), so that
-    the two can move together; absolute where no relative path exists (another drive)."""
+    """``path`` as a LoRA run records its base: relative to the run when the base sits beside
+    it (``../pydoc``: the two move together), else absolute (a base elsewhere stays found when
+    the run alone moves; another drive has no relative path)."""
     try:
-        return os.path.relpath(path.resolve(), run.resolve())
+        rel = os.path.relpath(path.resolve(), run.resolve())
     except ValueError:
         return str(path.resolve())
+    return rel if rel.split(os.sep).count("..") <= 1 else str(path.resolve())
 
 
 def base_of(run: Path, base: dict) -> Path:

@@ -2,6 +2,7 @@
 paired data the exact match of greedy completions. Numbers only; the CLI renders them."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -24,17 +25,13 @@ def split_loss(model: LanguageModel, ds: Dataset, split: str = "val", batch_size
     batches = batches_for(ds, model.config)
     losses = losses or (lambda group: [model.loss(**b) for b in group])
     total, tokens = 0.0, 0
-    group: list = []
+    ordered = batches.ordered(split, batch_size, every)
     with np.errstate(over="ignore", invalid="ignore"):
-        for batch in list(batches.ordered(split, batch_size, every)) + [None]:
-            if batch is not None:
-                group.append(batch)
-            if group and (batch is None or len(group) == 8):      # a few batches at a time, for the workers
-                for b, loss in zip(group, losses(group)):
-                    n = batches.tokens(b)
-                    total += loss * n
-                    tokens += n
-                group = []
+        while group := list(itertools.islice(ordered, 8)):          # a few batches at a time, for the workers
+            for b, loss in zip(group, losses(group)):
+                n = batches.tokens(b)
+                total += loss * n
+                tokens += n
     return total / max(tokens, 1), tokens
 
 

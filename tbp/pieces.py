@@ -112,6 +112,7 @@ class CharCodes:
         if unknown == "space" and " " not in singles:
             raise TbpError("--unknown-chars space: this char tokenizer has no space to put in their place")
         self.unknown, self.space, self.unknown_count = unknown, singles.get(" ", -1), 0
+        self.byte_change = 0                  # UTF-8 bytes the ids encode, less those of the text
 
     def ids(self, text: str, tok: Tokenizer, where: str) -> np.ndarray | None:
         """The ids of ``text``, or None after ``tok.check`` has raised naming what it lacks."""
@@ -125,7 +126,11 @@ class CharCodes:
             if self.unknown == "refuse":
                 tok.check(text, where)              # raises, naming every missing character
             lacking = out < 0
-            self.unknown_count += int(np.count_nonzero(lacking))
+            n = int(np.count_nonzero(lacking))
+            cp = codes[lacking]
+            utf8 = n + int(np.count_nonzero(cp >= 0x80) + np.count_nonzero(cp >= 0x800) + np.count_nonzero(cp >= 0x10000))
+            self.unknown_count += n
+            self.byte_change += (n if self.unknown == "space" else 0) - utf8
             out = out[~lacking] if self.unknown == "drop" else np.where(lacking, self.space, out)
         return out
 

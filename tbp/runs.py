@@ -71,9 +71,16 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         raise ConfigError("--resume needs --out, the run to continue")
     if req.lora is not None and req.init_from is None:
         raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
-    if req.unknown_chars != "refuse" and req.init_from is None and not req.resume:
-        raise ConfigError("--unknown-chars is for text encoded with another run's tokenizer (--init-from or "
-                          "--resume); a new run's tokenizer is made from its text and lacks nothing")
+    if req.unknown_chars != "refuse":
+        base = req.init_from if req.init_from is not None else req.out if req.resume else None
+        if base is None:
+            raise ConfigError("--unknown-chars is for text encoded with another run's tokenizer (--init-from or "
+                              "--resume); a new run's tokenizer is made from its text and lacks nothing")
+        if Tokenizer.load(Path(base) / "tokenizer.json").kind != "char":
+            raise ConfigError("--unknown-chars is for a char tokenizer: this run's BPE encodes any text")
+        if req.data is not None and Path(req.data).is_dir() and (Path(req.data) / "meta.json").is_file():
+            raise ConfigError("--unknown-chars applies to text prepared on the fly; this --data is a prepared "
+                              "dataset")
     tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
     if req.init_from is not None:
         _check_base(req.init_from, req.lora, req.model)          # before any data is prepared
@@ -355,8 +362,8 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
 
 
 def _kernel(overrides: dict) -> dict:
-    """The options among ``overrides`` that choose a kernel (same results), which a trained
-    model may change: dense <-> flash on resume or fine-tune."""
+    """The options among ``overrides`` that a trained model may change on resume or fine-tune:
+    the kernel (dense <-> flash, same results) and dropout (training only)."""
     return {k: v for k, v in overrides.items() if k in KERNEL_FIELDS}
 
 

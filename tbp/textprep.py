@@ -174,9 +174,11 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
             "format": 1, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
             "eot_id": tokenizer.eot_id, "dtype": dtype.name,
             "train_tokens": counts["train"]["tokens"], "val_tokens": counts["val"]["tokens"],
-            "train_bytes": counts["train"]["bytes"], "val_bytes": counts["val"]["bytes"],
+            # of the text the tokens encode (without what --unknown-chars dropped): bits per byte
+            "train_bytes": counts["train"]["encoded"], "val_bytes": counts["val"]["encoded"],
             "characters": n,
-            "bytes_per_token": info["bytes"] / max(1, counts["train"]["tokens"] + counts["val"]["tokens"]),
+            "bytes_per_token": (counts["train"]["encoded"] + counts["val"]["encoded"])
+            / max(1, counts["train"]["tokens"] + counts["val"]["tokens"]),
             "val_fraction": val_fraction, "source": corpus.source, "source_sha256": info["sha256"],
             "tokenizer_sha256": tokenizer.sha256(), "name": corpus.name, "versions": versions,
             "seams": counts["train"]["seams"] + counts["val"]["seams"],
@@ -209,7 +211,8 @@ def _encode(corpus: Corpus, tok: Tokenizer, dtype, cut: int, folder: Path, repor
             e.finish()
             files[s].flush()
             os.fsync(files[s].fileno())
-            counts[s] = {"tokens": e.tokens, "bytes": nbytes[s], "seams": e.seams}
+            change = e.codes.byte_change if e.codes is not None else 0    # --unknown-chars drop or space
+            counts[s] = {"tokens": e.tokens, "bytes": nbytes[s], "seams": e.seams, "encoded": nbytes[s] + change}
     finally:
         for f in files.values():
             f.close()

@@ -127,6 +127,16 @@ def test_many_prompts_from_a_file_as_json_lines(run_dir, tmp_path):
         [x["completion"] for x in records if x["prompt"] == "the dog"]
     text = run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.txt", "--max-new-tokens", 5])
     assert text.exit_code == 0 and text.stdout.count("=== prompt") == 3
+    unseeded = run(["generate", "--checkpoint", run_dir, "--prompt", "the", "--max-new-tokens", 5, "--json"])
+    record = json.loads(unseeded.stdout)
+    again = run(["generate", "--checkpoint", run_dir, "--prompt", "the", "--max-new-tokens", 5, "--json",
+                 "--seed", record["seed"]])
+    assert isinstance(record["seed"], int) and json.loads(again.stdout)["completion"] == record["completion"]
+    from tbp.cli.generate import read_prompts
+    (tmp_path / "q.txt").write_text('"the cat," she said\nthe dog\n')        # a quote, not JSON
+    assert read_prompts(str(tmp_path / "q.txt")) == ['"the cat," she said', "the dog"]
+    (tmp_path / "j.txt").write_text('"the cat"\n{"prompt": "the dog"}\n')  # JSON lines in a .txt
+    assert read_prompts(str(tmp_path / "j.txt")) == ["the cat", "the dog"]
 
 
 def test_prompts_as_json_lines_and_their_refusals(run_dir, tmp_path):

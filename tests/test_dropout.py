@@ -74,6 +74,22 @@ def test_the_refusals(changes, message):
         ModelConfig(**{**CFG, **changes})
 
 
+def test_training_draws_the_masks_and_a_fine_tune_may_change_p(tmp_path, corpus_file, monkeypatch):
+    """A run with dropout trains on dropped-out forwards (its weights differ from p = 0's, same
+    seed and batches); dropout is free to change when fine-tuning, as the kernel is."""
+    from helpers import run, tiny
+    monkeypatch.chdir(tmp_path)
+    for name, p in (("p0", 0.0), ("p3", 0.3)):
+        assert run(["train", "--data", corpus_file, "--out", name, "--max-iters", 3, *tiny(dropout=p)]).exit_code == 0
+    a, _, _ = checkpoint.load_model(tmp_path / "p0")
+    b, _, _ = checkpoint.load_model(tmp_path / "p3")
+    assert any(not np.array_equal(p, b.params[k]) for k, p in a.params.items())
+    r = run(["train", "--init-from", "p0", "--data", corpus_file, "--out", "ft", "--max-iters", 2, "--dropout", 0.1,
+             "-q"])
+    assert r.exit_code == 0, r.output
+    assert checkpoint.read_model_config(tmp_path / "ft").dropout == 0.1
+
+
 def test_a_dropout_run_resumes_exactly(tmp_path, corpus_file, monkeypatch):
     from helpers import run, tiny
     monkeypatch.chdir(tmp_path)

@@ -170,5 +170,8 @@ def test_fine_tuning_a_char_base_on_text_with_new_characters(base, tmp_path):
         ds = Dataset.load(checkpoint.read_config(tmp_path / f"ft-{mode}")["data"])
         assert ds.meta["unknown_chars"]["mode"] == mode and ds.meta["unknown_chars"]["count"] == 35
         assert ds.meta["train_tokens"] + ds.meta["val_tokens"] == kept
+        # bits per byte are of what the tokens encode: the dropped characters' 55 bytes are not in it
+        gone = 55 if mode == "drop" else 55 - 35
+        assert ds.meta["train_bytes"] + ds.meta["val_bytes"] == len(text.encode()) - gone
     clean_fail(run(["train", "--data", "new.txt", "--out", "x", "--unknown-chars", "drop"]), 2,
                "--unknown-chars is for text encoded with another run's tokenizer")

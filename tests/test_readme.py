@@ -81,7 +81,7 @@ def test_every_readme_command_runs_as_typed(tmp_path):
     done = []
     for n, command in readme_commands():
         t0 = time.perf_counter()
-        r = subprocess.run(["bash", "-c", _small(command)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", _small(command)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, (f"README.md line {n}: {command}\nexit {r.returncode}\n{r.stdout[-2000:]}"
                                    f"\n{r.stderr[-3000:]}\nafter:\n" + "\n".join(done))

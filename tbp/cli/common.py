@@ -114,7 +114,7 @@ def fmt_loss(x: float) -> str:
 def split_figure(m: dict) -> str:
     """A run's final loss over its validation split (a metrics line's val_split_*), in words."""
     where = "the whole validation split" if m.get("val_split_every", 1) == 1 else \
-        f"every {m['val_split_every']}th window of the validation split"
+        f"one window in {m['val_split_every']} of the validation split"
     return f"{fmt_loss(m['val_split_loss'])} ({m['val_split_bpb']:.3f} bits/byte) over {where}, " \
            f"{m['val_split_tokens']:,} tokens"
 

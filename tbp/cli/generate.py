@@ -40,7 +40,13 @@ def read_prompts(path: str) -> list[str]:
     numbered = [(n, line) for n, line in jsonio.lines(text) if line.strip()]
     if not numbered:
         raise TbpError(f"{where}: no prompts (one a line, or JSON lines)")
-    as_json = where.endswith((".jsonl", ".ndjson")) or numbered[0][1].lstrip().startswith(("{", '"'))
+    as_json = where.endswith((".jsonl", ".ndjson"))
+    if not as_json and numbered[0][1].lstrip().startswith(("{", '"')):
+        try:                                  # JSON lines in a .txt file; else a prompt that opens with a quote
+            jsonio.parse(numbered[0][1], f"{where}:{numbered[0][0]}")
+            as_json = True
+        except TbpError:
+            pass
     if not as_json:
         return [line for _, line in numbered]
     out = []
@@ -105,7 +111,8 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
               help="Read the prompt from a file (one prompt, any number of lines).")
 @click.option("--prompts", "prompts_file", default=None, metavar="FILE",
               help="Many prompts: one per line, or JSON lines (strings, or objects with \"prompt\"); '-' for "
-                   "stdin. Each is sampled in turn, prompt i with seed --seed + i.")
+                   "stdin. Each is sampled in turn, prompt i with seed --seed + i; as text, each prompt's "
+                   "samples follow a line '=== prompt i ==='.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: one record per sample, with its prompt, settings and seed.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=500, show_default=True)
@@ -172,9 +179,11 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
             rule = Sparsity(sparse, budget, layers, recency)
         except ValueError as e:
             raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
-    run = the_run(run)
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
+    if seed is None and as_json:              # a record names the seed that makes it again
+        seed = int(np.random.default_rng().integers(1 << 31))
+    run = the_run(run)
     texts = [(t, False) for t in read_prompts(prompts_file)] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory

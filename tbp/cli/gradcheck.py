@@ -67,7 +67,11 @@ COLUMNS = (("tensor", 30, "<"), ("shape", 9, "<"), ("probed", 6, ">"), ("abs err
 
 
 def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+    """``text`` cut to ``width`` in the middle, keeping both ends (h.11.att…c_attn.bias[q])."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 def report_lines(rows, eps: float, rtol: float) -> list[str]:

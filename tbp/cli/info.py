@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -150,7 +149,7 @@ def info(path, as_json):
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
                           f"{', '.join(d['lora']['targets'])}")
-        t.add_row("base", f"{os.path.normpath(checkpoint.base_of(Path(d['path']), d['base']))} (SHA-256 {d['base']['sha256'][:12]}…)")
+        t.add_row("base", f"{checkpoint.base_of(Path(d['path']), d['base']).resolve()} (SHA-256 {d['base']['sha256'][:12]}…)")
     st = d["state"]
     if st:
         tr = d["train"] or {}

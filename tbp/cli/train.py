@@ -127,7 +127,8 @@ def _summary(trainer, state, interrupted: bool):
         t.add_row("final val loss", split_figure(last))
     if last:
         t.add_row("val estimate", f"{fmt_loss(last['val_loss'])} ({last['val_bpb']:.3f} bits/byte) at step "
-                                  f"{last['step']}, on the {trainer.cfg.eval_batches} fixed batches of every eval")
+                                  f"{last['step']}, on the {trainer.cfg.eval_batches} fixed batch{'es' * (trainer.cfg.eval_batches != 1)} of "
+                                  f"every eval")
     if state.best_val_loss is not None:
         t.add_row("best (estimate)", f"{fmt_loss(state.best_val_loss)} at step {state.best_step}")
     t.add_row("tokens seen", f"{state.tokens_seen:,}")

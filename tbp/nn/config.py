@@ -103,7 +103,8 @@ RESIDUALS = ("sum", "attention")
 
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
-KERNEL_FIELDS = ("attn_impl",)   # how the model computes, not what: free to change on resume or fine-tune
+# how the model computes or trains, not what it is: free to change on resume or fine-tune
+KERNEL_FIELDS = ("attn_impl", "dropout")
 # installed by build.py: check(cfg) raises ConfigError; refusal(cfg, use) -> the reason or None
 CHECKS: list = []
 REFUSALS: list = []

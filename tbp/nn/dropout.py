@@ -14,6 +14,8 @@ without it there. The randomness of a batch is one seed per row (:class:`Noise`,
 trainer from its data generator, so a resumed run draws the same): each row's masks come from
 its own generator in one fixed order, so they do not depend on how the rows are shared out
 over threads or ranks. The flash kernel is refused: its tiles never hold a whole row of P.
+Cost: the masks are drawn for the whole T x T square and kept for the backward, about as much
+memory as the attention weights again, and a step some 30 % slower (6 x 192, T 256).
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ class Dropout(Module):
 def _check(cfg) -> None:
     if not 0 <= cfg.dropout < 1:
         raise ConfigError(f"dropout must be in [0, 1), got {cfg.dropout}")
+    if not cfg.causal:
+        raise ConfigError("dropout is built for causal self-attention (a GPT)")
 
 
 VARIANT = Variant(
@@ -72,6 +76,8 @@ VARIANT = Variant(
              "encoder-decoder": "dropout is built for the GPT here (not the encoder-decoder)"},
     describe=lambda cfg: ("dropout", f"p = {cfg.dropout:g} on attention weights and on each sublayer's output, "
                                      f"in training"),
+    # its masks, kept for the backward: one beside the attention weights, two C-rows per layer
+    activations=lambda cfg: cfg.n_layer * (cfg.n_head * cfg.n_ctx + 2 * cfg.d_model),
     model_cases=(("gpt [dropout 0.3, fixed masks]", dict(dropout=0.3)),
                  ("gpt [dropout 0.3, rope, untied head]", dict(dropout=0.3, positions="rope", tie_head=False))),
 )
