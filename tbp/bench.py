@@ -112,6 +112,33 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
             "train_threads": workers.workers, "train_gemm": workers.gemm.name, "train_gemm_reason": workers.gemm.reason}
 
 
+def bench_sparse_decode(cfg: ModelConfig, rule, steps: int = 32, repeats: int = 5, seed: int = 0,
+                        dtype=np.float32) -> dict:
+    """Dense and sparse decoding paired in one process: one model, two Inferences prefilled with
+    the same random tokens to a cache of n_ctx - steps - 1, then ``steps`` one-token steps each,
+    in turn, ``repeats`` times; tokens/s are the medians. Speed needs the architecture only, not
+    trained weights."""
+    model = GPT(cfg, seed=seed, dtype=dtype)
+    n = cfg.n_ctx - steps - 1
+    tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (1, cfg.n_ctx))
+    engines = {"dense": model.inference(1), "sparse": model.inference(1, rule)}
+    for engine in engines.values():
+        engine.forward(tokens[:, :n])
+    rates: dict = {name: [] for name in engines}
+    for r in range(repeats):
+        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            engine = engines[name]
+            engine.length = n                           # the same cache, the same positions, every round
+            t = time.perf_counter()
+            for i in range(n, n + steps):
+                engine.forward(tokens[:, i:i + 1], check=False)
+            rates[name].append(steps / (time.perf_counter() - t))
+    dense, sparse = (float(np.median(rates[k])) for k in ("dense", "sparse"))
+    return {"decode_dense_tokens_per_s": dense, "decode_sparse_tokens_per_s": sparse, "decode_cache": n,
+            "decode_steps": steps, "sparse": {"kind": rule.kind, "budget": rule.budget,
+                                              "layers": list(rule.layers), "recency": rule.recency}}
+
+
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,
                    seed: int = 0, dtype=np.float32) -> dict:
     """Batch-1 sampling from a one-token prompt, up to the context: tokens/s over all of it."""

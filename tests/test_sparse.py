@@ -127,3 +127,18 @@ def test_the_stats_line_names_the_sparse_rule_on_one_line(tmp_path, corpus_file,
     assert r.exit_code == 0, r.output
     line = next(x for x in r.stderr.splitlines() if "tokens/s" in x)
     assert "sparse lessismore, budget 8, selection layer 1" in line and len(line) > 80
+
+
+def test_bench_times_sparse_against_dense_in_one_process():
+    import json
+    from helpers import clean_fail, run
+    r = run(["bench", "--positions", "rope", "--n-layer", "2", "--n-head", "2", "--d-model", "16", "--n-ctx", "128",
+             "--iters", "1", "--batch-size", "2", "--gen-tokens", "0", "--sparse", "lessismore", "--budget", "16",
+             "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["decode_dense_tokens_per_s"] > 0 and d["decode_sparse_tokens_per_s"] > 0
+    assert d["decode_cache"] == 128 - 32 - 1 and d["sparse"]["kind"] == "lessismore" and d["sparse"]["budget"] == 16
+    clean_fail(run(["bench", "--attention", "mta", "--n-ctx", "64", "--sparse", "topk", "--budget", "8"]), 2,
+               "Multi-Token Attention")
+    clean_fail(run(["bench", "--budget", "8"]), 2, "--sparse")

@@ -6,11 +6,12 @@ import json
 
 import click
 
-from ..bench import bench_generate, bench_train, machine, matmul_peak_gflops
+from ..bench import bench_generate, bench_sparse_decode, bench_train, machine, matmul_peak_gflops
 from ..config import ModelConfig
 from ..nn import build
+from ..nn.sparse import KINDS, Sparsity
 from .common import console, fmt_count, kv_table
-from .options import config_options
+from .options import config_options, refuse_unused
 
 
 @click.command()
@@ -25,8 +26,15 @@ from .options import config_options
 @click.option("--no-kv-cache", is_flag=True, help="Time generation without the cache (the quadratic baseline).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="Training threads sharing each batch, as in tbp train (0: one per core).")
+@click.option("--sparse", type=click.Choice(KINDS), default=None,
+              help="Also time sparse decoding with this rule against dense, paired in one process, at a cache "
+                   "of nearly the whole context (decode_*_tokens_per_s in --json).")
+@click.option("--budget", type=click.IntRange(min=2), default=64, show_default=True,
+              help="With --sparse: cached tokens each new token attends to.")
+@click.option("--sparse-layers", default="1", show_default=True, help="With --sparse: the selection layers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_json, **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, sparse, budget, sparse_layers, as_json,
+          **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
@@ -39,11 +47,27 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     Examples:
       tbp bench --n-layer 4 --n-head 4 --d-model 128 --n-ctx 64 --batch-size 12
       tbp bench --n-ctx 1024 --iters 3 --json
+      tbp bench --positions rope --n-ctx 8192 --iters 1 --gen-tokens 0 --sparse window --budget 512
     """
     cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
     why = build.refusal(cfg, "bench")
     if why is not None:
         raise click.UsageError(why)
+    rule = None
+    if sparse is None:
+        refuse_unused(click.get_current_context(), ("budget", "sparse_layers"), "--sparse")
+    else:
+        try:
+            rule = Sparsity(sparse, budget, tuple(int(x) for x in sparse_layers.split(",") if x.strip()))
+        except ValueError as e:
+            raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
+        why = build.refusal(cfg, "sparse")
+        if why is not None:
+            raise click.UsageError(f"--sparse: {why}")
+        if max(rule.layers) >= cfg.n_layer:
+            raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {cfg.n_layer} layers")
+        if cfg.n_ctx < 2 * budget:
+            raise click.UsageError(f"--budget {budget}: a context of {cfg.n_ctx} leaves nothing to thin")
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
         res.update(bench_train(cfg, batch_size, iters, threads=threads))
@@ -52,6 +76,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
             res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
     else:
         res["generate_tokens_per_s"] = None
+    if rule is not None:
+        with console.status("timing sparse against dense decoding...") if not as_json else contextlib.nullcontext():
+            res.update(bench_sparse_decode(cfg, rule))
     res["peak_gflops"] = matmul_peak_gflops()
     res["machine"] = machine()
     if as_json:
@@ -69,6 +96,10 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, as_js
     if res.get("generate_tokens_per_s"):
         t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
                               f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
+    if rule is not None:
+        d, s = res["decode_dense_tokens_per_s"], res["decode_sparse_tokens_per_s"]
+        t.add_row("sparse decode", f"{rule.kind}, K {rule.budget}, at a cache of {res['decode_cache']:,}: "
+                                   f"{s:.0f} tokens/s against dense {d:.0f} ({s / d:.2f}×), paired")
     m = res["machine"]
     t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
                          + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else ""))
