@@ -4,8 +4,7 @@ of testing config strings.
 A variant is one choice on one of the model's axes -- an attention kind (Multi-Token Attention,
 grouped-query attention), a residual scheme (Attention Residuals), positions (rotary), an
 architecture (the encoder-decoder), a kernel (flash), a training option (dropout). Its module
-declares one ``VARIANT``, and
-``build.VARIANTS`` lists them all. From those declarations:
+declares one ``VARIANT``, and ``build.VARIANTS`` lists them all. From those declarations:
 
 - ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
   one of which ``refuses`` the other (one message, written once, by the variant that knows

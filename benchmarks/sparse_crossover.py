@@ -1,0 +1,58 @@
+"""Where sparse decoding starts to pay: tokens/s of one-token steps against the cache length,
+dense and each rule paired in one process (tbp.bench.bench_sparse_decode), at K = n / 16.
+One record per length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the
+curves from the records (speed needs the architecture only: random weights).
+
+    python benchmarks/sparse_crossover.py --lengths 1024 2048 4096 8192 --plot docs/images/sparse_crossover.png
+"""
+import argparse
+
+import records
+from tbp.bench import bench_sparse_decode
+from tbp.nn import ModelConfig
+from tbp.nn.sparse import KINDS, Sparsity
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--layers", default="1", help="selection layers, comma-separated")
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--plot", help="draw tokens/s against the cache into this picture, from the records")
+    p.add_argument("--only-plot", action="store_true")
+    a = p.parse_args()
+    layers = tuple(int(x) for x in a.layers.split(","))
+    if not a.only_plot:
+        for n in a.lengths:
+            cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=a.n_layer, n_head=4, d_model=128, positions="rope")
+            for kind in KINDS:
+                res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers))
+                records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": a.n_layer,
+                                                    "n_ctx": n, "config": cfg.to_dict(), **res})
+                print(f"n {n:5d} {kind:10s} K {n // 16:4d}: dense {res['decode_dense_tokens_per_s']:6.0f}  sparse "
+                      f"{res['decode_sparse_tokens_per_s']:6.0f} tok/s "
+                      f"({res['decode_sparse_tokens_per_s'] / res['decode_dense_tokens_per_s']:.2f}x)", flush=True)
+    if a.plot:
+        from tbp import plot
+        rows = records.read("sparse_crossover")
+        commit = rows[-1]["commit"]
+        rows = [r for r in rows if r["commit"] == commit]
+        fig = plot.figure(6.5, 4)
+        ax = fig.add_subplot()
+        for kind in KINDS:
+            pts = sorted((r["n_ctx"], r["decode_sparse_tokens_per_s"] / r["decode_dense_tokens_per_s"])
+                         for r in rows if r["sparse"]["kind"] == kind)
+            ax.plot(*zip(*pts), marker="o", label=f"{kind}, K = n/16")
+        ax.axhline(1.0, color="black", lw=1, ls="--", label="dense")
+        ax.set(xscale="log", xlabel="cached tokens n", ylabel="tokens/s, sparse / dense (paired)",
+               title=f"sparse decoding on this CPU ({rows[0]['config']['n_layer']} × 128, selection layer(s) {a.layers})")
+        from matplotlib.ticker import NullLocator
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(sorted({r["n_ctx"] for r in rows}), [f"{n:,}" for n in sorted({r["n_ctx"] for r in rows})])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        plot.save(fig, a.plot)
+
+
+if __name__ == "__main__":
+    main()
