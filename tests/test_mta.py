@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, ConfigError, ModelConfig
-from tbp.nn import reference as ref
+from tbp.nn import reference_variants
 from tbp.nn.mta import conv_map, conv_map_backward
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=2, n_head=4, d_model=16)
@@ -31,7 +31,7 @@ def test_a_fresh_mta_model_is_the_standard_model(rng):
 def test_the_vectorised_convolution_equals_four_loops(rng, cq, ck):
     X = rng.standard_normal((2, 3, 7, 7))
     theta = rng.standard_normal((3, cq, ck))
-    np.testing.assert_allclose(conv_map(X, theta), ref.mta_conv(X, theta), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(conv_map(X, theta), reference_variants.mta_conv(X, theta), rtol=1e-12, atol=1e-12)
     # and its backward is the transpose: <dZ, conv(X)> = <conv^T(dZ), X>
     dZ = rng.standard_normal(X.shape)
     dX, dtheta = conv_map_backward(dZ, X, theta)

@@ -189,9 +189,7 @@ def attention_backward(dy, cache):
     return dx, dw_attn, db_attn, dw_proj, db_proj
 
 
-# --- §7 the MLP: FC_expand > g > FC_contract --------------------------------------------------
-
-GELU_K, GELU_A = np.sqrt(2.0 / np.pi), 0.044715
+# --- cross-attention (Vaswani et al. 2017, §3.2.3) ---------------------------------------------
 
 
 def cross_attention_forward(x, m, w_q, b_q, w_kv, b_kv, w_proj, b_proj, n_head, d_qk, pad=None):
@@ -240,27 +238,7 @@ def cross_attention_backward(dy, cache):
     return dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj
 
 
-def mta_conv(X, theta):
-    """Multi-Token Attention's key-query convolution, one entry at a time:
-    Z[b, h, i, j] = sum_{a < cq, c < ck} theta[h, a, c] X[b, h, i - (cq-1) + a, j - p + c], p = (ck-1)/2,
-    the terms outside X left out.   X (B, H, Tq, Tk); theta (H, cq, ck)."""
-    B, H, Tq, Tk = X.shape
-    _, cq, ck = theta.shape
-    p = (ck - 1) // 2
-    Z = np.zeros_like(X)
-    for b in range(B):
-        for h in range(H):
-            for i in range(Tq):
-                for j in range(Tk):
-                    for a in range(cq):
-                        for c in range(ck):
-                            r, k = i - (cq - 1) + a, j - p + c
-                            if 0 <= r < Tq and 0 <= k < Tk:
-                                Z[b, h, i, j] += theta[h, a, c] * X[b, h, r, k]
-    return Z
-
-
-# --- seeds: Attention Residuals ---------------------------------------------------------------
+# --- Attention Residuals' operation (Kimi Team, arXiv 2603.15031) -----------------------------
 
 
 def depth_attention_forward(vs, w, g, eps):
@@ -296,6 +274,10 @@ def depth_attention_backward(dh, cache):
             du = dz[i] * w * g
             dvs[i][n] = alpha[i] * dh[n] + (du - u[i] * np.mean(du * u[i])) / r[i]
     return dvs, dw, dg
+
+
+# --- §7 the MLP: FC_expand > g > FC_contract --------------------------------------------------
+GELU_K, GELU_A = np.sqrt(2.0 / np.pi), 0.044715
 
 
 def gelu(u):

@@ -2,28 +2,48 @@
 papers have sums, every intermediate named, no buffer reused. Nothing here is used for
 training; the tests hold the fast code to these in float64 (tests/test_twins.py).
 
-- Multi-Token Attention, the whole layer: key-query convolution, head mixing, softmax, the
-  post-softmax convolution, head-group mixing, the norm and gate (forward; its gradients are
-  the fast backward's, which gradcheck holds to this forward's derivative);
+- Multi-Token Attention: its convolution one entry at a time (``mta_conv``), and the whole
+  layer: key-query convolution, head mixing, softmax, the post-softmax convolution, head-group
+  mixing, the norm and gate (forward; its gradients are the fast backward's, which gradcheck
+  holds to this forward's derivative);
 - Attention Residuals, the whole model, forward and backward: the sources each operation
   reads, and each source's gradient summed over its readers without deferring anything;
-- the encoder-decoder, the whole model, forward and backward;
 - sparse decoding's selection rules, one position at a time;
 - grouped-query attention, forward and backward, one query head at a time.
 
-Shapes as in reference.py; N = B T rows.
+Shapes as in reference.py; N = B T rows. The encoder-decoder's twin is reference_seq2seq.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .reference import (attention_backward, attention_forward, cross_attention_backward, cross_attention_forward,
+from .reference import (attention_backward, attention_forward,
                         depth_attention_backward, depth_attention_forward, embedding_backward, embedding_forward,
                         layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
-                        mlp_forward, mta_conv, rope_backward, rope_forward, softmax)
+                        mlp_forward, rope_backward, rope_forward, softmax)
 
 
 # --- Multi-Token Attention (Golovneva et al., arXiv 2504.00927) ------------------------------
+
+
+def mta_conv(X, theta):
+    """Multi-Token Attention's key-query convolution, one entry at a time:
+    Z[b, h, i, j] = sum_{a < cq, c < ck} theta[h, a, c] X[b, h, i - (cq-1) + a, j - p + c], p = (ck-1)/2,
+    the terms outside X left out.   X (B, H, Tq, Tk); theta (H, cq, ck)."""
+    B, H, Tq, Tk = X.shape
+    _, cq, ck = theta.shape
+    p = (ck - 1) // 2
+    Z = np.zeros_like(X)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                for j in range(Tk):
+                    for a in range(cq):
+                        for c in range(ck):
+                            r, k = i - (cq - 1) + a, j - p + c
+                            if 0 <= r < Tq and 0 <= k < Tk:
+                                Z[b, h, i, j] += theta[h, a, c] * X[b, h, r, k]
+    return Z
 
 
 def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=False, group=0, norm=False,
@@ -101,7 +121,7 @@ def _sublayer_backward(dy, cache, h, kind, grads):
     return dx
 
 
-def _head_loss_and_backward(P, cfg, x, targets, grads, weights=None):
+def head_loss_and_backward(P, cfg, x, targets, grads, weights=None):
     """ln_f, the head (tied wte^T or lm_head), the (weighted) mean cross-entropy; returns the
     loss and the gradient of x, with the head's gradients in ``grads``."""
     xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
@@ -166,7 +186,7 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
     hf, final_cache = depth_attention_forward([values[name] for name in final], P["res_f.query"],
                                               P["res_f.gain"], eps)
     grads: dict = {}
-    loss, dhf = _head_loss_and_backward(P, cfg, hf.reshape(B, T, C), targets, grads)
+    loss, dhf = head_loss_and_backward(P, cfg, hf.reshape(B, T, C), targets, grads)
 
     dsource = {name: np.zeros((B * T, C)) for name in values}
     dvs, grads["res_f.query"], grads["res_f.gain"] = depth_attention_backward(dhf.reshape(-1, C), final_cache)
@@ -187,117 +207,6 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
             dsource[name] += dv
     dwte, grads["wpe"] = embedding_backward(dsource[("S", 0)].reshape(B, T, C), emb_cache)
     grads["wte"] = grads.get("wte", 0) + dwte
-    return loss, {key: v for key, v in grads.items() if v is not None}
-
-
-# --- the encoder-decoder (Vaswani et al. 2017, Figure 1, pre-LN) -------------------------------
-
-
-def _self_attention(P, h, a, cfg, causal, pad):
-    """Self-attention of block ``h`` on a. Non-causal with padded keys is cross-attention of a
-    to itself ([q | k | v] split into c_q = [q] and c_kv = [k | v]): the same equations."""
-    H, Dk = cfg.n_head, cfg.d_qk
-    w, b = P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias")
-    if causal:
-        y, c = attention_forward(a, w, b, P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"), H, Dk)
-        return y, ("causal", c)
-    y, c = cross_attention_forward(a, a, w[:, :H * Dk], None if b is None else b[:H * Dk], w[:, H * Dk:],
-                                   None if b is None else b[H * Dk:], P[h + "attn.c_proj.weight"],
-                                   P.get(h + "attn.c_proj.bias"), H, Dk, pad)
-    return y, ("self-cross", c)
-
-
-def _self_attention_backward(dy, cache):
-    """(da, dw_attn, db_attn, dw_proj, db_proj): the self-cross form sums both paths into a."""
-    form, c = cache
-    if form == "causal":
-        return attention_backward(dy, c)
-    dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj = cross_attention_backward(dy, c)
-    db = None if db_q is None else np.concatenate([db_q, db_kv])
-    return dx + dm, np.concatenate([dw_q, dw_kv], axis=1), db, dw_proj, db_proj
-
-
-def encoder_decoder_loss_and_grads(P: dict, cfg, src, tgt_in, tgt_out):
-    """The encoder-decoder's loss and every gradient. Encoder: embeddings (``enc.wte``,
-    ``enc.wpe``), n_enc_layer pre-LN blocks of non-causal self-attention that no position may
-    read a padded source key through, ``enc.ln_f``: the memory m. Decoder: embeddings, blocks
-    x = x + attn(ln_1(x)); x = x + cross(ln_cross(x), m); x = x + mlp(ln_2(x)), ln_f and the
-    head. The loss is the mean cross-entropy over targets that are not padding. Every decoder
-    layer reads m, so m's gradient is the sum of their cross-attentions' dm."""
-    pad = src == cfg.pad_id if cfg.pad_id is not None else None
-    grads: dict = {}
-    x, enc_emb = embedding_forward(src, P["enc.wte"], P["enc.wpe"])
-    enc = []
-    for i in range(cfg.n_enc_layer):
-        h = f"enc.h.{i}."
-        a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
-        a, attn = _self_attention(P, h, a, cfg, False, pad)
-        x = x + a
-        f, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
-        f, mlp = mlp_forward(f, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"), P[h + "mlp.c_proj.weight"],
-                             P.get(h + "mlp.c_proj.bias"), cfg.activation)
-        x = x + f
-        enc.append((ln1, attn, ln2, mlp))
-    m, enc_lnf = layernorm_forward(x, P["enc.ln_f.weight"], P.get("enc.ln_f.bias"), cfg.ln_eps)
-    y, dec_emb = embedding_forward(tgt_in, P["wte"], P["wpe"])
-    dec = []
-    for i in range(cfg.n_layer):
-        h = f"h.{i}."
-        a, ln1 = layernorm_forward(y, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
-        a, attn = _self_attention(P, h, a, cfg, True, None)
-        y = y + a
-        c, lnc = layernorm_forward(y, P[h + "ln_cross.weight"], P.get(h + "ln_cross.bias"), cfg.ln_eps)
-        c, cross = cross_attention_forward(c, m, P[h + "cross.c_q.weight"], P.get(h + "cross.c_q.bias"),
-                                           P[h + "cross.c_kv.weight"], P.get(h + "cross.c_kv.bias"),
-                                           P[h + "cross.c_proj.weight"], P.get(h + "cross.c_proj.bias"),
-                                           cfg.n_head, cfg.d_qk, pad)
-        y = y + c
-        f, ln2 = layernorm_forward(y, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)
-        f, mlp = mlp_forward(f, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"), P[h + "mlp.c_proj.weight"],
-                             P.get(h + "mlp.c_proj.bias"), cfg.activation)
-        y = y + f
-        dec.append((ln1, attn, lnc, cross, ln2, mlp))
-    weights = (tgt_out != cfg.pad_id).astype(float) if cfg.pad_id is not None else None
-    loss, dy = _head_loss_and_backward(P, cfg, y, tgt_out, grads, weights)
-
-    dm = np.zeros_like(m)
-    for i in reversed(range(cfg.n_layer)):
-        h = f"h.{i}."
-        ln1, attn, lnc, cross, ln2, mlp = dec[i]
-        df, *g = mlp_backward(dy, mlp)
-        for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
-            grads[h + name] = gi
-        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(df, ln2)
-        dy = dy + dln
-        dc, dm_i, *g = cross_attention_backward(dy, cross)
-        for name, gi in zip(("cross.c_q.weight", "cross.c_q.bias", "cross.c_kv.weight", "cross.c_kv.bias",
-                             "cross.c_proj.weight", "cross.c_proj.bias"), g):
-            grads[h + name] = gi
-        dm = dm + dm_i
-        dln, grads[h + "ln_cross.weight"], grads[h + "ln_cross.bias"] = layernorm_backward(dc, lnc)
-        dy = dy + dln
-        da, *g = _self_attention_backward(dy, attn)
-        for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias"), g):
-            grads[h + name] = gi
-        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
-        dy = dy + dln
-    dwte, grads["wpe"] = embedding_backward(dy, dec_emb)
-    grads["wte"] = grads.get("wte", 0) + dwte
-    dx, grads["enc.ln_f.weight"], grads["enc.ln_f.bias"] = layernorm_backward(dm, enc_lnf)
-    for i in reversed(range(cfg.n_enc_layer)):
-        h = f"enc.h.{i}."
-        ln1, attn, ln2, mlp = enc[i]
-        df, *g = mlp_backward(dx, mlp)
-        for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
-            grads[h + name] = gi
-        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(df, ln2)
-        dx = dx + dln
-        da, *g = _self_attention_backward(dx, attn)
-        for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias"), g):
-            grads[h + name] = gi
-        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)
-        dx = dx + dln
-    grads["enc.wte"], grads["enc.wpe"] = embedding_backward(dx, enc_emb)
     return loss, {key: v for key, v in grads.items() if v is not None}
 
 
