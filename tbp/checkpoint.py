@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -34,8 +33,8 @@ from safetensors.numpy import save as st_save
 from . import jsonio, memory, schema
 from .jsonio import read_json
 from .errors import TbpError
-from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
-                     staged_dir, sweep_temporaries)
+from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, from_recorded,
+                     link_or_copy, staged_dir, sweep_temporaries)
 from .nn import ModelConfig, add_lora, build_model, model_class
 from .tokenizer import Tokenizer
 
@@ -344,26 +343,9 @@ def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) 
     return path, None
 
 
-def relative_to_run(path: Path, run: Path) -> str:
-    """``path`` as a LoRA run records its base: relative to the run when the base sits beside
-    it (``../pydoc``: the two move together), else absolute (a base elsewhere stays found when
-    the run alone moves; another drive has no relative path)."""
-    try:
-        rel = os.path.relpath(path.resolve(), run.resolve())
-    except ValueError:
-        return str(path.resolve())
-    return rel if rel.split(os.sep).count("..") <= 1 else str(path.resolve())
-
-
-def base_of(run: Path, base: dict) -> Path:
-    """The base run a LoRA run names (config.json's "base"): a relative path is the run's."""
-    path = Path(base["path"])
-    return path if path.is_absolute() else Path(run) / path
-
-
 def _base_weights(run: Path, base: dict) -> Path:
     """The weights a LoRA run's adapters were trained on, proven unchanged by their SHA-256."""
-    base_run = base_of(run, base)
+    base_run = from_recorded(run, base["path"])          # relative to the run (fsutil.portable_path)
     try:
         path = weights_path(base_run)
     except TbpError:

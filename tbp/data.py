@@ -100,7 +100,12 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
                     unknown: str = "refuse") -> Dataset:
     """A prepared folder as is; a text file (or folder of text) prepared on the fly; None -> the
     built-in corpus. With ``tokenizer`` (resume / fine-tune) the text is encoded with it."""
-    if arg is not None and Path(arg).is_dir() and (Path(arg) / "meta.json").is_file():
+    prepared = arg is not None and Path(arg).is_dir() and (Path(arg) / "meta.json").is_file()
+    if unknown != "refuse" and (prepared or tokenizer is None or tokenizer.kind != "char"):
+        raise ConfigError("--unknown-chars applies to text prepared on the fly with another run's char tokenizer"
+                          + ("; this --data is a prepared dataset" if prepared else
+                             "; a BPE tokenizer encodes any text" if tokenizer is not None else ""))
+    if prepared:
         ds = Dataset.load(arg)
     else:
         if arg is not None and not Path(arg).exists():

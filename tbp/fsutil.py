@@ -335,3 +335,20 @@ def staged_dir(out: str | Path, force: bool = False):
         for fd in (owner, old_owner):
             if fd is not None:
                 os.close(fd)
+
+
+def portable_path(path: Path, start: Path) -> str:
+    """``path`` as a file written in ``start`` records it: relative when it sits beside
+    ``start`` (``../pydoc``: the two move together), else absolute (a path elsewhere stays
+    found when ``start`` alone moves; another drive has no relative path)."""
+    try:
+        rel = os.path.relpath(Path(path).resolve(), Path(start).resolve())
+    except ValueError:
+        return str(Path(path).resolve())
+    return rel if rel.split(os.sep).count("..") <= 1 else str(Path(path).resolve())
+
+
+def from_recorded(start: Path, recorded: str) -> Path:
+    """The path ``portable_path`` recorded in ``start`` (an absolute one as it is)."""
+    path = Path(recorded)
+    return path if path.is_absolute() else Path(start) / path

@@ -20,7 +20,7 @@ from .batches import DoesNotFit, batches_for
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport, resolve_dataset
 from .errors import ConfigError, TbpError
-from .fsutil import RunLock, check_replaceable, sweep_temporaries
+from .fsutil import RunLock, check_replaceable, portable_path, sweep_temporaries
 from .nn import LORA_TARGETS, add_lora, build, build_model
 from .nn.config import KERNEL_FIELDS
 from .tokenizer import Tokenizer
@@ -71,16 +71,9 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         raise ConfigError("--resume needs --out, the run to continue")
     if req.lora is not None and req.init_from is None:
         raise ConfigError("--lora-rank fine-tunes an existing model: give it --init-from RUN")
-    if req.unknown_chars != "refuse":
-        base = req.init_from if req.init_from is not None else req.out if req.resume else None
-        if base is None:
-            raise ConfigError("--unknown-chars is for text encoded with another run's tokenizer (--init-from or "
-                              "--resume); a new run's tokenizer is made from its text and lacks nothing")
-        if Tokenizer.load(Path(base) / "tokenizer.json").kind != "char":
-            raise ConfigError("--unknown-chars is for a char tokenizer: this run's BPE encodes any text")
-        if req.data is not None and Path(req.data).is_dir() and (Path(req.data) / "meta.json").is_file():
-            raise ConfigError("--unknown-chars applies to text prepared on the fly; this --data is a prepared "
-                              "dataset")
+    if req.unknown_chars != "refuse" and req.init_from is None and not req.resume:
+        raise ConfigError("--unknown-chars is for text encoded with another run's tokenizer (--init-from or "
+                          "--resume); a new run's tokenizer is made from its text and lacks nothing")
     tcfg = None if req.resume else TrainConfig(**req.train)     # every usage error before any work
     if req.init_from is not None:
         _check_base(req.init_from, req.lora, req.model)          # before any data is prepared
@@ -255,7 +248,7 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
             weights = checkpoint.weights_path(base_run)
-            base = {"path": checkpoint.relative_to_run(Path(base_run), Path(out)), "sha256": checkpoint.file_sha256(weights)}
+            base = {"path": portable_path(Path(base_run), Path(out)), "sha256": checkpoint.file_sha256(weights)}
         record = _record(model.config, tcfg, ds, lora, base)
         record["init_from"] = str(Path(base_run).resolve())
         return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,

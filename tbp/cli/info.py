@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .. import checkpoint
 from ..config import ModelConfig
+from ..fsutil import from_recorded
 from ..errors import TbpError
 from ..nn import build
 from .common import console, fmt_bytes, fmt_loss, kv_table, split_figure, the_run
@@ -149,7 +150,7 @@ def info(path, as_json):
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
                           f"{', '.join(d['lora']['targets'])}")
-        t.add_row("base", f"{checkpoint.base_of(Path(d['path']), d['base']).resolve()} (SHA-256 {d['base']['sha256'][:12]}…)")
+        t.add_row("base", f"{from_recorded(Path(d['path']), d['base']['path']).resolve()} (SHA-256 {d['base']['sha256'][:12]}…)")
     st = d["state"]
     if st:
         tr = d["train"] or {}

@@ -7,6 +7,7 @@ import click
 
 from .. import checkpoint
 from ..errors import TbpError
+from ..fsutil import from_recorded
 from ..nn import merge_lora
 from .common import console
 
@@ -29,7 +30,7 @@ def merge(run, out, force):
     cfg = checkpoint.read_config(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
-    inputs = (run, checkpoint.base_of(run, cfg["base"]) if cfg.get("base") else None)   # the adapter run and its base
+    inputs = (run, from_recorded(run, cfg["base"]["path"]) if cfg.get("base") else None)   # the adapter run, its base
     checkpoint.claim_run_output(out, force, inputs)
     model, tok, cfg = checkpoint.load_model(run)
     merge_lora(model)
