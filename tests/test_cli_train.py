@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, train_tiny
 
-from tbp import GPT, checkpoint
+from tbp import GPT, ModelConfig, checkpoint
 from tbp.cli import train as cli_train
 
 
@@ -139,6 +139,15 @@ def test_the_final_val_loss_is_the_split_itself_and_eval_agrees(tmp_path, corpus
     assert r.exit_code == 0, r.output
     assert js.loads(r.stdout)["val_loss"] == last["val_split_loss"]
     assert js.loads(r.stdout)["val_tokens"] == last["val_split_tokens"]
+
+
+def test_every_kth_window_reads_that_share_of_the_split(dataset):
+    from tbp.evaluate import split_loss
+    model = GPT(ModelConfig(vocab_size=dataset.tokenizer.vocab_size, n_ctx=16, n_layer=1, n_head=2, d_model=16))
+    _, whole = split_loss(model, dataset)
+    _, half = split_loss(model, dataset, every=2)
+    windows = (dataset.val.size - 17) // 16 + 1
+    assert whole == windows * 16 and half == -(-windows // 2) * 16
 
 
 def test_a_large_split_is_read_every_kth_window():

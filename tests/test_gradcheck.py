@@ -136,3 +136,6 @@ def test_the_table_fits_80_columns_with_every_column():
 def test_layer_names_are_one_spelling_and_the_former_ones_still_read():
     assert all(" " not in name and "_" not in name for name in gradcheck.LAYERS)
     assert [r.layer for r in gradcheck.run(layer="cross_entropy")] == [r.layer for r in gradcheck.run(layer="cross-entropy")]
+    from helpers import run
+    r = run(["gradcheck", "--layer", "decoder block"])                 # the CLI reads the former name too
+    assert r.exit_code == 0 and "decoder-block [pre-LN, cross]" in r.output
