@@ -9,9 +9,8 @@ import click
 from ..bench import bench_generate, bench_sparse_decode, bench_train, machine, matmul_peak_gflops
 from ..config import ModelConfig
 from ..nn import build
-from ..nn.sparse import KINDS, Sparsity
 from .common import console, fmt_count, kv_table
-from .options import config_options, refuse_unused
+from .options import check_sparse, config_options, sparse_options, sparse_rule
 
 
 @click.command()
@@ -26,12 +25,8 @@ from .options import config_options, refuse_unused
 @click.option("--no-kv-cache", is_flag=True, help="Time generation without the cache (the quadratic baseline).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="Training threads sharing each batch, as in tbp train (0: one per core).")
-@click.option("--sparse", type=click.Choice(KINDS), default=None,
-              help="Also time sparse decoding with this rule against dense, paired in one process, at a cache "
-                   "of nearly the whole context (decode_*_tokens_per_s in --json).")
-@click.option("--budget", type=click.IntRange(min=2), default=64, show_default=True,
-              help="With --sparse: cached tokens each new token attends to.")
-@click.option("--sparse-layers", default="1", show_default=True, help="With --sparse: the selection layers.")
+@sparse_options("Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
+                "nearly the whole context (decode_*_tokens_per_s in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, sparse, budget, sparse_layers, as_json,
           **model_opts):
@@ -53,19 +48,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, spars
     why = build.refusal(cfg, "bench")
     if why is not None:
         raise click.UsageError(why)
-    rule = None
-    if sparse is None:
-        refuse_unused(click.get_current_context(), ("budget", "sparse_layers"), "--sparse")
-    else:
-        try:
-            rule = Sparsity(sparse, budget, tuple(int(x) for x in sparse_layers.split(",") if x.strip()))
-        except ValueError as e:
-            raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
-        why = build.refusal(cfg, "sparse")
-        if why is not None:
-            raise click.UsageError(f"--sparse: {why}")
-        if max(rule.layers) >= cfg.n_layer:
-            raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {cfg.n_layer} layers")
+    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
+    if rule is not None:
+        check_sparse(cfg, rule)
         if cfg.n_ctx < 2 * budget:
             raise click.UsageError(f"--budget {budget}: a context of {cfg.n_ctx} leaves nothing to thin")
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}

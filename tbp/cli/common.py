@@ -14,7 +14,7 @@ from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
-def the_run(run) -> "Path":
+def the_run(run):
     """The run a command reads: ``run`` as given, or the newest under checkpoints/, named on
     stderr either way, first, so that no output comes from a run the user did not mean."""
     from .. import checkpoint            # the console is needed before the engine is loaded

@@ -12,10 +12,8 @@ from .. import checkpoint, data, jsonio, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
-from ..nn import build
-from ..nn.sparse import KINDS, Sparsity
 from ..tokenizer import END
-from .options import FiniteFloat, refuse_unused, stop_strings
+from .options import FiniteFloat, check_sparse, sparse_options, sparse_rule, stop_strings
 
 
 def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
@@ -132,17 +130,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as it is generated (one sample only).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-@click.option("--sparse", type=click.Choice(KINDS), default=None,
-              help="Sparse decoding: each new token attends to --budget cached tokens, chosen at the "
-                   "selection layers (lessismore: one set merged across heads, plus sinks and a recency "
-                   "window; topk: per head; window: sinks + the most recent).")
-@click.option("--budget", type=click.IntRange(min=2), default=64, show_default=True,
-              help="With --sparse: cached tokens each new token attends to.")
-@click.option("--sparse-layers", default="1", show_default=True,
-              help="With --sparse: comma-separated selection layers (dense, and choosing the set for the "
-                   "layers after them); layers before the first stay dense.")
-@click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
-              help="With --sparse lessismore: the share of the budget given to the most recent tokens.")
+@sparse_options("Sparse decoding: each new token attends to --budget cached tokens, chosen at the selection "
+                "layers (lessismore: one set merged across heads, plus sinks and a recency window; topk: per "
+                "head; window: sinks + the most recent).", recency=True)
 def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, seed,
              num_samples, stop, kv_cache, stream, best, sparse, budget, sparse_layers, recency):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
@@ -166,19 +156,9 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
       tbp generate --prompts prompts.txt --max-new-tokens 100 --seed 0 --json > samples.jsonl
     """
     sampling = Sampling(temperature, top_k, top_p)
-    rule = None
-    if sparse is None:
-        refuse_unused(click.get_current_context(), ("budget", "sparse_layers", "recency"), "--sparse")
-    elif sparse != "lessismore":
-        refuse_unused(click.get_current_context(), ("recency",), "--sparse lessismore")
-    if sparse is not None:
-        if not kv_cache:
-            raise click.UsageError("--sparse thins the KV cache's attention: it cannot run with --no-kv-cache")
-        try:
-            layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
-            rule = Sparsity(sparse, budget, layers, recency)
-        except ValueError as e:
-            raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
+    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers, recency)
+    if rule is not None and not kv_cache:
+        raise click.UsageError("--sparse thins the KV cache's attention: it cannot run with --no-kv-cache")
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
     if seed is None and as_json:              # a record names the seed that makes it again
@@ -190,12 +170,8 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"
-    why = build.refusal(model.config, "sparse") if rule is not None else None
-    if why is not None:
-        raise click.UsageError(f"--sparse: {why}")
-    if rule is not None and max(rule.layers) >= model.config.n_layer:
-        L = model.config.n_layer
-        raise click.UsageError(f"--sparse-layers {sparse_layers}: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
+    if rule is not None:
+        check_sparse(model.config, rule)
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
                       f"sampling {num_samples} sequence(s) from {run}")
     if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker

@@ -17,6 +17,8 @@ from click.core import ParameterSource
 
 from .. import jsonio
 from ..config import ModelConfig
+from ..nn import build
+from ..nn.sparse import KINDS, Sparsity
 from ..errors import TbpError
 
 
@@ -194,3 +196,46 @@ def load_config_file(ctx, param, value):
     ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in values.items()}}
     return value
 
+
+# --- sparse decoding: the options and checks tbp generate, attention and bench share ----------
+def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
+    """--sparse RULE, --budget K, --sparse-layers L (and --recency, for a command that samples)."""
+    def wrap(f):
+        if recency:
+            f = click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
+                             help="With --sparse lessismore: the share of the budget given to the most recent "
+                                  "tokens.")(f)
+        f = click.option("--sparse-layers", default="1", show_default=True,
+                         help="With --sparse: comma-separated selection layers (dense, and choosing the set for "
+                              "the layers after them); layers before the first stay dense.")(f)
+        f = click.option("--budget", type=click.IntRange(min=2), default=budget, show_default=True,
+                         help="With --sparse: cached tokens each new token attends to.")(f)
+        return click.option("--sparse", type=click.Choice(KINDS), default=None, help=sparse_help)(f)
+    return wrap
+
+
+def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, recency: float | None = None):
+    """The Sparsity the options ask for, or None without --sparse (whose companions are then
+    refused); a bad budget or layer list is a usage error."""
+    companions = ("budget", "sparse_layers") + (("recency",) if recency is not None else ())
+    if sparse is None:
+        refuse_unused(ctx, companions, "--sparse")
+        return None
+    if recency is not None and sparse != "lessismore":
+        refuse_unused(ctx, ("recency",), "--sparse lessismore")
+    try:
+        layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
+        return Sparsity(sparse, budget, layers, 0.25 if recency is None else recency)
+    except ValueError as e:
+        raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
+
+
+def check_sparse(cfg: ModelConfig, rule) -> None:
+    """Usage errors of a rule for this model: a variant that refuses sparse decoding, or a
+    selection layer past the model's."""
+    why = build.refusal(cfg, "sparse")
+    if why is not None:
+        raise click.UsageError(f"--sparse: {why}")
+    L = cfg.n_layer
+    if max(rule.layers) >= L:
+        raise click.UsageError(f"--sparse-layers: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")

@@ -11,12 +11,10 @@ from rich.text import Text
 
 from .. import checkpoint, plot
 from ..errors import TbpError
-from ..nn import build
 from .common import console, the_run
-from ..nn.sparse import KINDS, Sparsity
 from ..generate import Sampling, generate_ids
 from .generate import source_tokens, start_tokens
-from .options import refuse_unused
+from .options import check_sparse, sparse_options, sparse_rule
 
 
 def _run_curves(run: Path) -> dict:
@@ -77,12 +75,8 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
               help="Write a picture (.png or .svg, needs tbp[plot]) instead of drawing in the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON on stdout.")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-@click.option("--sparse", type=click.Choice(KINDS), default=None,
-              help="Instead of weights, show which positions a sparse decoder keeps at each step of the "
-                   "prompt (rows: the token being decoded; for topk, the share of heads keeping it).")
-@click.option("--budget", type=click.IntRange(min=2), default=16, show_default=True,
-              help="With --sparse: the cached tokens each step keeps.")
-@click.option("--sparse-layers", default="1", show_default=True, help="With --sparse: the selection layers.")
+@sparse_options("Instead of weights, show which positions a sparse decoder keeps at each step of the prompt "
+                "(rows: the token being decoded; for topk, the share of heads keeping it).", budget=16)
 @click.option("--depth", is_flag=True,
               help="Attention Residuals: what each sublayer's input takes from the embedding and each earlier "
                    "output (mean over the prompt's tokens) instead of the heads' maps.")
@@ -100,17 +94,14 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
       tbp attention --prompt "hello" --layer 0 --json
       tbp attention --prompt "def main():" --depth               # Attention Residuals' depth weights
     """
-    ctx = click.get_current_context()
-    if sparse is None:
-        refuse_unused(ctx, ("budget", "sparse_layers"), "--sparse")
-    elif depth:
+    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
+    if rule is not None and depth:
         raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
                                "give one of them")
     run = the_run(run)
     model, tok, _ = checkpoint.load_model(run, best=best)
-    why = build.refusal(model.config, "sparse") if sparse is not None else None
-    if why is not None:
-        raise click.UsageError(f"--sparse: {why}")
+    if rule is not None:
+        check_sparse(model.config, rule)
     if model.reads_source:
         _show_cross(model, tok, prompt, layer, out, as_json, run)
         return
@@ -127,11 +118,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
     tokens = [tok.decode([i]) for i in ids]
-    if sparse is not None:
-        try:
-            rule = Sparsity(sparse, budget, tuple(int(x) for x in sparse_layers.split(",") if x.strip()))
-        except ValueError as e:
-            raise click.UsageError(str(e)) from None
+    if rule is not None:
         _show_kept(model, ids, tokens, rule, out, as_json, run)
         return
     chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
@@ -244,9 +231,6 @@ def kept_positions(model, ids: list[int], rule) -> np.ndarray:
 
 
 def _show_kept(model, ids, tokens, rule, out, as_json, run) -> None:
-    if max(rule.layers) >= model.config.n_layer:
-        L = model.config.n_layer
-        raise click.UsageError(f"--sparse-layers: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
     kept = kept_positions(model, ids, rule)
     if as_json:
         click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids, "rule": rule.kind,
