@@ -154,10 +154,12 @@ def info(path, as_json):
     st = d["state"]
     if st:
         tr = d["train"] or {}
-        t.add_row("trained", f"step {st.get('step', 0):,} of {tr.get('max_iters', '?')} · "
-                             f"{st.get('tokens_seen', 0):,} tokens · {st.get('elapsed_s', 0):.0f}s")
+        total = tr.get("max_iters")
+        of = f" of {total:,}" if isinstance(total, int) else ""
+        t.add_row("trained", f"step {st.get('step', 0):,}{of} · {st.get('tokens_seen', 0):,} tokens · "
+                             f"{st.get('elapsed_s', 0):.0f}s")
         if st.get("best_val_loss") is not None:
-            t.add_row("best (estimate)", f"{fmt_loss(st['best_val_loss'])} at step {st['best_step']}")
+            t.add_row("best (estimate)", f"{fmt_loss(st['best_val_loss'])} at step {st['best_step']:,}")
     evals = [x for x in d["metrics"] if "val_loss" in x]
     if evals:
         last = evals[-1]
