@@ -93,8 +93,9 @@ def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=F
 # --- Attention Residuals (Kimi Team, arXiv 2603.15031) ----------------------------------------
 
 
-def _sublayer_forward(P, h, i, kind, x, cfg):
-    """Sublayer ``kind`` ("attn" or "mlp") of block i on its input x: f(norm(x)), with caches."""
+def sublayer_forward(P, h, i, kind, x, cfg):
+    """Sublayer ``kind`` ("attn": causal self-attention, or "mlp") of the block whose parameters
+    start with ``h`` on its input x: f(norm(x)), with caches."""
     norm = "ln_1" if kind == "attn" else "ln_2"
     a, ln = layernorm_forward(x, P[f"{h}{norm}.weight"], P.get(f"{h}{norm}.bias"), cfg.ln_eps)
     if kind == "attn":
@@ -106,7 +107,7 @@ def _sublayer_forward(P, h, i, kind, x, cfg):
     return y, (ln, c)
 
 
-def _sublayer_backward(dy, cache, h, kind, grads):
+def sublayer_backward(dy, cache, h, kind, grads):
     ln, c = cache
     norm = "ln_1" if kind == "attn" else "ln_2"
     if kind == "attn":
@@ -175,7 +176,7 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
             hx, op_cache = depth_attention_forward([values[name] for name in names], P[op + "query"],
                                                    P[op + "gain"], eps)
             x_in = hx.reshape(B, T, C)
-        out, cache = _sublayer_forward(P, h, i, kind, x_in, cfg)
+        out, cache = sublayer_forward(P, h, i, kind, x_in, cfg)
         o = out.reshape(-1, C)
         values[("P", n, k + 1)] = o if k == 0 else values[("P", n, k)] + o
         if k == s - 1:
@@ -198,7 +199,7 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
         n, k = j // s + 1, j % s
         do = dsource[("S", n)] + sum(dsource[("P", n, kk)] for kk in range(k + 1, s))
         op_cache, cache = caches[j]
-        dx_in = _sublayer_backward(do.reshape(B, T, C), cache, h, kind, grads).reshape(-1, C)
+        dx_in = sublayer_backward(do.reshape(B, T, C), cache, h, kind, grads).reshape(-1, C)
         if j == 0:
             dsource[("S", 0)] += dx_in
             continue
