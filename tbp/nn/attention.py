@@ -102,8 +102,7 @@ class CausalSelfAttention(Module):
         y = self._heads_view(merged, self.d_v)                             # (B, H, T, Dv) view
         k, v = self._expand(k, v)                                          # (B, H, T, Dk | Dv)
         drop = None if noise is None else noise.mask((H, T, T), qs.dtype)  # (B, H, T, T)
-        saved = self.kernel.forward(qs, k, v, y, key_mask, drop) if drop is not None \
-            else self.kernel.forward(qs, k, v, y, key_mask)
+        saved = self.kernel.forward(qs, k, v, y, key_mask, drop)
         self.cache = qs, k, v, saved, y
         return self.c_proj.forward(merged)                                 # (B, T, C)
 

@@ -132,7 +132,7 @@ class Inference:
         self.kept_scores = None                   # (B, H, t) the scores they were chosen from
         # query rows per prefill chunk, so that its scores stay under max_scores numbers
         self._chunk = max(1, self.max_scores // (batch * cfg.n_head * self.n_ctx))
-        self._step = Rows(batch, self.C, self.V, self.dtype)
+        self._one_row = Rows(batch, self.C, self.V, self.dtype)     # the rows of every one-token step
 
     @staticmethod
     def cache_size(model, batch: int = 1) -> int:
@@ -186,7 +186,7 @@ class Inference:
             for s in range(0, Tn, self._chunk):
                 logits[:, s:s + self._chunk] = self.forward(idx[:, s:s + self._chunk], check=False)
             return logits
-        rows = self._step if Tn == 1 else Rows(self.B * Tn, self.C, self.V, self.dtype)
+        rows = self._one_row if Tn == 1 else Rows(self.B * Tn, self.C, self.V, self.dtype)
         rule = self.sparse
         thin = rule is not None and Tn == 1 and rule.budget < t1 <= self.n_ctx    # within the cache
         step = Step(t0, t1, self.dtype, Sparse(rule) if thin else None)

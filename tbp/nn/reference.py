@@ -329,6 +329,34 @@ def cross_entropy_backward(cache):
 # --- §7 the whole model: the layers composed ---------------------------------------------------
 
 
+def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None):
+    """ln_f, the head (tied: logits = xf wte^T; or lm_head with bias) and the mean cross-entropy
+    (with ``weights`` (B, T): sum(w CE) / sum(w)); returns the loss and the gradient of x, the
+    head's and ln_f's gradients put in ``grads``."""
+    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
+    if cfg.tie_head:
+        logits, head = linear_forward(xf, P["wte"].T)
+    else:
+        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
+    if weights is None:
+        loss, ce = cross_entropy_forward(logits, targets)
+        dlogits = cross_entropy_backward(ce)
+    else:
+        p = softmax(logits)
+        picked = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]
+        loss = float(-(weights * np.log(picked)).sum() / weights.sum())
+        onehot = np.zeros_like(p)
+        np.put_along_axis(onehot, targets[..., None], 1.0, axis=-1)
+        dlogits = (p - onehot) * (weights / weights.sum())[..., None]
+    dxf, dw_head, db_head = linear_backward(dlogits, head)
+    if cfg.tie_head:
+        grads["wte"] = dw_head.T
+    else:
+        grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
+    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
+    return loss, dx
+
+
 def gpt_loss_and_grads(params: dict, cfg, idx, targets):
     """Mean cross-entropy of a GPT given as a dict of arrays under GPT-2 names, and the gradient
     of every parameter: pre-LN blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), then ln_f
@@ -351,20 +379,7 @@ def gpt_loss_and_grads(params: dict, cfg, idx, targets):
                              P[h + "mlp.c_proj.weight"], P.get(h + "mlp.c_proj.bias"), cfg.activation)
         x = x + m
         caches.append((ln1, attn, ln2, mlp))
-    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
-    if cfg.tie_head:
-        logits, head = linear_forward(xf, P["wte"].T)
-    else:
-        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
-    loss, ce = cross_entropy_forward(logits, targets)
-
-    dlogits = cross_entropy_backward(ce)
-    dxf, dw_head, db_head = linear_backward(dlogits, head)
-    if cfg.tie_head:
-        grads["wte"] = dw_head.T
-    else:
-        grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
-    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
+    loss, dx = head_loss_and_backward(P, cfg, x, targets, grads)
     for i in reversed(range(cfg.n_layer)):
         h = f"h.{i}."
         ln1, attn, ln2, mlp = caches[i]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import (attention_backward, attention_forward,
+from .reference import (attention_backward, attention_forward, head_loss_and_backward,
                         depth_attention_backward, depth_attention_forward, embedding_backward, embedding_forward,
                         layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
                         mlp_forward, rope_backward, rope_forward, softmax)
@@ -120,30 +120,6 @@ def sublayer_backward(dy, cache, h, kind, grads):
         grads[h + name] = gi
     dx, grads[f"{h}{norm}.weight"], grads[f"{h}{norm}.bias"] = layernorm_backward(da, ln)
     return dx
-
-
-def head_loss_and_backward(P, cfg, x, targets, grads, weights=None):
-    """ln_f, the head (tied wte^T or lm_head), the (weighted) mean cross-entropy; returns the
-    loss and the gradient of x, with the head's gradients in ``grads``."""
-    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
-    if cfg.tie_head:
-        logits, head = linear_forward(xf, P["wte"].T)
-    else:
-        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
-    p = softmax(logits)
-    w = np.ones(targets.shape) if weights is None else weights
-    picked = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]
-    loss = float(-(w * np.log(picked)).sum() / w.sum())
-    onehot = np.zeros_like(p)
-    np.put_along_axis(onehot, targets[..., None], 1.0, axis=-1)
-    dlogits = (p - onehot) * (w / w.sum())[..., None]                  # d loss / d logits
-    dxf, dw_head, db_head = linear_backward(dlogits, head)
-    if cfg.tie_head:
-        grads["wte"] = dw_head.T
-    else:
-        grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
-    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
-    return loss, dx
 
 
 def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
