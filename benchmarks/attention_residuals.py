@@ -1,167 +1,184 @@
-"""Attention Residuals against the residual sum: validation loss, step time, what depth is read.
+"""Attention Residuals against residual sums that deserve the comparison, across depth.
 
-Three variants of the same GPT, trained with the same recipe, data and seeds:
+Three arms of the same GPT (width 64, 4 heads, context 128, batch 12, the built-in corpus), at
+each depth of ``--depths``:
 
-- sum: the standard pre-LN residual stream;
-- full: Attention Residuals, every sublayer's input a learned softmax over the embedding and
-  every earlier sublayer's output (``--residual attention``);
-- block: the same over 4 blocks of summed sublayers (``--residual-blocks 4``).
+- ``sum``: the standard pre-LN residual stream, every matrix N(0, 0.02);
+- ``sum-scaled``: the same with GPT-2's residual projections N(0, 0.02 / sqrt(2L))
+  (``--proj-init scaled``), the baseline a deep sum should be given;
+- ``attnres``: full Attention Residuals (``--residual attention``), every sublayer's input a
+  learned softmax over the embedding and every earlier sublayer's output.
 
-Two recipes: ``default`` is `tbp train`'s own (4 layers x 128, context 128, 1,500 steps on the
-built-in corpus); ``deep`` the same with a deep, narrow model (12 layers x 64, 4 heads).
-Validation loss is `tbp eval` over the whole held-out split. Runs already finished are kept
-and a run stopped part-way is resumed, so the script can be stopped and started again. Run
-one training at a time (each uses every core: two at once oversubscribe BLAS).
+The study, each phase resumable (records already written are skipped; a training stopped
+part-way resumes exactly):
 
-    python benchmarks/attention_residuals.py train          # both recipes, 3 seeds, one run at a time
-    python benchmarks/attention_residuals.py timing        # quiet machine: step times, interleaved
-    python benchmarks/attention_residuals.py report        # tables and docs/images/attention_residuals.png
+1. ``timing`` (on a quiet machine): each arm's training step, `tbp bench` rounds interleaved;
+   medians go to ``results/attnres_timing.jsonl``. The sums are compute-matched by wall time:
+   they train ``--steps`` x (AttnRes's step time / their own), AttnRes ``--steps``.
+2. ``sweep``: every arm at every learning rate of ``--lrs`` on the first seed.
+3. ``seeds``: every arm at its own best learning rate (lowest validation loss in the sweep,
+   per depth) on the other seeds.
+4. ``stream``: from the first seed's best runs, the RMS of what each sublayer reads (the
+   residual stream under a sum; the depth softmax's output under AttnRes) and each sublayer's
+   output, on held-out text -- the dilution the paper is about.
+
+Every training is one record in ``results/attnres_depth.jsonl`` (config, seed, commit, CPU, the
+whole-split validation loss of `tbp eval`). ``python benchmarks/report.py`` makes the tables;
+``picture`` draws docs/images/attention_residuals.png from the records. Run one training at a
+time: each uses every core.
+
+    python benchmarks/attention_residuals.py timing
+    python benchmarks/attention_residuals.py sweep seeds stream
+    python benchmarks/attention_residuals.py picture
 """
 import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
+import records
 from runner import tbp
 
-RECIPES = {"default": [], "deep": ["--n-layer", "12", "--d-model", "64", "--n-head", "4"]}
-VARIANTS = {"sum": [], "full": ["--residual", "attention"],
-            "block": ["--residual", "attention", "--residual-blocks", "4"]}
+WIDTH = ["--d-model", "64", "--n-head", "4"]
+ARMS = {"sum": [], "sum-scaled": ["--proj-init", "scaled"], "attnres": ["--residual", "attention"]}
+MATCHED_TO = "attnres"                 # every arm gets this arm's wall time
+TIMED = {"sum": [], "attnres": ARMS["attnres"]}   # the two sums run the same code: one step time
 
 
-def run_dir(work: Path, recipe: str, variant: str, seed: int) -> Path:
-    return work / f"{recipe}-{variant}-s{seed}"
+def timed(arm: str) -> str:
+    return "attnres" if arm == "attnres" else "sum"
 
 
-def finished(run: Path) -> bool:
-    try:
-        state = json.loads((run / "state.json").read_text())
-        cfg = json.loads((run / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return state.get("step") == cfg["train"]["max_iters"]
+def shape(depth: int) -> list:
+    return ["--n-layer", depth, *WIDTH]
 
 
-def train(args) -> None:
+def timing(args) -> None:
+    done = {(r["n_layer"], r["arm"]) for r in records.read("attnres_timing")}
+    for depth in args.depths:
+        if all((depth, arm) in done for arm in TIMED):
+            continue
+        ms = {arm: [] for arm in TIMED}
+        for _ in range(args.rounds):
+            for arm, flags in TIMED.items():
+                d = json.loads(tbp("bench", *shape(depth), *flags, "--vocab-size", args.vocab, "--iters", 10,
+                                   "--gen-tokens", 8, "--threads", args.threads, "--json"))
+                ms[arm].append(d["train_ms_per_iter"])
+        for arm in TIMED:
+            records.append("attnres_timing", {"n_layer": depth, "arm": arm, "commit": records.commit(),
+                                              "threads": args.threads, "rounds": args.rounds,
+                                              "step_ms": statistics.median(ms[arm]), "step_ms_all": ms[arm]})
+        print(depth, {a: round(statistics.median(v), 1) for a, v in ms.items()}, flush=True)
+
+
+def matched_steps(args, depth: int, arm: str) -> int:
+    """--steps for the matched arm; the others as many more as its slower step buys them."""
+    t = {r["arm"]: r["step_ms"] for r in records.read("attnres_timing") if r["n_layer"] == depth}
+    if timed(arm) not in t or MATCHED_TO not in t:
+        sys.exit(f"no step time for {depth} layers: run the timing phase first")
+    return round(args.steps * t[MATCHED_TO] / t[timed(arm)])
+
+
+def train_one(args, depth: int, arm: str, lr: float, seed: int, phase: str) -> None:
+    key = (depth, arm, lr, seed)
+    if key in {(r["n_layer"], r["arm"], r["lr"], r["seed"]) for r in records.read("attnres_depth")}:
+        return
     work = Path(args.work)
     data = work / "data"
     if not (data / "meta.json").exists():
         tbp("prepare", "--out", data)
-    results = work / "results.jsonl"
-    # seeds outermost: a partial sweep has every recipe and variant at the seeds it reached
-    for seed in args.seeds:
-        for recipe in args.recipes:
-            for variant in args.variants:
-                run = run_dir(work, recipe, variant, seed)
-                if finished(run):
-                    continue
-                extra = ["--max-iters", args.max_iters] if args.max_iters else []
-                if (run / "state.json").exists():       # stopped part-way: continue it (tbp resumes exactly)
-                    tbp("train", "--out", run, "--resume", "--threads", args.threads, *extra, "-q")
-                else:
-                    tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--threads", args.threads,
-                        *RECIPES[recipe], *VARIANTS[variant], *extra, "-q")
-                ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
-                state = json.loads((run / "state.json").read_text())
-                row = {"recipe": recipe, "variant": variant, "seed": seed, "val_loss": ev["val_loss"],
-                       "train_s": state["elapsed_s"], "threads": args.threads}
-                with results.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
+    run = work / f"L{depth}-{arm}-lr{lr:g}-s{seed}"
+    steps = matched_steps(args, depth, arm)
+    if (run / "state.json").exists():           # stopped part-way: continue it (tbp resumes exactly)
+        tbp("train", "--out", run, "--resume", "--threads", args.threads, "-q")
+    else:
+        tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--threads", args.threads,
+            *shape(depth), *ARMS[arm], "--lr", lr, "--min-lr", lr / 10, "--max-iters", steps,
+            "-q")
+    ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
+    state = json.loads((run / "state.json").read_text())
+    cfg = json.loads((run / "config.json").read_text())
+    row = {"phase": phase, "n_layer": depth, "arm": arm, "lr": lr, "seed": seed, "steps": steps,
+           "commit": records.commit(), "config": cfg, "val_loss": ev["val_loss"], "train_s": state["elapsed_s"],
+           "threads": args.threads}
+    records.append("attnres_depth", row)
+    print(json.dumps({k: row[k] for k in ("n_layer", "arm", "lr", "seed", "steps", "val_loss")}), flush=True)
 
 
-def timing(args) -> None:
-    """`tbp bench` training step of each variant, rounds interleaved; medians."""
-    rows = {}
-    for recipe in args.recipes:
-        times = {v: [] for v in VARIANTS}
-        gen = {v: [] for v in VARIANTS}
-        for _ in range(args.rounds):
-            for variant, flags in VARIANTS.items():
-                d = json.loads(tbp("bench", *RECIPES[recipe], *flags, "--vocab-size", "103", "--iters", "5",
-                                   "--gen-tokens", "128", "--json"))
-                times[variant].append(d["train_ms_per_iter"])
-                gen[variant].append(d["generate_tokens_per_s"])
-        rows[recipe] = {v: {"train_ms": statistics.median(times[v]), "generate_tok_s": statistics.median(gen[v])}
-                        for v in VARIANTS}
-        rows[recipe]["machine"] = d.get("machine")
-        print(recipe, json.dumps(rows[recipe]), flush=True)
-    (Path(args.work) / "timing.json").write_text(json.dumps(rows, indent=1))
+def best_lr(depth: int, arm: str, seed: int) -> float | None:
+    sweep = [r for r in records.read("attnres_depth") if r["n_layer"] == depth and r["arm"] == arm
+             and r["phase"] == "sweep" and r["seed"] == seed]
+    return min(sweep, key=lambda r: r["val_loss"])["lr"] if sweep else None
 
 
-def sublayer_outputs(model, idx):
-    """Each sublayer's output (N, C) in order, and each Attention Residuals operation's mean
-    depth weights (K,), for the tokens idx (B, T)."""
-    outs = []
-    model.forward(idx, outputs=outs)
-    return outs, [op.weights().mean(axis=1) for op in model.residual.ops(model.blocks)]
+def sweep(args) -> None:
+    for depth in args.depths:
+        for lr in args.lrs:
+            for arm in ARMS:
+                train_one(args, depth, arm, lr, args.seeds[0], "sweep")
 
 
-def report(args) -> None:
+def seeds(args) -> None:
+    for seed in args.seeds[1:]:                 # seeds outermost: a partial sweep is balanced
+        for depth in args.depths:
+            for arm in ARMS:
+                lr = best_lr(depth, arm, args.seeds[0])
+                if lr is None:
+                    sys.exit(f"no learning-rate sweep for {depth} layers, {arm}: run the sweep phase first")
+                train_one(args, depth, arm, lr, seed, "seed")
+
+
+def stream(args) -> None:
+    """RMS of every sublayer's input (what it reads, before its layer norm) and output."""
     import numpy as np
     import tbp as tbp_lib
     from tbp.data import Dataset
+    done = {(r["n_layer"], r["arm"]) for r in records.read("attnres_stream")}
     work = Path(args.work)
-    rows = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines() if line.strip()]
-    timing_rows = json.loads((work / "timing.json").read_text()) if (work / "timing.json").exists() else {}
-    print("| recipe | residual | val loss, mean ± std | per seed | Δ vs sum, same seed | train time (s) "
-          "| step (ms) | generation (tokens/s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for recipe in RECIPES:
-        base = {r["seed"]: r["val_loss"] for r in rows if r["recipe"] == recipe and r["variant"] == "sum"}
-        for variant in VARIANTS:
-            got = {r["seed"]: r for r in rows if r["recipe"] == recipe and r["variant"] == variant}
-            if not got:
+    val = Dataset.load(work / "data").val
+    starts = np.random.default_rng(0).integers(0, len(val) - 129, 32)
+    idx = np.stack([np.asarray(val[s:s + 128], dtype=np.int64) for s in starts])
+    for depth in args.depths:
+        for arm in ARMS:
+            lr = best_lr(depth, arm, args.seeds[0])
+            if (depth, arm) in done or lr is None:
                 continue
-            seeds = sorted(got)
-            losses = [got[s]["val_loss"] for s in seeds]
-            std = statistics.stdev(losses) if len(losses) > 1 else float("nan")
-            deltas = [got[s]["val_loss"] - base[s] for s in seeds if s in base]
-            delta = "" if variant == "sum" or not deltas else \
-                f"{statistics.mean(deltas):+.4f} ± {statistics.stdev(deltas) if len(deltas) > 1 else float('nan'):.4f}"
-            t = timing_rows.get(recipe, {}).get(variant, {})
-            print(f"| {recipe} | {variant} | {statistics.mean(losses):.4f} ± {std:.4f} | "
-                  f"{', '.join(f'{x:.4f}' for x in losses)} | {delta} | "
-                  f"{statistics.mean(got[s]['train_s'] for s in seeds):.0f} | {t.get('train_ms', float('nan')):.0f} | "
-                  f"{t.get('generate_tok_s', float('nan')):.0f} |")
+            model = tbp_lib.load(work / f"L{depth}-{arm}-lr{lr:g}-s{args.seeds[0]}")
+            reads = []
+            norms = [ln for block in model.blocks for ln in (block.ln_1, block.ln_2)] + [model.ln_f]
+            for ln in norms:                     # record each norm's input, then run it as before
+                ln.forward = (lambda f: lambda x: (reads.append(x), f(x))[1])(ln.forward)
+            outs = []
+            model.forward(idx, outputs=outs)
+            rms = lambda v: float(np.sqrt(np.mean(np.asarray(v, np.float64) ** 2)))
+            records.append("attnres_stream", {"n_layer": depth, "arm": arm, "lr": lr, "seed": args.seeds[0],
+                                              "commit": records.commit(), "tokens": int(idx.size),
+                                              "input_rms": [rms(v) for v in reads],
+                                              "output_rms": [rms(v) for v in outs]})
+            print(depth, arm, "done", flush=True)
+
+
+def picture(args) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    val = Dataset.load(work / "data").val
-    rng = np.random.default_rng(0)
-    starts = rng.integers(0, len(val) - 129, 32)
-    idx = np.stack([np.asarray(val[s:s + 128], dtype=np.int64) for s in starts])
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [1, 1, 1.2]})
-    for ax, recipe in zip(axes[:2], RECIPES):
-        model = tbp_lib.load(run_dir(work, recipe, "full", args.seeds[0]))
-        _, weights = sublayer_outputs(model, idx)
-        S = len(weights) + 1                       # sources: the embedding and every sublayer
-        grid = np.full((len(weights), S), np.nan)
-        for r, w in enumerate(weights):
-            grid[r, :len(w)] = w
-        im = ax.imshow(grid, cmap="viridis", vmin=0, aspect="auto")
-        names = ["emb"] + [f"{'a' if i % 2 == 0 else 'm'}{i // 2}" for i in range(S - 1)]
-        ax.set_xticks(range(S), names, rotation=90, fontsize=6 if S > 12 else 8)
-        ax.set_yticks(range(len(weights)), names[2:] + ["final"], fontsize=6 if S > 12 else 8)
-        ax.set_xlabel("source (a: attention output, m: MLP output)")
-        ax.set_ylabel("operation: the input of")
-        L = model.config.n_layer
-        ax.set_title(f"{recipe} ({L} x {model.config.d_model}): mean depth weights, full AttnRes")
-        fig.colorbar(im, ax=ax, fraction=0.046)
-    ax = axes[2]
-    for recipe, style in zip(RECIPES, ("-", "--")):
-        for variant, colour, marker in zip(VARIANTS, ("black", "tab:blue", "tab:orange"), "os^"):
-            model = tbp_lib.load(run_dir(work, recipe, variant, args.seeds[0]))
-            outs, _ = sublayer_outputs(model, idx)
-            rms = [float(np.sqrt(np.mean(v.astype(np.float64) ** 2))) for v in outs]
-            ax.plot(np.linspace(0, 1, len(rms)), rms, style, color=colour, marker=marker, markersize=3,
-                    label=f"{recipe}, {variant}")
-    ax.set_yscale("log")
-    ax.set_xlabel("depth (sublayer / number of sublayers)")
-    ax.set_ylabel("RMS of the sublayer's output")
-    ax.set_title("sublayer output RMS across depth")
-    ax.legend(fontsize=7)
+    rows = {(r["n_layer"], r["arm"]): r for r in records.read("attnres_stream")}
+    depths = sorted({d for d, _ in rows})
+    fig, axes = plt.subplots(1, len(depths), figsize=(4.2 * len(depths), 3.8), squeeze=False)
+    for ax, depth in zip(axes[0], depths):
+        for arm, colour in zip(ARMS, ("black", "tab:grey", "tab:blue")):
+            r = rows.get((depth, arm))
+            if r:
+                ax.plot(range(len(r["input_rms"])), r["input_rms"], "-o", markersize=3, color=colour, label=arm)
+        ax.set_yscale("log")
+        ax.set_title(f"{depth} layers x 64")
+        ax.set_xlabel("sublayer (2 per block), last: the final norm")
+        ax.set_ylabel("RMS of the sublayer's input")
+        ax.legend(fontsize=8)
+    fig.suptitle("What each sublayer reads, on held-out text: the residual stream grows with depth under "
+                 "a sum", fontsize=10)
     fig.tight_layout()
     out = Path(args.picture)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -171,17 +188,21 @@ def report(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("action", choices=["train", "timing", "report"])
-    ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "picture"])
+    ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=1000, help="AttnRes's steps; the sums get its wall time")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-iters", type=int, default=None, help="train: fewer steps than the recipe's (a trial)")
     ap.add_argument("--rounds", type=int, default=5, help="timing: interleaved rounds")
+    ap.add_argument("--vocab", type=int, default=103, help="timing: the built-in corpus's vocabulary")
     ap.add_argument("--work", default="bench-attnres")
     ap.add_argument("--picture", default="docs/images/attention_residuals.png")
     args = ap.parse_args()
-    {"train": train, "timing": timing, "report": report}[args.action](args)
+    start = time.time()
+    for phase in args.phases:
+        globals()[phase](args)
+    print(f"{time.time() - start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -249,3 +249,26 @@ def test_causal_query_blocks_equal_the_full_square(T, rows):
     np.testing.assert_allclose(dx1, dx0, rtol=0, atol=1e-13)
     for k in g0:
         np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-12 * max(1.0, np.abs(g0[k]).max()))
+
+
+@pytest.mark.parametrize("arch, per_block", [("gpt", 2), ("encoder-decoder", 3)])
+def test_scaled_proj_init_shrinks_only_the_residual_projections(arch, per_block):
+    """--proj-init scaled draws the same numbers as flat, the projections into the residual
+    stream divided by sqrt(additions): 2 per block (3 in a decoder block, whose encoder has 2
+    per encoder block); every other parameter is unchanged."""
+    kw = dict(vocab_size=13, n_ctx=16, n_layer=3, n_head=2, d_model=8, arch=arch)
+    if arch == "encoder-decoder":
+        kw.update(n_enc_layer=2, pad_id=0)
+    from tbp.nn.build import build_model
+    flat = build_model(ModelConfig(**kw), seed=0, dtype=np.float64).params
+    scaled = build_model(ModelConfig(**kw, proj_init="scaled"), seed=0, dtype=np.float64).params
+    assert flat.keys() == scaled.keys()
+    shrunk = 0
+    for name, w in flat.items():
+        if name.endswith("c_proj.weight"):
+            additions = 2 * 2 if name.startswith("enc.") else per_block * 3
+            np.testing.assert_allclose(scaled[name], w / math.sqrt(additions), rtol=1e-12)
+            shrunk += 1
+        else:
+            np.testing.assert_array_equal(scaled[name], w)
+    assert shrunk == (3 * 3 + 2 * 2 if arch == "encoder-decoder" else 2 * 3)

@@ -100,6 +100,7 @@ POSITIONS = ("learned", "rope")
 ARCHS = ("gpt", "encoder-decoder")
 ATTENTIONS = ("standard", "mta", "gqa")
 RESIDUALS = ("sum", "attention")
+PROJ_INITS = ("flat", "scaled")
 
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
@@ -169,6 +170,10 @@ class ModelConfig(DictConfig):
     residual_blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
                                      "blocks, each a source (0: every sublayer its own source, full AttnRes).",
                                   min=0, max=192)
+    proj_init: str = option("flat", "Initial spread of the projections that write into the residual stream: flat "
+                                    "(N(0, 0.02), as every matrix) or scaled (GPT-2's N(0, 0.02 / sqrt(S)), S the "
+                                    "residual additions of the stack: 2 per block, 3 in a decoder block).",
+                            choices=PROJ_INITS)
     dropout: float = option(0.0, "Dropout probability on attention weights and on each sublayer's output, in "
                                  "training only (nanoGPT's Shakespeare recipe uses 0.2; 0: off).",
                             min=0.0, max=1.0, max_open=True)

@@ -27,12 +27,13 @@ class Block(Module):
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0,
-                 residual=None):
+                 residual=None, additions: int | None = None):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
-        # residual projections by 1/sqrt(2L); on nanoGPT's 4-layer recipe that measured worse
-        # (val 1.904 vs 1.876 after 2000 steps), so it is left out.
-        proj_std = 0.02
+        # residual projections by 1/sqrt(2L) (--proj-init scaled); on nanoGPT's 4-layer recipe
+        # that measured worse (val 1.904 vs 1.876 after 2000 steps), so it is not the default.
+        # additions: the sums into this block's residual stream (default 2 per block).
+        proj_std = init.residual_proj_std(cfg, additions or 2 * cfg.n_layer)
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.attn = build.attention(cfg, rng, dtype, layer, proj_std)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)

@@ -34,6 +34,14 @@ def _placeholder(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
+def residual_proj_std(cfg, additions: int) -> float:
+    """The initial std of a projection that writes into the residual stream: 0.02, or with
+    ``proj_init="scaled"`` GPT-2's 0.02 / sqrt(additions), where ``additions`` counts the sums
+    into the stream (2 per block), so that the stream's variance at initialisation does not
+    grow with depth (Radford et al. 2019, section 2.3)."""
+    return 0.02 / np.sqrt(additions) if cfg.proj_init == "scaled" else 0.02
+
+
 def normal(rng: np.random.Generator, shape, std: float, dtype) -> np.ndarray:
     """N(0, std^2) entries, drawn in float64 and cast (the same numbers for either dtype)."""
     if _shapes_only:

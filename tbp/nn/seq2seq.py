@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from . import build
+from . import build, init
 from .config import ConfigError, ModelConfig
 from .cross import CrossAttention
 from .embedding import Embedding
@@ -31,9 +31,10 @@ class DecoderBlock(Block):
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
-        super().__init__(cfg, rng, dtype)
+        super().__init__(cfg, rng, dtype, additions=3 * cfg.n_layer)
         self.ln_cross = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias)
+        self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
+                                    init.residual_proj_std(cfg, 3 * cfg.n_layer))
 
     def sublayers(self) -> tuple:
         return (None, self.ln_1, self.attn), (None, self.ln_cross, self.cross), (None, self.ln_2, self.mlp)
@@ -79,7 +80,8 @@ class Encoder(Module):
         bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", n_enc_layer=None,
                                             attn_impl=cfg.attn_kernel)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, dtype)
-        self.blocks = Stack(Block(bidirectional, rng, dtype) for _ in range(cfg.n_enc_layer))
+        self.blocks = Stack(Block(bidirectional, rng, dtype, additions=2 * cfg.n_enc_layer)
+                            for _ in range(cfg.n_enc_layer))
         self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
 
     def forward(self, src: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
