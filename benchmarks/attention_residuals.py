@@ -15,7 +15,8 @@ part-way resumes exactly):
 1. ``timing`` (on a quiet machine): each arm's training step, `tbp bench` rounds interleaved;
    medians go to ``results/attnres_timing.jsonl``. The sums are compute-matched by wall time:
    they train ``--steps`` x (AttnRes's step time / their own), AttnRes ``--steps``.
-2. ``sweep``: every arm at every learning rate of ``--lrs`` on the first seed.
+2. ``sweep``: every arm at every learning rate of ``--lrs`` on the first seed, the grid
+   extended by factors of 2 where an arm's best is at its edge.
 3. ``seeds``: every arm at its own best learning rate (lowest validation loss in the sweep,
    per depth) on the other seeds.
 4. ``stream``: from the first seed's best runs, the RMS of what each sublayer reads (the
@@ -114,10 +115,20 @@ def best_lr(depth: int, arm: str, seed: int) -> float | None:
 
 
 def sweep(args) -> None:
+    """--lrs for every arm; where the best is the largest or smallest tried, the next factor
+    of 2 beyond it, up to --extend times, so that no arm's best sits at the edge of its grid."""
+    seed = args.seeds[0]
     for depth in args.depths:
-        for lr in args.lrs:
-            for arm in ARMS:
-                train_one(args, depth, arm, lr, args.seeds[0], "sweep")
+        for arm in ARMS:
+            for lr in args.lrs:
+                train_one(args, depth, arm, lr, seed, "sweep")
+            for _ in range(args.extend):
+                tried = sorted(r["lr"] for r in records.read("attnres_depth") if r["n_layer"] == depth
+                               and r["arm"] == arm and r["phase"] == "sweep" and r["seed"] == seed)
+                best = best_lr(depth, arm, seed)
+                if best not in (tried[0], tried[-1]):
+                    break
+                train_one(args, depth, arm, best * 2 if best == tried[-1] else best / 2, seed, "sweep")
 
 
 def seeds(args) -> None:
@@ -191,6 +202,7 @@ def main():
     ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "picture"])
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3])
+    ap.add_argument("--extend", type=int, default=2, help="sweep: grid extensions past an edge best")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=1000, help="AttnRes's steps; the sums get its wall time")
     ap.add_argument("--threads", type=int, default=2)

@@ -2,7 +2,8 @@
 
 Every line of every ```bash block is run by bash, with the installed `tbp` first on PATH,
 except installs (pip), the test suite itself and other machines (mpiexec, srun: the MPI
-tests cover one machine). Sizes are kept small by appending options a user would not type:
+tests cover one machine): docs/blocks.py's rules, which tests/test_docs.py applies to every
+page of the documentation. Sizes are kept small by appending options a user would not type:
 `tbp train` runs 2 steps at batch 2, `tbp generate` and `tbp chat` write 8 tokens. A command
 that fails fails this test with its line number, its output and the commands before it.
 """
@@ -15,51 +16,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun")
+sys.path.insert(0, str(ROOT / "docs"))
+import blocks  # noqa: E402  (the docs' own reader of runnable blocks: the same rules everywhere)
+
 SMALL = {"train": "--max-iters 2 --eval-interval 2 --eval-batches 1 --batch-size 2 -q",
          "generate": "--max-new-tokens 8", "chat": "--max-new-tokens 8"}
 
 
-def _without_comment(line: str) -> str:
-    """The line up to an unquoted ``#`` that starts a word (bash's comment)."""
-    quote = None
-    for i, c in enumerate(line):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
 def readme_commands() -> list[tuple[int, str]]:
-    """(line number, command) of every runnable line of the README's bash blocks, continuation
-    lines joined, in order."""
-    out, block, pending, start = [], None, "", 0
-    for n, line in enumerate((ROOT / "README.md").read_text(encoding="utf-8").splitlines(), 1):
-        if line.startswith("```"):
-            block = line[3:].strip() if block is None else None
-            continue
-        if block != "bash":
-            continue
-        code = _without_comment(line)
-        if not code and not pending:
-            continue
-        if not pending:
-            start = n
-        if code.endswith("\\"):
-            pending += code[:-1] + " "
-            continue
-        command, pending = pending + code, ""
-        parts = [p.strip() for p in command.split("&&")]
-        parts = [p for p in parts if p and not p.startswith(SKIPPED)]
-        if parts:
-            out.append((start, " && ".join(parts)))
-    return out
+    """(line number, command) of every runnable line of the README's bash blocks, in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [c for b in blocks.blocks(text) if b.kind == "bash" for c in blocks.commands(b)]
 
 
-def _small(command: str) -> str:
+def small(command: str) -> str:
     """The command with the small sizes appended to each of its tbp commands (one per ``&&``
     part; in a pipeline, the last command is the tbp one)."""
     parts = []
@@ -81,7 +51,7 @@ def test_every_readme_command_runs_as_typed(tmp_path):
     done = []
     for n, command in readme_commands():
         t0 = time.perf_counter()
-        r = subprocess.run(["bash", "-o", "pipefail", "-c", _small(command)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", small(command)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, (f"README.md line {n}: {command}\nexit {r.returncode}\n{r.stdout[-2000:]}"
                                    f"\n{r.stderr[-3000:]}\nafter:\n" + "\n".join(done))

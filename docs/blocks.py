@@ -1,0 +1,78 @@
+"""The runnable parts of a Markdown page: its ```bash and ```python blocks, in order.
+
+One reader for the three places that need it: the tests that run every page's code
+(tests/test_docs.py, tests/test_readme.py), and the site's notebooks (hooks.py). A block
+fenced as ```bash or ```python is run; one that only shows something (output, a file's
+contents, a sketch) is fenced as ```text, ```console, ```json or similar, or as
+```{.python .no-run} where Python should be highlighted but not run, and is not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUN = ("bash", "python")
+# lines of a bash block that CI does not run: installs, the test suite itself, other machines
+SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun", "sbatch", "salloc", "mkdocs serve")
+
+
+@dataclass
+class Block:
+    kind: str          # "text" (Markdown between fences), or the fence's language
+    line: int          # first line of the block's contents (1-based)
+    code: str
+
+
+def blocks(text: str) -> list[Block]:
+    """The page cut into Markdown text and fenced blocks, in order (fences of ``` only, the
+    language the first word after them; none: "plain")."""
+    out, kind, start, lines = [], "text", 1, []
+    for n, line in enumerate(text.splitlines(), 1):
+        fence = line.strip()
+        opens = kind == "text" and fence.startswith("```")
+        if opens or (kind != "text" and fence == "```"):
+            out.append(Block(kind, start, "\n".join(lines)))
+            kind = (fence[3:].split() or ["plain"])[0] if opens else "text"
+            start, lines = n + 1, []
+            continue
+        lines.append(line)
+    out.append(Block(kind, start, "\n".join(lines)))
+    return [b for b in out if b.code.strip()]
+
+
+def without_comment(line: str) -> str:
+    """The line up to an unquoted ``#`` that starts a word (bash's comment)."""
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def commands(block: Block) -> list[tuple[int, str]]:
+    """(line number, command) of every line of a bash block CI runs, continuation lines
+    joined, the SKIPPED parts of an ``&&`` chain left out."""
+    out, pending, start = [], "", block.line
+    for n, line in enumerate(block.code.splitlines(), block.line):
+        code = without_comment(line)
+        if not code and not pending:
+            continue
+        if not pending:
+            start = n
+        if code.endswith("\\"):
+            pending += code[:-1] + " "
+            continue
+        command, pending = pending + code, ""
+        parts = [p.strip() for p in command.split("&&")]
+        parts = [p for p in parts if p and not p.startswith(SKIPPED)]
+        if parts:
+            out.append((start, " && ".join(parts)))
+    return out
+
+
+def runnable(text: str) -> list[Block]:
+    return [b for b in blocks(text) if b.kind in RUN]
+

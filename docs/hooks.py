@@ -1,0 +1,115 @@
+"""MkDocs hooks: code shown from the source files, math rendered offline, pages as notebooks.
+
+- ``<!-- source: tbp/nn/reference.py::attention_backward -->`` on a line of its own becomes
+  that function's (or class's, or ``Class.method``'s) source, read from the file when the site
+  is built, so the code on a page is the code in the repository. An unknown name fails the
+  build.
+- ``$...$`` and ``$$...$$`` (pymdownx.arithmatex, generic mode) become MathML when the page
+  is written (latex2mathml), so formulas render with no script and no network.
+- Every page with runnable blocks (blocks.py) is also written as a Jupyter notebook,
+  ``notebooks/<page>.ipynb``: its text as Markdown cells, its ```python blocks as code cells,
+  its ```bash blocks as ``%%bash`` cells; the page links to it.
+"""
+from __future__ import annotations
+
+import ast
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+from latex2mathml.converter import convert
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blocks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = re.compile(r"^<!-- source: (?P<path>[\w/.]+)::(?P<name>[\w.]+) -->$", re.M)
+NOTEBOOKS = "notebooks"
+
+
+def source_of(path: str, name: str) -> tuple[str, int, int]:
+    """(code, first line, last line) of ``name`` in ``path`` (relative to the repository)."""
+    file = ROOT / path
+    if not file.is_file():
+        raise PluginError(f"source: no file {path}")
+    text = file.read_text(encoding="utf-8")
+    scope = ast.parse(text).body
+    node = None
+    for part in name.split("."):
+        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                     and n.name == part), None)
+        if node is None:
+            raise PluginError(f"source: {path} has no {name}")
+        scope = node.body
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = text.splitlines()[first - 1:node.end_lineno]
+    indent = min(len(x) - len(x.lstrip()) for x in lines if x.strip())
+    return "\n".join(x[indent:] for x in lines), first, node.end_lineno
+
+
+def include_sources(markdown: str) -> str:
+    def code(m):
+        text, a, b = source_of(m["path"], m["name"])
+        return f"`{m['path']}`, lines {a}–{b}:\n\n```{{.python .no-run}}\n{text}\n```"
+    return SOURCE.sub(code, markdown)
+
+
+def notebook_name(src_uri: str) -> str:
+    return src_uri[:-3].replace("/", "-") + ".ipynb"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    markdown = include_sources(markdown)
+    if blocks.runnable(markdown):
+        depth = page.file.src_uri.count("/")
+        link = "../" * depth + f"{NOTEBOOKS}/{notebook_name(page.file.src_uri)}"
+        lines = markdown.split("\n", 1)
+        markdown = lines[0] + f"\n\n[:material-notebook: this page as a notebook]({link}){{ .md-button }}\n" + \
+            (lines[1] if len(lines) > 1 else "")
+    return markdown
+
+
+def _mathml(latex: str, display: bool, page) -> str:
+    try:
+        return convert(html.unescape(latex), display="block" if display else "inline")
+    except Exception as e:                  # noqa: BLE001 -- any failure is a bad formula on that page
+        raise PluginError(f"{page.file.src_uri}: cannot render ${latex}$: {e}") from e
+
+
+def on_page_content(content: str, page, config, files) -> str:
+    content = re.sub(r'<div class="arithmatex">\\\[(.*?)\\\]</div>',
+                     lambda m: f'<div class="math">{_mathml(m[1], True, page)}</div>', content, flags=re.S)
+    return re.sub(r'<span class="arithmatex">\\\((.*?)\\\)</span>',
+                  lambda m: _mathml(m[1], False, page), content, flags=re.S)
+
+
+def notebook(markdown: str) -> dict:
+    cells = []
+    for b in blocks.blocks(include_sources(markdown)):
+        if b.kind == "python":
+            cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                          "source": b.code})
+        elif b.kind == "bash":
+            cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                          "source": "%%bash\n" + b.code})
+        else:
+            text = b.code if b.kind == "text" else f"```{b.kind}\n{b.code}\n```"
+            if cells and cells[-1]["cell_type"] == "markdown":
+                cells[-1]["source"] += "\n\n" + text
+            else:
+                cells.append({"cell_type": "markdown", "metadata": {}, "source": text})
+    return {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}
+
+
+def on_files(files, config):
+    for f in list(files.documentation_pages()):
+        text = Path(f.abs_src_path).read_text(encoding="utf-8")
+        if blocks.runnable(include_sources(text)):
+            files.append(File.generated(config, f"{NOTEBOOKS}/{notebook_name(f.src_uri)}",
+                                        content=json.dumps(notebook(text), indent=1)))
+    return files

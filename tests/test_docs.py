@@ -1,0 +1,70 @@
+"""The documentation site builds in strict mode, and every page's code runs as written.
+
+Each page runs in its own fresh folder holding only examples/: its ```bash lines in order
+(with the small sizes of test_readme.py appended to tbp train/generate/chat), its ```python
+blocks in one namespace, like a notebook, each at its place among the bash lines. A page
+whose code fails fails here, with the page, the line and the output.
+"""
+import contextlib
+import html
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+import blocks  # noqa: E402
+from test_readme import small  # noqa: E402
+
+PAGES = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+RUNNABLE = [p for p in PAGES if blocks.runnable((ROOT / "docs" / p).read_text(encoding="utf-8"))]
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    """Warnings (a dead link, a missing reference, an unknown source name, a bad formula) fail."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    site = tmp_path / "site"
+    assert (site / "learn" / "3-self-attention" / "index.html").is_file()
+    page = (site / "learn" / "3-self-attention" / "index.html").read_text(encoding="utf-8")
+    import hooks
+    code = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert "<math" in page and "arithmatex" not in page                 # every formula rendered
+    assert hooks.source_of("tbp/nn/reference.py", "attention_backward")[0] in code   # the file's code
+    assert any((site / "notebooks").glob("*.ipynb"))
+
+
+def test_every_page_with_code_is_found():
+    assert len(RUNNABLE) >= 15 and "learn/3-self-attention.md" in RUNNABLE
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "COLUMNS": "80", "TBP_GEMM": "numpy", "MPLBACKEND": "Agg"}
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__main__"}
+    for block in blocks.runnable((ROOT / "docs" / page).read_text(encoding="utf-8")):
+        if block.kind == "python":
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    exec(compile(block.code, f"docs/{page}:{block.line}", "exec"), namespace)
+            except Exception as e:
+                raise AssertionError(f"docs/{page} line {block.line}: the python block fails: {e!r}\n"
+                                     f"{out.getvalue()[-2000:]}") from e
+            continue
+        for n, command in blocks.commands(block):
+            r = subprocess.run(["bash", "-o", "pipefail", "-c", small(command)], cwd=tmp_path, env=env,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, (f"docs/{page} line {n}: {command}\nexit {r.returncode}\n"
+                                       f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
