@@ -6,7 +6,7 @@ T = 512 ... 8192. Each (T, attention) pair runs in its own process: a warm-up st
 their median, and the peak memory is the process's peak resident set size (ru_maxrss, which
 includes the interpreter and NumPy, about 40 MiB). Pairs are interleaved, dense then flash.
 
-    python benchmarks/long_context.py                        # the README's table
+    python benchmarks/long_context.py                        # the table in docs/designs/flash-attention.md
     python benchmarks/long_context.py --lengths 1024 2048 --steps 7
 """
 import argparse

@@ -1,9 +1,11 @@
-"""Every results table in the README, made from the records in benchmarks/results/.
+"""Every results table in the README and the documentation, made from the records in
+benchmarks/results/.
 
     python benchmarks/report.py           # rewrite the tables between their markers
     python benchmarks/report.py --check   # exit 1 if a committed table differs from the records
 
-A table lives in README.md between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``;
+A table lives in README.md or a page under docs/ between ``<!-- report:NAME -->`` and
+``<!-- /report:NAME -->``;
 TABLES maps NAME to the function that makes it from its records. Nobody types a result
 number into a table.
 """
@@ -14,7 +16,12 @@ from pathlib import Path
 
 import records
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pages() -> list[Path]:
+    """README.md and every documentation page: wherever a results table may live."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _gb(nbytes: int) -> str:
@@ -104,15 +111,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a table differs from the records")
     args = ap.parse_args()
-    old = README.read_text(encoding="utf-8")
-    new = render(old)
-    if args.check:
-        if new != old:
-            sys.exit("README.md: a results table differs from benchmarks/results/; run python benchmarks/report.py")
-        return
-    if new != old:
-        README.write_text(new, encoding="utf-8")
-        print("README.md: tables rewritten from benchmarks/results/")
+    stale = []
+    for page in pages():
+        old = page.read_text(encoding="utf-8")
+        new = render(old)
+        if new == old:
+            continue
+        name = page.relative_to(ROOT).as_posix()
+        if args.check:
+            stale.append(name)
+        else:
+            page.write_text(new, encoding="utf-8")
+            print(f"{name}: tables rewritten from benchmarks/results/")
+    if stale:
+        sys.exit(f"{', '.join(stale)}: a results table differs from benchmarks/results/; "
+                 f"run python benchmarks/report.py")
 
 
 if __name__ == "__main__":

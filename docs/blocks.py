@@ -17,7 +17,7 @@ SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun", "sbatch", "sall
 
 @dataclass
 class Block:
-    kind: str          # "text" (Markdown between fences), or the fence's language
+    kind: str          # "md" (the Markdown between fences), or the fence's language
     line: int          # first line of the block's contents (1-based)
     code: str
 
@@ -25,13 +25,13 @@ class Block:
 def blocks(text: str) -> list[Block]:
     """The page cut into Markdown text and fenced blocks, in order (fences of ``` only, the
     language the first word after them; none: "plain")."""
-    out, kind, start, lines = [], "text", 1, []
+    out, kind, start, lines = [], "md", 1, []
     for n, line in enumerate(text.splitlines(), 1):
         fence = line.strip()
-        opens = kind == "text" and fence.startswith("```")
-        if opens or (kind != "text" and fence == "```"):
+        opens = kind == "md" and fence.startswith("```")
+        if opens or (kind != "md" and fence == "```"):
             out.append(Block(kind, start, "\n".join(lines)))
-            kind = (fence[3:].split() or ["plain"])[0] if opens else "text"
+            kind = (fence[3:].split() or ["plain"])[0] if opens else "md"
             start, lines = n + 1, []
             continue
         lines.append(line)

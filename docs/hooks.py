@@ -6,6 +6,8 @@
   build.
 - ``$...$`` and ``$$...$$`` (pymdownx.arithmatex, generic mode) become MathML when the page
   is written (latex2mathml), so formulas render with no script and no network.
+- ``<!-- cli-reference -->`` becomes every command's ``--help``, as click formats it for a
+  80-column terminal, one section per command: the reference cannot disagree with the CLI.
 - Every page with runnable blocks (blocks.py) is also written as a Jupyter notebook,
   ``notebooks/<page>.ipynb``: its text as Markdown cells, its ```python blocks as code cells,
   its ```bash blocks as ``%%bash`` cells; the page links to it.
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+CLI = "<!-- cli-reference -->"
 SOURCE = re.compile(r"^<!-- source: (?P<path>[\w/.]+)::(?P<name>[\w.]+) -->$", re.M)
 NOTEBOOKS = "notebooks"
 
@@ -58,12 +61,30 @@ def include_sources(markdown: str) -> str:
     return SOURCE.sub(code, markdown)
 
 
+def cli_reference() -> str:
+    import click
+    from tbp.cli.main import main
+
+    def help_of(command, name: str, parent=None) -> str:
+        ctx = click.Context(command, info_name=name, parent=parent, terminal_width=80, max_content_width=80)
+        return command.get_help(ctx), ctx
+
+    text, root = help_of(main, "tbp")
+    out = [f"```text\n{text}\n```"]
+    for name in sorted(main.commands):
+        text, _ = help_of(main.commands[name], name, root)
+        out.append(f"## tbp {name}\n\n```text\n{text}\n```")
+    return "\n\n".join(out)
+
+
 def notebook_name(src_uri: str) -> str:
     return src_uri[:-3].replace("/", "-") + ".ipynb"
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     markdown = include_sources(markdown)
+    if CLI in markdown:
+        markdown = markdown.replace(CLI, cli_reference())
     if blocks.runnable(markdown):
         depth = page.file.src_uri.count("/")
         link = "../" * depth + f"{NOTEBOOKS}/{notebook_name(page.file.src_uri)}"
@@ -97,7 +118,7 @@ def notebook(markdown: str) -> dict:
             cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
                           "source": "%%bash\n" + b.code})
         else:
-            text = b.code if b.kind == "text" else f"```{b.kind}\n{b.code}\n```"
+            text = b.code if b.kind == "md" else f"```{b.kind}\n{b.code}\n```"
             if cells and cells[-1]["cell_type"] == "markdown":
                 cells[-1]["source"] += "\n\n" + text
             else:

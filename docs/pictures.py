@@ -1,5 +1,5 @@
-"""The README's example pictures, drawn from the default run (`tbp train` with no options)
-and, when it exists, the reversal run of the README's encoder-decoder walk-through.
+"""The documentation's example pictures, drawn from the default run (`tbp train` with no options)
+and, when it exists, the reversal run of the paired-data guide (docs/how-to/pairs.md).
 
     tbp train                    # checkpoints/pydoc, about three minutes
     python docs/pictures.py      # docs/images/training.png and docs/images/attention.png

@@ -1,4 +1,4 @@
-"""Make the small example files the README's commands read (run from the repository root:
+"""Make the small example files the README's and the documentation's commands read (run from the repository root:
 python examples/make.py). Every file is written from the texts below, so the examples are
 the same on every machine."""
 import bz2

@@ -68,3 +68,11 @@ def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, (f"docs/{page} line {n}: {command}\nexit {r.returncode}\n"
                                        f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+
+
+def test_the_block_reader_runs_bash_and_python_only():
+    page = ("# t\n\n```text\nnot run\n```\n\ntext\n\n```bash\ntbp info  # a comment\npip install x\n```\n"
+            "```{.python .no-run}\nshown()\n```\n```python\nprint(1)\n```\n")
+    found = [(b.kind, b.line, b.code) for b in blocks.runnable(page)]
+    assert found == [("bash", 10, "tbp info  # a comment\npip install x"), ("python", 17, "print(1)")]
+    assert blocks.commands(blocks.runnable(page)[0]) == [(10, "tbp info")]

@@ -41,7 +41,7 @@ def small(command: str) -> str:
 
 def test_the_readme_names_commands_to_run():
     commands = [c for _, c in readme_commands()]
-    assert len(commands) > 30 and commands[0] == "tbp train && tbp generate"
+    assert len(commands) >= 6 and commands[0] == "tbp train && tbp generate"
 
 
 def test_every_readme_command_runs_as_typed(tmp_path):

@@ -1,7 +1,7 @@
 """What tbp guarantees under faults: kills, full disks, damaged files, absurd sizes, two writers.
 
-Each test is named after the promise it checks; the numbers refer to the README's list
-"What tbp guarantees".
+Each test is named after the promise it checks; the numbers refer to the list in
+docs/reference/guarantees.md.
 """
 import errno
 import json

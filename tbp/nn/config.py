@@ -95,7 +95,7 @@ def _check(name: str, value, kind, meta) -> None:
 
 ACTIVATIONS = ("gelu", "relu")
 ATTN_IMPLS = ("auto", "dense", "flash")
-FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, README)
+FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, docs/designs/flash-attention.md)
 POSITIONS = ("learned", "rope")
 ARCHS = ("gpt", "encoder-decoder")
 ATTENTIONS = ("standard", "mta", "gqa")
