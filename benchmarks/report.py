@@ -94,7 +94,77 @@ def prepare_paired(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode")}
+ARMS = ("sum", "sum-scaled", "attnres")
+
+
+def _fmt(m: float, h: float, sign: bool = False) -> str:
+    body = f"{m:+.3f}" if sign else f"{m:.3f}"
+    return body if h != h else f"{body} ± {h:.3f}"
+
+
+def attnres_sweep(rows: list[dict]) -> str:
+    """Validation loss of each arm at each learning rate (first seed); the best in bold."""
+    sweep = [r for r in rows if r["phase"] == "sweep"]
+    lrs = sorted({r["lr"] for r in sweep})
+    out = ["| layers | arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "| --- | --- |" + " --- |" * len(lrs)]
+    for depth in sorted({r["n_layer"] for r in sweep}):
+        for arm in ARMS:
+            got = {r["lr"]: r["val_loss"] for r in sweep if r["n_layer"] == depth and r["arm"] == arm}
+            if not got:
+                continue
+            best = min(got, key=got.get)
+            cells = [("**%.3f**" if lr == best else "%.3f") % got[lr] if lr in got else "" for lr in lrs]
+            out.append(f"| {depth} | {arm} | " + " | ".join(cells) + " |")
+    seeds = sorted({r["seed"] for r in sweep})
+    out += ["", f"Seed {', '.join(map(str, seeds))}; CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}; "
+                f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+    return "\n".join(out)
+
+
+def attnres_depth(rows: list[dict]) -> str:
+    """Each arm at its best learning rate over every seed: mean and 95 % t interval, and the
+    paired difference of AttnRes against each sum (same seeds: same batches)."""
+    import stats
+    out = ["| layers | arm | best lr | steps | seeds | val loss (95 % CI) | AttnRes − this arm, paired |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for depth in sorted({r["n_layer"] for r in rows}):
+        at = [r for r in rows if r["n_layer"] == depth]
+        best, loss = {}, {}
+        for arm in ARMS:
+            sweep = [r for r in at if r["arm"] == arm and r["phase"] == "sweep"]
+            if not sweep:
+                continue
+            best[arm] = min(sweep, key=lambda r: r["val_loss"])["lr"]
+            loss[arm] = {r["seed"]: r["val_loss"] for r in at if r["arm"] == arm and r["lr"] == best[arm]}
+        for arm in best:
+            m, h = stats.mean_ci(list(loss[arm].values()))
+            steps = next(r["steps"] for r in at if r["arm"] == arm)
+            diff = ""
+            if arm != "attnres" and "attnres" in loss:
+                d, dh, n = stats.paired(loss["attnres"], loss[arm])
+                diff = f"{_fmt(d, dh, sign=True)} ({n} seed{'s' * (n > 1)})" if n else ""
+            out.append(f"| {depth} | {arm} | {best[arm]:g} | {steps:,} | {len(loss[arm])} | {_fmt(m, h)} | {diff} |")
+    out += ["", "Validation loss: `tbp eval` over the whole held-out split, nats per character. A negative "
+                "difference favours Attention Residuals."]
+    return "\n".join(out)
+
+
+def attnres_timing(rows: list[dict]) -> str:
+    newest = {(r["n_layer"], r["arm"]): r for r in rows}
+    out = ["| layers | sum step | AttnRes step | AttnRes / sum | rounds |", "| --- | --- | --- | --- | --- |"]
+    for depth in sorted({d for d, _ in newest}):
+        s, a = newest.get((depth, "sum")), newest.get((depth, "attnres"))
+        if s and a:
+            out.append(f"| {depth} | {s['step_ms']:.1f} ms | {a['step_ms']:.1f} ms | "
+                       f"{a['step_ms'] / s['step_ms']:.2f}× | {a['rounds']}, interleaved |")
+    out += ["", f"`tbp bench` training steps (batch 12, context 128, {rows[0]['threads']} threads), medians; "
+                f"CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}. The sums train AttnRes's steps × this ratio."]
+    return "\n".join(out)
+
+
+TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
+          "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
+          "attnres_timing": (attnres_timing, "attnres_timing")}
 
 
 def render(text: str) -> str:
