@@ -8,7 +8,8 @@
   is written (latex2mathml), so formulas render with no script and no network.
 - ``<!-- cli-reference -->`` becomes every command's ``--help``, as click formats it for a
   80-column terminal, one section per command: the reference cannot disagree with the CLI.
-- Every page with runnable blocks (blocks.py) is also written as a Jupyter notebook,
+- Every page of the learner's path, the designs and the how-to guides with runnable blocks
+  (blocks.py) is also written as a Jupyter notebook,
   ``notebooks/<page>.ipynb``: its text as Markdown cells, its ```python blocks as code cells,
   its ```bash blocks as ``%%bash`` cells; the page links to it.
 """
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = "<!-- cli-reference -->"
 SOURCE = re.compile(r"^<!-- source: (?P<path>[\w/.]+)::(?P<name>[\w.]+) -->$", re.M)
 NOTEBOOKS = "notebooks"
+NOTEBOOK_SECTIONS = ("learn/", "designs/", "how-to/")      # the pages a learner works through
 
 
 def source_of(path: str, name: str) -> tuple[str, int, int]:
@@ -85,7 +87,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     markdown = include_sources(markdown)
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
-    if blocks.runnable(markdown):
+    if page.file.src_uri.startswith(NOTEBOOK_SECTIONS) and blocks.runnable(markdown):
         depth = page.file.src_uri.count("/")
         link = "../" * depth + f"{NOTEBOOKS}/{notebook_name(page.file.src_uri)}"
         lines = markdown.split("\n", 1)
@@ -129,6 +131,8 @@ def notebook(markdown: str) -> dict:
 
 def on_files(files, config):
     for f in list(files.documentation_pages()):
+        if not f.src_uri.startswith(NOTEBOOK_SECTIONS):
+            continue
         text = Path(f.abs_src_path).read_text(encoding="utf-8")
         if blocks.runnable(include_sources(text)):
             files.append(File.generated(config, f"{NOTEBOOKS}/{notebook_name(f.src_uri)}",
