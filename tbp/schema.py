@@ -79,5 +79,6 @@ DATASET_META = {"format": int, "tokenizer": str, "vocab_size": int, "dtype": str
 
 METRICS_LINE = {"step": int, "lr": float, "train_loss": float, "grad_norm?": float, "tokens_per_s?": float,
                 "elapsed_s?": float, "val_loss?": float, "eval_train_loss?": float, "val_bpb?": float,
-                "val_split_loss?": float, "val_split_tokens?": int, "val_split_every?": int, "val_split_bpb?": float}
+                "val_split_loss?": float, "val_split_tokens?": int, "val_split_every?": int, "val_split_bpb?": float,
+                "layers?": {"grad_norm?": dict, "update_ratio?": dict, "stream_rms?": [float], "stats_ms?": float}}
 EVAL_KEYS = ("val_loss", "eval_train_loss", "val_bpb")       # an evaluation writes all of them

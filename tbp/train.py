@@ -26,6 +26,7 @@ from .nn import LanguageModel
 from .optim import AdamW, clip_grads, lr_at
 from .distributed import Ranks, World
 from .evaluate import split_loss, split_stride
+from .layerstats import LayerStats
 from .parallel import available_cores, data_parallel
 
 
@@ -140,13 +141,14 @@ class Trainer:
                 self.interrupted = True
                 break
             lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
-            loss, gnorm, tokens_per_step = self._step(lr)
+            is_eval = (st.step + 1) % cfg.eval_interval == 0 or st.step + 1 == cfg.max_iters
+            stats = LayerStats(self.model) if is_eval else None     # per-layer figures, at evals
+            loss, gnorm, tokens_per_step = self._step(lr, stats)
             st.step += 1
             st.tokens_seen += tokens_per_step
             tokens_log += tokens_per_step
             st.elapsed_s = time.perf_counter() - t_start
             metrics = {"step": st.step, "lr": lr, "train_loss": loss, "grad_norm": gnorm}
-            is_eval = st.step % cfg.eval_interval == 0 or st.step == cfg.max_iters
             if is_eval or st.step % cfg.log_interval == 0 or st.step == 1:
                 now = time.perf_counter()
                 metrics["tokens_per_s"] = tokens_log / max(now - t_log, 1e-9)
@@ -155,6 +157,8 @@ class Trainer:
                 if is_eval:
                     self.cb.evaluating(self)
                     metrics.update(self.evaluate())
+                    stats.stream(self.eval_sets["val"][0]["idx"])
+                    metrics["layers"] = stats.record()
                     if st.step == cfg.max_iters:                   # the run's final figure: the split itself
                         metrics.update(self.evaluate_split())
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
@@ -224,13 +228,14 @@ class Trainer:
         else:
             append_line(self.run / "metrics.jsonl", line)
 
-    def _step(self, lr: float) -> tuple[float, float, int]:
+    def _step(self, lr: float, stats: LayerStats | None = None) -> tuple[float, float, int]:
         # overflow on a diverging run is caught below, by value, with the step named
         with np.errstate(over="ignore", invalid="ignore"):
-            return self._step_unguarded(lr)
+            return self._step_unguarded(lr, stats)
 
-    def _step_unguarded(self, lr: float) -> tuple[float, float, int]:
-        """One optimizer step: (mean loss, gradient norm before clipping, tokens trained on)."""
+    def _step_unguarded(self, lr: float, stats: LayerStats | None) -> tuple[float, float, int]:
+        """One optimizer step: (mean loss, gradient norm before clipping, tokens trained on);
+        with ``stats``, each layer's gradient norm and update ratio recorded into it."""
         cfg, model = self.cfg, self.model
         model.zero_grad()
         total, tokens = 0.0, 0
@@ -243,6 +248,8 @@ class Trainer:
         # an MPI job: each rank holds its share of the gradient and loss; one sum completes both
         self.world.sum_(model.layout.grads)
         (total,) = self.world.sum_values(total)
+        if stats is not None:
+            stats.gradients()
         gnorm = clip_grads(model.layout.grads, cfg.grad_clip)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
@@ -250,7 +257,11 @@ class Trainer:
                 if self.last_saved_step is not None else "; no checkpoint was written"
             raise NonFiniteError(f"step {self.state.step + 1}: {what} is {total if what == 'loss' else gnorm}"
                                  f" (try a lower --lr){good}")
+        if stats is not None:
+            stats.before_update()
         self.opt.step(lr)
+        if stats is not None:
+            stats.updates()
         return total, gnorm, tokens
 
 

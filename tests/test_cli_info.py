@@ -20,7 +20,7 @@ def test_info_on_a_run_and_on_its_dataset(tmp_path, corpus_file, monkeypatch):
     d = json.loads(run(["info", "checkpoints/r", "--json"]).stdout)
     assert d["state"]["step"] == 10 and d["kind"] == "model"
     assert sum(d["layers"].values()) == d["parameters"]
-    assert list(d["layers"])[:3] == ["wte", "wpe", "h.0.attn"]
+    assert list(d["layers"])[:4] == ["wte", "wpe", "h.0.ln_1", "h.0.attn"]     # in the order the forward runs
     ds = json.loads(run(["info", "data/corpus", "--json"]).stdout)
     assert ds["tokenizer"] == "char" and ds["train_tokens"] > 0
     assert run(["info"]).exit_code == 0                       # newest run by default

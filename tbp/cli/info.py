@@ -13,6 +13,7 @@ from .. import checkpoint
 from ..config import ModelConfig
 from ..fsutil import from_recorded
 from ..errors import TbpError
+from ..layerstats import groups
 from ..nn import build
 from .common import console, fmt_bytes, fmt_loss, kv_table, split_figure, the_run
 from .prepare import summary
@@ -32,21 +33,9 @@ def sparkline(values: list[float], width: int = 48) -> str:
 
 
 def param_groups(params: dict) -> "OrderedDict[str, int]":
-    """Parameter counts per layer: wte, wpe, h.0.attn, h.0.mlp, ..., ln_f, lm_head (an
-    encoder-decoder's encoder first, under enc.)."""
-    groups: OrderedDict[str, int] = OrderedDict()
-    for name, shape in params.items():
-        enc = name.startswith("enc.")
-        parts = name.split(".")[enc:]
-        key = ("enc." if enc else "") + (".".join(parts[:3]) if parts[0] == "h" else parts[0])
-        groups[key] = groups.get(key, 0) + int(math.prod(shape))
-    def order(key: str):
-        enc = key.startswith("enc.")
-        parts = key.split(".")[enc:]
-        if parts[0] == "h":
-            return (not enc, 1, int(parts[1]), parts[2])
-        return (not enc, {"wte": 0, "wpe": 0}.get(parts[0], 2), {"wte": 0, "wpe": 1}.get(parts[0], 0), parts[0])
-    return OrderedDict(sorted(groups.items(), key=lambda kv: order(kv[0])))
+    """Parameter counts per layer: wte, wpe, h.0.ln_1, h.0.attn, ..., ln_f, lm_head (an
+    encoder-decoder's encoder first, under enc.): the groups of layerstats."""
+    return OrderedDict((g, sum(int(math.prod(params[n])) for n in names)) for g, names in groups(params).items())
 
 
 def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:

@@ -16,6 +16,28 @@ from .module import Module, Stack
 from .residual import Sum, SumGrad, SumStream
 
 
+class ReadsKept:
+    """A residual scheme's forward stream that also keeps each input a sublayer reads, then the
+    state handed to ln_f, as (N, C) arrays in ``inputs``: the residual stream under a sum, the
+    depth mix under Attention Residuals. For looking inside; the numbers are the stream's."""
+
+    def __init__(self, stream, inputs: list):
+        self.stream, self.inputs = stream, inputs
+
+    def _kept(self, h: np.ndarray) -> np.ndarray:
+        self.inputs.append(h.reshape(-1, h.shape[-1]))       # never written again by the stream
+        return h
+
+    def read(self, op) -> np.ndarray:
+        return self._kept(self.stream.read(op))
+
+    def write(self, v: np.ndarray) -> None:
+        self.stream.write(v)
+
+    def finish(self) -> np.ndarray:
+        return self._kept(self.stream.finish())
+
+
 class Block(Module):
     """Pre-LN transformer block.  x, y: (B, T, C).
 
@@ -229,10 +251,13 @@ class GPT(LanguageModel):
         self._head_and_pack(cfg, rng)
 
     # --- training path ----------------------------------------------------------------------
-    def forward(self, idx: np.ndarray, outputs: list | None = None, noise=None) -> np.ndarray:
+    def forward(self, idx: np.ndarray, outputs: list | None = None, noise=None,
+                inputs: list | None = None) -> np.ndarray:
         """Logits (B, T, V) of token ids idx (B, T). ``outputs``, if given, collects each
-        sublayer's output (N, C), in order, for looking inside. ``noise``: one dropout seed per
-        row (B,), training with ``dropout`` > 0 only (dropout.py); None: no dropout."""
+        sublayer's output (N, C), in order, for looking inside; ``inputs`` each sublayer's input
+        before its norm (the residual stream under a sum), then the state handed to ln_f: 2 L + 1
+        arrays (N, C). ``noise``: one dropout seed per row (B,), training with ``dropout`` > 0
+        only (dropout.py); None: no dropout."""
         idx = self.check_tokens(idx)
         if noise is not None:
             if not self.config.dropout:
@@ -241,6 +266,8 @@ class GPT(LanguageModel):
                 raise ValueError(f"dropout noise must be one seed per row, shape {idx.shape[:1]}, got {np.shape(noise)}")
             noise = Noise(noise, self.config.dropout)
         stream = self.residual.stream(self.embed.forward(idx), outputs)       # (B, T, C)
+        if inputs is not None:
+            stream = ReadsKept(stream, inputs)
         for block in self.blocks:
             block.forward_stream(stream, None, noise)
         return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
