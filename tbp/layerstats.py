@@ -8,7 +8,7 @@ At every evaluation the training loop records, under ``layers`` in that metrics 
   that step's AdamW update (a healthy run sits near 1e-3; far above, the step is too large);
 - ``stream_rms``: the RMS of what each sublayer reads before its norm, then of the state
   handed to ln_f (2 L + 1 numbers): the residual stream under a sum, whose growth with depth
-  is what Attention Residuals address; measured on the first fixed validation batch;
+  is what Attention Residuals address; measured on two rows of the first fixed validation batch;
 - ``stats_ms``: what computing all of it took, so that its cost is measured in every run.
 
 Groups are the model's layers: wte, wpe, h.0.attn, h.0.mlp, h.0.ln_1, ..., ln_f (an

@@ -43,6 +43,40 @@ def save(fig, path) -> None:
 
 
 # --- training curves ----------------------------------------------------------------------------
+def layers_figure(label: str, metrics: list[dict]):
+    """A run's per-layer statistics (layerstats.py) over training: each layer's gradient norm
+    and update ratio against the step, and the RMS of what each sublayer reads at each eval."""
+    evals = [m for m in metrics if "layers" in m]
+    if not evals:
+        raise TbpError(f"{label}: no per-layer statistics in its metrics (runs record them at each "
+                       f"evaluation since this release)")
+    fig = figure(15, 4.6)
+    axes = fig.subplots(1, 3)
+    steps = [m["step"] for m in evals]
+    for ax, key, title in zip(axes, ("grad_norm", "update_ratio"), ("gradient norm", "update / weight")):
+        groups = list(evals[-1]["layers"].get(key, {}))
+        colours = [f"C{i % 10}" for i in range(len(groups))]
+        for g, c in zip(groups, colours):
+            ax.plot(steps, [m["layers"][key].get(g, np.nan) for m in evals], color=c, lw=1,
+                    ls="-" if ".ln" not in g and g != "ln_f" else ":", label=g)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(f"{label}: {title} per layer", fontsize=10)
+    axes[0].legend(fontsize=6, ncol=2)
+    ax = axes[2]
+    for i, m in enumerate(evals):
+        rms = m["layers"].get("stream_rms")
+        if rms:
+            ax.plot(range(len(rms)), rms, marker="o", ms=2, lw=1, color=(0.2, 0.3 + 0.6 * i / max(1, len(evals) - 1), 0.8),
+                    label=f"step {m['step']}" if i in (0, len(evals) - 1) else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("sublayer (2 per block; last: the state for ln_f)")
+    ax.set_title("RMS of what each sublayer reads", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+
 def training_figure(runs: list[dict]):
     """Loss against steps and against tokens, bits per byte, learning rate and gradient norm.
 

@@ -39,6 +39,29 @@ class Callbacks:
     def saved(self, trainer: "Trainer", step: int, best: bool) -> None: ...
 
 
+class Several(Callbacks):
+    """Callbacks in turn: a progress bar and a TensorBoard writer, say."""
+
+    def __init__(self, *each: Callbacks):
+        self.each = [c for c in each if c is not None]
+
+    def start(self, trainer):
+        for c in self.each:
+            c.start(trainer)
+
+    def evaluating(self, trainer):
+        for c in self.each:
+            c.evaluating(trainer)
+
+    def step(self, trainer, metrics):
+        for c in self.each:
+            c.step(trainer, metrics)
+
+    def saved(self, trainer, step, best):
+        for c in self.each:
+            c.saved(trainer, step, best)
+
+
 @dataclass
 class State:
     """What, beyond weights and moments, a resume needs to continue exactly."""
@@ -157,7 +180,7 @@ class Trainer:
                 if is_eval:
                     self.cb.evaluating(self)
                     metrics.update(self.evaluate())
-                    stats.stream(self.eval_sets["val"][0]["idx"])
+                    stats.stream(self.eval_sets["val"][0]["idx"][:2])     # two rows: cheap, enough
                     metrics["layers"] = stats.record()
                     if st.step == cfg.max_iters:                   # the run's final figure: the split itself
                         metrics.update(self.evaluate_split())

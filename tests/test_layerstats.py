@@ -74,3 +74,15 @@ def test_every_evaluation_records_the_layers_and_only_evaluations(tmp_path, data
     assert math.sqrt(sum(v ** 2 for v in last["grad_norm"].values())) == pytest.approx(lines[-1]["grad_norm"],
                                                                                      rel=1e-4)
     assert checkpoint.read_metrics(tmp_path / "run")[-1]["layers"] == last      # the schema keeps it
+
+
+def test_info_and_plot_read_the_layers(tmp_path, corpus_file, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from helpers import run, train_tiny
+    r = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
+    shown = run(["info", r])
+    assert shown.exit_code == 0 and "grad norm" in shown.output and "update / weight" in shown.output
+    assert "what each sublayer reads" in shown.output
+    done = run(["plot", r, "--layers", "--out", tmp_path / "layers.png"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "layers.png").read_bytes()[:4] == b"\x89PNG"

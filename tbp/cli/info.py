@@ -163,13 +163,27 @@ def info(path, as_json):
     t.add_row("data", str(d["data"]))
     t.add_row("files", " · ".join(f"{k} {fmt_bytes(v)}" for k, v in d["files"].items()))
     console.print(t)
-    layers = Table(title="parameters per layer", title_justify="left")
+    stats = next((x for x in reversed(evals) if "layers" in x), None)      # the last eval's per-layer figures
+    title = "parameters per layer" + (f"; gradient and update at step {stats['step']:,}" if stats else "")
+    layers = Table(title=title, title_justify="left")
     layers.add_column("layer")
     layers.add_column("parameters", justify="right")
     layers.add_column("share", justify="right")
+    if stats:
+        layers.add_column("grad norm", justify="right")
+        layers.add_column("update / weight", justify="right")
     for name, n in d["layers"].items():
-        layers.add_row(name, f"{n:,}", f"{100 * n / max(1, d['parameters']):.1f}%")
+        row = [name, f"{n:,}", f"{100 * n / max(1, d['parameters']):.1f}%"]
+        if stats:
+            g, u = stats["layers"].get("grad_norm", {}).get(name), stats["layers"].get("update_ratio", {}).get(name)
+            row += [f"{g:.3g}" if g is not None else "", f"{u:.2e}" if u is not None else ""]
+        layers.add_row(*row)
     console.print(layers)
+    if stats and stats["layers"].get("stream_rms"):
+        rms = stats["layers"]["stream_rms"]
+        console.print(f"what each sublayer reads, RMS at step {stats['step']:,}: {sparkline(rms)}  "
+                      f"{rms[0]:.3g} → {rms[-1]:.3g} ({len(rms)} inputs, the last ln_f's; "
+                      f"{stats['layers'].get('stats_ms', 0):.1f} ms to measure)")
     if len(evals) > 1:
         curve = Table(title="evaluations", title_justify="left")
         for col in ("step", "lr", "train", "val", "val bits/byte"):

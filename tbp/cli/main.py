@@ -16,6 +16,7 @@ from .interop import export, import_
 from .pictures import attention, plot_runs
 from .evaluate import evaluate_cmd
 from .chat import chat
+from .view import view
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -32,7 +33,7 @@ def main():
 
 
 for command in (prepare, train, generate, chat, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
-                attention):
+                attention, view):
     main.add_command(command)
 
 

@@ -9,10 +9,9 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .. import checkpoint, plot
+from .. import checkpoint, lookinside, plot
 from ..errors import TbpError
 from .common import console, the_run
-from ..generate import Sampling, generate_ids
 from .generate import source_tokens, start_tokens
 from .options import check_sparse, sparse_options, sparse_rule
 
@@ -31,7 +30,9 @@ def _run_curves(run: Path) -> dict:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The picture: a .png or .svg file.")
-def plot_runs(runs, out):
+@click.option("--layers", is_flag=True, help="Per-layer statistics instead of the curves: each layer's gradient "
+                                             "norm and update ratio, and the RMS of what each sublayer reads.")
+def plot_runs(runs, out, layers):
     """Draw training curves of one or more runs into a picture (needs tbp[plot]).
 
     Loss against steps (train batches thin, validation thick, the best point starred) and
@@ -42,7 +43,15 @@ def plot_runs(runs, out):
     Examples:
       tbp plot checkpoints/pydoc --out curves.png
       tbp plot checkpoints/seed1 checkpoints/seed2 checkpoints/rope --out compare.svg
+      tbp plot checkpoints/pydoc --layers --out layers.png
     """
+    if layers:
+        if len(runs) > 1:
+            raise click.UsageError("--layers draws one run's layers: give one run")
+        curves = _run_curves(runs[0])
+        plot.save(plot.layers_figure(curves["label"], curves["metrics"]), out)
+        console.print(f"wrote {out}")
+        return
     fig = plot.training_figure([_run_curves(r) for r in runs])
     plot.save(fig, out)
     console.print(f"wrote {out}")
@@ -113,7 +122,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
                                    "sublayers into one residual sum (trained without --residual attention)")
         _show_depth(model, ids, out, as_json, run)
         return
-    maps = model.attention_weights(np.array([ids]))                   # L x (1, H, T, T)
+    maps = lookinside.self_attention(model, ids)                      # L x (H, T, T)
     L = len(maps)
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
@@ -122,14 +131,14 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
         _show_kept(model, ids, tokens, rule, out, as_json, run)
         return
     chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
-    weights = {i: maps[i][0] for i in chosen}                         # layer -> (H, T, T)
+    weights = {i: maps[i] for i in chosen}                            # layer -> (H, T, T)
     if as_json:
         click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids,
                                "layers": {str(i): w.round(6).tolist() for i, w in weights.items()}}))
         return
     if out is not None:
         plot.save(plot.attention_figure(weights, tokens, causal=model.config.causal), out)
-        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, {len(ids)} tokens)")
+        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[0]} heads, {len(ids)} tokens)")
         return
     labels = [plot.token_label(t) for t in tokens]
     for i, w in weights.items():
@@ -138,20 +147,8 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
 
 
 def _show_depth(model, ids, out, as_json, run) -> None:
-    """Attention Residuals: one row per operation (the input of a sublayer, then the final
-    state), one column per source (the embedding, then each block of sublayers: with full
-    AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
-    a block reads that block's partial sum so far in the block's column."""
-    per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
-    size = model.residual.block_size
-    n_sub = 2 * model.config.n_layer
-    name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
-    sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
-                         for b in range(n_sub // size)]
-    ops = [name(j) for j in range(1, n_sub)] + ["final"]
-    grid = np.zeros((len(ops), len(sources)))
-    for r, w in enumerate(per_op):
-        grid[r, :len(w)] = w.mean(axis=1)
+    d = lookinside.depth(model, ids)
+    ops, sources, grid, per_op = d["operations"], d["sources"], d["mean"], d["per_token"]
     if as_json:
         click.echo(json.dumps({"run": str(run), "operations": ops, "sources": sources, "mean": grid.round(6).tolist(),
                                "per_token": [w.round(6).tolist() for w in per_op]}))
@@ -172,27 +169,15 @@ def _show_depth(model, ids, out, as_json, run) -> None:
 
 
 def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
-    """An encoder-decoder's cross-attention: the prompt is the source, the target the model's
-    greedy completion; row t is the decoder position that predicts target token t (the label),
-    its cells what it reads in the source."""
+    """An encoder-decoder's cross-attention (lookinside.cross)."""
     ids, _ = source_tokens(tok, prompt, model.config.n_ctx, seq2seq=True)
-    banned = tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None)
-    target = []
-    for nxt in generate_ids(model, ids, model.config.n_ctx, Sampling(0.0, banned=banned),
-                            np.random.default_rng(0), start=tok.sep_id):
-        if int(nxt[0]) == tok.eot_id:
-            break
-        target.append(int(nxt[0]))
-    tgt_in = np.array([[tok.sep_id, *target]])[:, :model.config.n_ctx]
-    maps = model.attention_weights(np.array([ids]), tgt_in)["cross"]      # L x (1, H, T, S)
+    c = lookinside.cross(model, tok, ids)
+    maps, source, rows = c["maps"], c["source"], c["target"]
     L = len(maps)
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
-    source = [tok.decode([i]) for i in ids]
-    rows = [tok.decode([i]) for i in target] + ["<|endoftext|>"]
-    rows = rows[:tgt_in.shape[1]]
     chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
-    weights = {i: maps[i][0] for i in chosen}                             # layer -> (H, T, S)
+    weights = {i: maps[i] for i in chosen}                                # layer -> (H, T, S)
     if as_json:
         click.echo(json.dumps({"run": str(run), "source": source, "target": rows, "kind": "cross-attention",
                                "layers": {str(i): w.round(6).tolist() for i, w in weights.items()}}))
@@ -201,7 +186,7 @@ def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
         plot.save(plot.attention_figure(weights, rows, "cross-attention · layer {layer} · head {head}",
                                         keys=source, xlabel="source token (key)",
                                         ylabel="target token predicted (query)"), out)
-        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[1]} heads, "
+        console.print(f"wrote {out} ({len(chosen)} layer(s) × {maps[0].shape[0]} heads, "
                       f"{len(rows)} target × {len(source)} source tokens)")
         return
     console.print(f"[dim]source {''.join(source)!r} → target {''.join(rows[:-1])!r}; row: the target token "
@@ -212,26 +197,8 @@ def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
             console.print(_terminal_map(w[h], labels, f"cross-attention · layer {i} · head {h}"))
 
 
-def kept_positions(model, ids: list[int], rule) -> np.ndarray:
-    """(T, T): row t is 1 where decoding token t (after tokens 0 .. t-1, one at a time) attends,
-    under ``rule``, in the layers after its selection layer; a share of heads for per-head top-k.
-    Rows whose cache holds no more than the budget are dense."""
-    T = len(ids)
-    kept = np.tril(np.ones((T, T)))
-    decoder = model.inference(1, rule)
-    decoder.forward(np.array([ids[:1]]))
-    for t in range(1, T):
-        decoder.forward(np.array([ids[t:t + 1]]), check=False)
-        if decoder.kept is not None:
-            sets = decoder.kept[0]
-            kept[t] = 0
-            for s in (sets if sets.ndim == 2 else sets[None]):
-                kept[t, s] += 1.0 / (len(sets) if sets.ndim == 2 else 1)
-    return kept
-
-
 def _show_kept(model, ids, tokens, rule, out, as_json, run) -> None:
-    kept = kept_positions(model, ids, rule)
+    kept = lookinside.kept_positions(model, ids, rule)
     if as_json:
         click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids, "rule": rule.kind,
                                "budget": rule.budget, "kept": kept.round(6).tolist()}))

@@ -15,7 +15,8 @@ from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..pieces import UNKNOWN
 from ..tokenizer import KINDS
-from ..train import Callbacks
+from ..tensorboard import TensorBoard
+from ..train import Callbacks, Several
 from .common import console, fmt_count, fmt_loss, kv_table, split_figure
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
@@ -172,10 +173,13 @@ def _last_eval(run: Path):
               help="LoRA scale numerator: updates are scaled by alpha / rank (default: alpha = rank).")
 @click.option("--lora-targets", default="all", show_default=True,
               help=f"Comma-separated layers to adapt: {', '.join(LORA_TARGETS)}, or attn, mlp, all.")
+@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write the run's scalars (losses, learning rate, per-layer statistics) as TensorBoard "
+                   "event files into this folder (pip install 'tbp[tensorboard]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank, lora_alpha,
-          lora_targets, quiet, **opts):
+          lora_targets, tb_dir, quiet, **opts):
     """Train a GPT with handwritten backprop; checkpoints at every eval, resumable exactly.
 
     With no options: prepares the built-in corpus (CPython's reference documentation) and
@@ -188,6 +192,7 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
       tbp train --data input.txt --out checkpoints/shakespeare --max-iters 2000 --n-ctx 64
       tbp train --out checkpoints/shakespeare --resume --max-iters 4000
       tbp train --init-from checkpoints/shakespeare --data poems.txt --lora-rank 8 --out checkpoints/poems
+      tbp train --tensorboard runs/tb              # also TensorBoard event files (pip install 'tbp[tensorboard]')
       mpiexec -n 2 tbp train --data input.txt     # data-parallel over MPI ranks (pip install 'tbp[mpi]')
     """
     lora = None
@@ -198,13 +203,16 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     world = distributed.world()            # several ranks under mpiexec; else a world of one
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
-    trainer = runs.start(request, progress, PrepareBar(), world)
+    board = TensorBoard(tb_dir) if tb_dir is not None and world.is_root else None
+    trainer = runs.start(request, Several(progress, board), PrepareBar(), world)
     stopper = Stopper(trainer, announce=world.is_root)
     try:
         state = trainer.run_loop()
     finally:
         stopper.restore()
         progress.close()
+        if board is not None:
+            board.close()
     if world.is_root:
         _summary(trainer, state, trainer.interrupted)
     if trainer.interrupted:                # every rank stopped after the same step and saved

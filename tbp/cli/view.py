@@ -1,0 +1,85 @@
+"""`tbp view`: an interactive page of a run, one self-contained HTML file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import checkpoint
+from ..errors import TbpError
+from ..fsutil import atomic_write_text
+from .common import console, the_run
+from .generate import source_tokens, start_tokens
+from .options import check_sparse, sparse_options, sparse_rule
+
+
+def _runs(main: Path, more: tuple) -> list[dict]:
+    runs = []
+    for run in (main, *more):
+        metrics = checkpoint.read_metrics(run)
+        if not metrics:
+            raise TbpError(f"{run}: no metrics.jsonl lines to show: the run has not logged a step yet")
+        runs.append({"label": Path(run).name, "metrics": metrics})
+    return runs
+
+
+def _claim(out: Path, force: bool) -> None:
+    """Refuse a folder, an existing file without --force, and with --force a file tbp view did
+    not write (--force never deletes what tbp did not write)."""
+    from ..view import MARKER
+    if out.is_dir():
+        raise TbpError(f"{out}: is a folder; --out names the HTML file to write")
+    if not out.exists():
+        return
+    if not force:
+        raise TbpError(f"{out} already exists (use --force to replace it)")
+    with open(out, "rb") as f:
+        head = f.read(4096)
+    if MARKER.encode() not in head:
+        raise TbpError(f"{out}: is not a page tbp view wrote; refusing to replace it, even with --force")
+
+
+@click.command("view")
+@click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
+              help="Run directory. Default: the most recently saved run under checkpoints/.")
+@click.option("--prompt", required=True, help="The text whose attention the page shows (at most the context).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="The HTML file to write.")
+@click.option("--compare", "more", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Another run whose training curves to overlay (repeat for several).")
+@click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
+@click.option("--force", is_flag=True, help="Replace an existing page that tbp view wrote.")
+@sparse_options("Also show the positions a sparse decoder keeps at each step of the prompt.", budget=16)
+def view(run, prompt, out, more, best, force, sparse, budget, sparse_layers):
+    """Write one self-contained HTML page of a run: no server, no network, any browser.
+
+    Training and validation curves (of --compare runs too), each layer's gradient norm, update
+    ratio and input RMS over training, and for the prompt: attention per layer and head, where
+    hovering a token shades what it reads and what reads it; Attention Residuals' depth
+    weights, an encoder-decoder's cross-attention, a sparse decoder's kept positions and
+    Multi-Token Attention's kernels where the model has them. The numbers are those of
+    `tbp attention --json`. Needs the view extra (pip install 'tbp[view]').
+
+    \b
+    Examples:
+      tbp view --prompt "def main():" --out run.html
+      tbp view --checkpoint checkpoints/attnres --compare checkpoints/pydoc --prompt "x = 1" --out attnres.html
+      tbp view --prompt "The cat sat on the mat" --sparse lessismore --budget 8 --out sparse.html
+    """
+    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
+    _claim(out, force)
+    run = the_run(run)
+    runs = _runs(run, more)
+    model, tok, _ = checkpoint.load_model(run, best=best)
+    if rule is not None:
+        check_sparse(model.config, rule)
+    if model.reads_source:
+        ids, _ = source_tokens(tok, prompt, model.config.n_ctx, seq2seq=True)
+    else:
+        ids, _ = start_tokens(tok, prompt)
+        if len(ids) > model.config.n_ctx:
+            raise click.BadParameter(f"the prompt is {len(ids):,} tokens; this model's context is "
+                                     f"{model.config.n_ctx:,}", param_hint="--prompt")
+    from ..view import page
+    text = page(runs, model, tok, ids, rule, title=f"tbp view · {Path(run).name}")
+    atomic_write_text(out, text)
+    console.print(f"wrote {out} ({len(text) / 2 ** 20:.1f} MiB, {len(ids)} prompt tokens)")

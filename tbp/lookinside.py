@@ -1,0 +1,82 @@
+"""What a trained model computes for a prompt, as numbers: the one source of `tbp attention`
+(its terminal maps, pictures and --json) and of `tbp view`'s page.
+
+Every function runs the model's own forward (or its decoder) and returns plain arrays; nothing
+here draws, prints or writes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .generate import Sampling, generate_ids
+
+
+def self_attention(model, ids: list[int]) -> list[np.ndarray]:
+    """Each layer's attention weights (H, T, T) for the tokens ids: row t is what query t
+    gives each key (a row sums to 1)."""
+    return [w[0] for w in model.attention_weights(np.array([ids]))]
+
+
+def depth(model, ids: list[int]) -> dict:
+    """Attention Residuals: one row per operation (the input of a sublayer, then the final
+    state), one column per source (the embedding, then each block of sublayers: with full
+    AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
+    a block reads that block's partial sum so far in the block's column. ``mean`` (ops, sources)
+    averages the prompt's tokens; ``per_token`` holds each operation's (K, T) weights."""
+    per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
+    size = model.residual.block_size
+    n_sub = 2 * model.config.n_layer
+    name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
+    sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
+                         for b in range(n_sub // size)]
+    ops = [name(j) for j in range(1, n_sub)] + ["final"]
+    grid = np.zeros((len(ops), len(sources)))
+    for r, w in enumerate(per_op):
+        grid[r, :len(w)] = w.mean(axis=1)
+    return {"operations": ops, "sources": sources, "mean": grid, "per_token": per_op}
+
+
+def cross(model, tok, ids: list[int]) -> dict:
+    """An encoder-decoder's cross-attention for the source ids: the target is the model's greedy
+    completion; row t of a map (H, T, S) is the decoder position that predicts target token t
+    (``target[t]``), its cells what it reads in the source."""
+    banned = tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None)
+    target = []
+    for nxt in generate_ids(model, ids, model.config.n_ctx, Sampling(0.0, banned=banned),
+                            np.random.default_rng(0), start=tok.sep_id):
+        if int(nxt[0]) == tok.eot_id:
+            break
+        target.append(int(nxt[0]))
+    tgt_in = np.array([[tok.sep_id, *target]])[:, :model.config.n_ctx]
+    maps = model.attention_weights(np.array([ids]), tgt_in)["cross"]      # L x (1, H, T, S)
+    rows = ([tok.decode([i]) for i in target] + ["<|endoftext|>"])[:tgt_in.shape[1]]
+    return {"source": [tok.decode([i]) for i in ids], "target": rows, "maps": [m[0] for m in maps]}
+
+
+def kept_positions(model, ids: list[int], rule) -> np.ndarray:
+    """(T, T): row t is 1 where decoding token t (after tokens 0 .. t-1, one at a time) attends,
+    under ``rule``, in the layers after its selection layer; a share of heads for per-head top-k.
+    Rows whose cache holds no more than the budget are dense."""
+    T = len(ids)
+    kept = np.tril(np.ones((T, T)))
+    decoder = model.inference(1, rule)
+    decoder.forward(np.array([ids[:1]]))
+    for t in range(1, T):
+        decoder.forward(np.array([ids[t:t + 1]]), check=False)
+        if decoder.kept is not None:
+            sets = decoder.kept[0]
+            kept[t] = 0
+            for s in (sets if sets.ndim == 2 else sets[None]):
+                kept[t, s] += 1.0 / (len(sets) if sets.ndim == 2 else 1)
+    return kept
+
+
+def mta_kernels(model) -> dict[int, dict[str, np.ndarray]]:
+    """Multi-Token Attention's learned kernels by layer: ``theta`` (H, cq, ck), the key-query
+    convolution before the softmax, and ``theta_post`` where there is one after it."""
+    out = {}
+    for i, block in enumerate(model.blocks):
+        mta = getattr(block.attn, "mta", None)
+        if mta is not None and "theta" in mta.params:
+            out[i] = {k: mta.params[k] for k in ("theta", "theta_post") if k in mta.params}
+    return out

@@ -1,0 +1,125 @@
+// tbp view: wires the page's controls to the numbers embedded in #tbp-data (view.py).
+"use strict";
+const D = JSON.parse(document.getElementById("tbp-data").textContent);
+const P = D.prompt;
+const more = document.getElementById("more");
+
+function draw(id, fig) {
+  Plotly.newPlot(id, fig.data, fig.layout, {responsive: true, displaylogo: false});
+}
+
+function section(title, note) {
+  const s = document.createElement("section");
+  s.innerHTML = "<h2></h2><p class='note'></p>";
+  s.querySelector("h2").textContent = title;
+  s.querySelector("p").textContent = note || "";
+  more.appendChild(s);
+  return s;
+}
+
+function figureIn(parent, key) {
+  const div = document.createElement("div");
+  div.id = "fig-" + key;
+  parent.appendChild(div);
+  draw(div.id, D.figures[key]);
+}
+
+document.getElementById("about").textContent =
+  `runs: ${D.about.runs.join(", ")} · ${D.about.model} · ${D.about.prompt_tokens} prompt tokens`;
+for (const key of ["curves", "grad_norm", "update_ratio", "stream_rms"]) {
+  if (D.figures[key]) draw("fig-" + key, D.figures[key]);
+  else document.getElementById("fig-" + key).textContent = key === "curves" ? "" :
+    "(no per-layer statistics in this run's metrics: it was trained before they were recorded)";
+}
+
+// --- attention: a map per layer and head; the cross-attention of an encoder-decoder -------------
+const cross = P.cross !== undefined;
+const maps = cross ? P.cross.maps : P.attention;           // L x H x rows x keys
+const keys = cross ? P.cross.source : P.tokens;            // the tokens a row reads
+const rows = cross ? P.cross.target : P.tokens;            // the tokens whose rows they are
+const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
+maps.forEach((_, l) => layerSel.add(new Option(String(l), String(l))));
+layerSel.value = String(maps.length - 1);
+maps[0].forEach((_, h) => headSel.add(new Option(String(h), String(h))));
+headSel.add(new Option("mean of heads", "mean"));
+
+function current() {
+  const L = maps[Number(layerSel.value)];
+  if (headSel.value !== "mean") return L[Number(headSel.value)];
+  return L[0].map((row, r) => row.map((_, c) => L.reduce((s, m) => s + m[r][c], 0) / L.length));
+}
+
+const strip = document.getElementById("tokens");
+function label(t) { return t.replace(/\n/g, "⏎").replace(/\t/g, "⇥") || "∅"; }
+function makeStrip() {
+  strip.innerHTML = "";
+  const add = (tok, i, kind) => {
+    const span = document.createElement("span");
+    span.textContent = label(tok);
+    span.dataset.index = String(i);
+    span.dataset.kind = kind;
+    span.dataset.weight = "";
+    strip.appendChild(span);
+    span.addEventListener("mouseenter", () => focus(kind, i));
+  };
+  if (cross) {
+    keys.forEach((t, i) => add(t, i, "key"));
+    strip.appendChild(document.createElement("br"));
+    rows.forEach((t, i) => add(t, i, "row"));
+  } else {
+    keys.forEach((t, i) => add(t, i, "both"));
+  }
+}
+
+function shade(span, w, rgb) {
+  span.dataset.weight = w.toFixed(6);
+  span.style.background = w > 0 ? `rgba(${rgb},${Math.sqrt(w).toFixed(4)})` : "";
+}
+
+function focus(kind, i) {
+  const M = current();
+  for (const span of strip.children) {
+    if (span.tagName !== "SPAN") continue;
+    const j = Number(span.dataset.index), k = span.dataset.kind;
+    span.classList.toggle("focus", k === kind && j === i);
+    span.dataset.role = "";
+    if (kind !== "key" && k !== "row" && (cross || j <= i)) {       // what row i reads: M[i][j]
+      shade(span, M[i][j], "31,119,180"); span.dataset.role = "read";
+    } else if (kind !== "row" && k !== "key" && (cross || j > i)) {  // what reads key i: M[j][i]
+      shade(span, M[j][i], "255,127,14"); span.dataset.role = "reader";
+    } else {
+      shade(span, 0, "0,0,0");
+    }
+  }
+  const who = kind === "key" ? keys[i] : rows[i];
+  document.getElementById("reading").textContent =
+    `layer ${layerSel.value}, head ${headSel.value}: token ${i} ${JSON.stringify(who)}`;
+}
+
+function drawMap() {
+  const M = current();
+  draw("fig-map", {data: [{type: "heatmap", z: M, colorscale: "Blues", reversescale: true, x: keys.map((_, i) => i),
+                           y: rows.map((_, i) => i),
+                           hovertemplate: "row %{y} → key %{x}: %{z}<extra></extra>"}],
+                   layout: {title: {text: `${cross ? "cross-attention" : "attention"} · layer ${layerSel.value} · head ${headSel.value}`},
+                            height: Math.max(360, 18 * rows.length + 160),
+                            xaxis: {tickvals: keys.map((_, i) => i), ticktext: keys.map(label), title: {text: "key"}},
+                            yaxis: {tickvals: rows.map((_, i) => i), ticktext: rows.map(label), autorange: "reversed",
+                                    title: {text: "query"}}}});
+}
+
+layerSel.addEventListener("change", drawMap);
+headSel.addEventListener("change", drawMap);
+makeStrip();
+drawMap();
+
+if (D.figures.depth) figureIn(section("Attention Residuals over depth",
+  "What each sublayer's input takes from the embedding and each earlier output, averaged over the prompt."), "depth");
+if (D.figures.kept) figureIn(section("Sparse decoding: kept positions",
+  "Row t: the cached positions the layers after the selection layer attend to when decoding token t."), "kept");
+const mta = Object.keys(D.figures).filter(k => k.startsWith("mta-"));
+if (mta.length) {
+  const s = section("Multi-Token Attention kernels",
+    "Each layer's learned key-query convolution; the menu of each chart chooses the head.");
+  mta.forEach(k => figureIn(s, k));
+}

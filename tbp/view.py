@@ -1,0 +1,184 @@
+"""`tbp view`: one self-contained HTML page of a run -- its training, its layers, and what it
+computes for a prompt -- that any browser opens with no server and no network.
+
+The charts are Plotly's (the ``view`` extra): its JavaScript is inlined when the page is
+written, never fetched. The numbers come from the run's metrics.jsonl and from
+:mod:`tbp.lookinside`, the same source as `tbp attention --json`, rounded the same way (6
+decimals). The page's own script (view.js, beside this module) only wires the controls: the
+layer and head selectors, and the token strip, where hovering a token shades what it reads
+(blue) and what reads it (orange).
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import lookinside
+from .errors import TbpError
+
+MARKER = '<meta name="generator" content="tbp view">'       # a page tbp wrote (and may replace)
+ROUND = 6
+
+
+def _plotly():
+    try:
+        import plotly
+        import plotly.graph_objects as go
+    except ImportError:
+        raise TbpError("tbp view needs Plotly: pip install 'tbp[view]'") from None
+    return plotly, go
+
+
+def _r(a) -> list:
+    """Rounded in the array's own dtype, as tbp attention --json does: the same numbers."""
+    return np.asarray(a).round(ROUND).tolist()
+
+
+def curves_figure(go, runs: list[dict]) -> dict:
+    """Training and validation loss against steps, one colour per run."""
+    fig = go.Figure()
+    for i, run in enumerate(runs):
+        ms = run["metrics"]
+        colour = f"hsl({(i * 67) % 360}, 65%, 45%)"
+        fig.add_scatter(x=[m["step"] for m in ms], y=[m["train_loss"] for m in ms], mode="lines",
+                        name=f"{run['label']}: train", line={"color": colour, "width": 1}, opacity=0.6)
+        ev = [m for m in ms if "val_loss" in m]
+        fig.add_scatter(x=[m["step"] for m in ev], y=[m["val_loss"] for m in ev], mode="lines+markers",
+                        name=f"{run['label']}: validation", line={"color": colour, "width": 3})
+    fig.update_layout(xaxis_title="step", yaxis_title="loss (nats per token)", height=420,
+                      margin={"t": 30}, legend={"orientation": "h"})
+    return fig
+
+
+def layers_figures(go, metrics: list[dict]) -> dict[str, object]:
+    """Per-layer statistics over training (layerstats.py): heat maps of each group's gradient
+    norm and update ratio (log10) against the evaluation step, and the RMS of what each
+    sublayer reads, one line per evaluation."""
+    evals = [m for m in metrics if "layers" in m]
+    if not evals:
+        return {}
+    steps = [m["step"] for m in evals]
+    out = {}
+    for key, title in (("grad_norm", "log10 gradient norm"), ("update_ratio", "log10 update / weight")):
+        groups = list(evals[-1]["layers"].get(key, {}))
+        if not groups:
+            continue
+        z = [[np.log10(max(m["layers"][key].get(g, 0.0), 1e-30)) for m in evals] for g in groups]
+        fig = go.Figure(go.Heatmap(z=_r(z), x=steps, y=groups, colorscale="Viridis", colorbar={"title": "log10"}))
+        fig.update_layout(title=title, xaxis_title="step", height=max(320, 16 * len(groups)), margin={"t": 40},
+                          yaxis={"autorange": "reversed"})
+        out[key] = fig
+    if any("stream_rms" in m["layers"] for m in evals):
+        fig = go.Figure()
+        for m in evals:
+            rms = m["layers"].get("stream_rms")
+            if rms:
+                fig.add_scatter(x=list(range(len(rms))), y=_r(rms), mode="lines+markers", name=f"step {m['step']}")
+        fig.update_layout(title="RMS of what each sublayer reads (last: the state for ln_f)",
+                          xaxis_title="sublayer (2 per block)", yaxis_title="RMS", yaxis_type="log", height=380,
+                          margin={"t": 40})
+        out["stream_rms"] = fig
+    return out
+
+
+def heatmap(go, z, x, y, title: str, xlabel: str, ylabel: str):
+    fig = go.Figure(go.Heatmap(z=_r(z), x=list(range(len(x))), y=list(range(len(y))), colorscale="Blues", reversescale=True,
+                               customdata=[[f"{y[r]!r} → {x[c]!r}" for c in range(len(x))] for r in range(len(y))],
+                               hovertemplate="%{customdata}: %{z}<extra></extra>"))
+    fig.update_layout(title=title, xaxis={"title": xlabel, "tickvals": list(range(len(x))), "ticktext": x},
+                      yaxis={"title": ylabel, "tickvals": list(range(len(y))), "ticktext": y, "autorange": "reversed"},
+                      height=max(360, 18 * len(y) + 160), margin={"t": 40})
+    return fig
+
+
+def data_for_prompt(model, tok, ids: list[int], rule=None) -> dict:
+    """Everything the page shows of the prompt, as lists (the numbers of tbp attention --json)."""
+    d: dict = {}
+    if model.reads_source:
+        c = lookinside.cross(model, tok, ids)
+        d["cross"] = {"source": c["source"], "target": c["target"], "maps": [_r(m) for m in c["maps"]]}
+        return d
+    d["tokens"] = [tok.decode([i]) for i in ids]
+    d["ids"] = list(map(int, ids))
+    d["attention"] = [_r(m) for m in lookinside.self_attention(model, ids)]
+    if model.residual.ops(model.blocks):
+        dep = lookinside.depth(model, ids)
+        d["depth"] = {"operations": dep["operations"], "sources": dep["sources"], "mean": _r(dep["mean"])}
+    if rule is not None:
+        d["kept"] = {"rule": rule.kind, "budget": rule.budget, "map": _r(lookinside.kept_positions(model, ids, rule))}
+    kernels = lookinside.mta_kernels(model)
+    if kernels:
+        d["mta"] = {str(i): {k: _r(v) for k, v in ks.items()} for i, ks in kernels.items()}
+    return d
+
+
+def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "tbp view") -> str:
+    """The whole HTML document."""
+    plotly, go = _plotly()
+    figs = {"curves": curves_figure(go, runs), **layers_figures(go, runs[0]["metrics"])}
+    data = data_for_prompt(model, tok, ids, rule)
+    if "depth" in data:
+        dep = data["depth"]
+        figs["depth"] = heatmap(go, dep["mean"], dep["sources"], dep["operations"],
+                                "Attention Residuals: mean depth weights over the prompt", "source",
+                                "operation: a sublayer's input")
+    if "kept" in data:
+        k = data["kept"]
+        figs["kept"] = heatmap(go, k["map"], data["tokens"], data["tokens"],
+                               f"{k['rule']}, K = {k['budget']}: the positions each decoding step keeps",
+                               "cached position", "token being decoded")
+    for layer, ks in data.get("mta", {}).items():
+        for name, theta in ks.items():
+            H = len(theta)
+            fig = go.Figure()
+            for h in range(H):
+                fig.add_trace(go.Heatmap(z=theta[h], colorscale="RdBu", zmid=0, visible=h == 0, name=f"head {h}"))
+            menu = [{"label": f"head {h}", "method": "update", "args": [{"visible": [j == h for j in range(H)]}]}
+                    for h in range(H)]
+            fig.update_layout(title=f"MTA layer {layer}: {name} (query rows × key columns)",
+                              xaxis_title="key offset", yaxis_title="query row (last: current)", height=300,
+                              margin={"t": 60}, updatemenus=[{"buttons": menu, "x": 1, "y": 1.25}])
+            figs[f"mta-{layer}-{name}"] = fig
+    cfg = model.config
+    about = {"runs": [r["label"] for r in runs],
+             "model": f"{cfg.n_layer} layer{'s' * (cfg.n_layer > 1)} × {cfg.d_model}, {cfg.n_head} heads",
+             "prompt_tokens": len(ids)}
+    return TEMPLATE.format(
+        marker=MARKER, title=html.escape(title), plotly=plotly.offline.get_plotlyjs(),
+        about=html.escape(json.dumps(about)),
+        data=json.dumps({"about": about, "prompt": data,
+                         "figures": {k: json.loads(f.to_json()) for k, f in figs.items()}}).replace("</", "<\\/"),
+        script=(Path(__file__).with_name("view.js")).read_text(encoding="utf-8"))
+
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">{marker}
+<title>{title}</title>
+<style>
+body {{ font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1180px; padding: 0 18px 60px; color: #222; }}
+h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }}
+.note {{ color: #555; }} select {{ font: inherit; margin-right: 1em; }}
+#tokens {{ font-family: ui-monospace, monospace; line-height: 2.1; padding: 8px; border: 1px solid #ddd; }}
+#tokens span {{ padding: 2px 1px; border-radius: 3px; white-space: pre; cursor: pointer; }}
+#tokens span.focus {{ outline: 2px solid #222; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+<p class="note" id="about"></p>
+<section id="training"><h2>Training</h2><div id="fig-curves"></div>
+<div id="fig-grad_norm"></div><div id="fig-update_ratio"></div><div id="fig-stream_rms"></div></section>
+<section id="attention"><h2>Attention</h2>
+<p class="note">Hover a token: <span style="background:rgba(31,119,180,.6)">blue</span> is what it reads
+(its row of the head's map), <span style="background:rgba(255,127,14,.6)">orange</span> what reads it (its
+column). Shades follow the square root of the weight, so small weights still show.</p>
+<label>layer <select id="layer"></select></label><label>head <select id="head"></select></label>
+<div id="tokens"></div><p class="note" id="reading"></p><div id="fig-map"></div></section>
+<section id="more"></section>
+<script>{plotly}</script>
+<script type="application/json" id="tbp-data">{data}</script>
+<script>{script}</script>
+</body></html>
+"""

@@ -1,0 +1,53 @@
+"""tbp train --tensorboard: the same scalars as metrics.jsonl, in TensorBoard's event files."""
+import builtins
+import json
+import struct
+
+import pytest
+from helpers import clean_fail, train_tiny
+
+pytest.importorskip("tensorboardX", reason="the tensorboard extra is not installed: pip install -e '.[tensorboard]'")
+
+
+def scalars(folder) -> dict:
+    """{tag: {step: value}} from the event files: TFRecords (length, crc, Event, crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+    out = {}
+    for path in folder.glob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            (n,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + n])
+            at += 12 + n + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, {})[event.step] = v.simple_value
+    return out
+
+
+def test_the_event_files_hold_the_metrics(tmp_path, corpus_file, monkeypatch):
+    run = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10, "--tensorboard", tmp_path / "tb")
+    got = scalars(tmp_path / "tb")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        assert got["train_loss"][m["step"]] == pytest.approx(m["train_loss"], rel=1e-6)
+    last = lines[-1]
+    assert got["val_loss"][10] == pytest.approx(last["val_loss"], rel=1e-6)
+    for group, value in last["layers"]["grad_norm"].items():
+        assert got[f"grad_norm/{group}"][10] == pytest.approx(value, rel=1e-6)
+    assert len([t for t in got if t.startswith("stream_rms/")]) == len(last["layers"]["stream_rms"])
+
+
+def test_without_the_extra_one_line(tmp_path, corpus_file, monkeypatch):
+    real = builtins.__import__
+
+    def no_tensorboardx(name, *a, **kw):
+        if name.startswith("tensorboardX"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_tensorboardx)
+    monkeypatch.chdir(tmp_path)
+    from helpers import TINY, run
+    r = run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 2, *TINY, "--tensorboard", "tb"])
+    clean_fail(r, 1, "pip install 'tbp[tensorboard]'")
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,136 @@
+"""tbp view: one self-contained page whose numbers are the model's, tested in a real browser.
+
+The browser tests need Chromium and its driver (Debian: chromium, chromium-driver; CI installs
+both, see .ci/run) and Selenium; where they are missing they are skipped with the reason, and
+under CI=true they fail instead, so CI can never pass them by skipping.
+"""
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+from conftest import CORPUS
+from helpers import clean_fail, run, train_tiny
+
+pytest.importorskip("plotly", reason="the view extra is not installed: pip install -e '.[view]'")
+
+PROMPT = "the cat sat"
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("view")
+    corpus_file = tmp / "corpus.txt"
+    corpus_file.write_text(CORPUS)
+    mp = pytest.MonkeyPatch()
+    try:
+        run_dir = train_tiny(tmp, corpus_file, mp, "r", 10)
+        r = run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", tmp / "r.html"])
+        assert r.exit_code == 0, r.output
+        weights = json.loads(run(["attention", "--checkpoint", run_dir, "--prompt", PROMPT, "--json"]).stdout
+                             .splitlines()[-1])
+    finally:
+        mp.undo()
+    return tmp / "r.html", weights, run_dir
+
+
+def embedded(path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    m = re.search(r'<script type="application/json" id="tbp-data">(.*?)</script>', text, re.S)
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def test_the_page_is_self_contained(page):
+    text = page[0].read_text(encoding="utf-8")
+    assert "<script src" not in text and "<link" not in text          # nothing fetched: all inlined
+    assert 'content="tbp view"' in text and "Plotly" in text
+
+
+def test_the_page_holds_the_numbers_of_tbp_attention_json(page):
+    path, weights, _ = page
+    data = embedded(path)["prompt"]
+    assert data["tokens"] == weights["tokens"] and data["ids"] == weights["ids"]
+    for layer, w in weights["layers"].items():
+        assert data["attention"][int(layer)] == w
+    assert embedded(path)["figures"]["grad_norm"]["data"][0]["y"][:3] == ["wte", "wpe", "h.0.ln_1"]
+
+
+def test_bad_input_one_line(page, tmp_path):
+    path, _, run_dir = page
+    clean_fail(run(["view", "--checkpoint", run_dir, "--prompt", "a" * 40, "--out", tmp_path / "a.html"]), 2,
+               "context is 16")
+    clean_fail(run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", path]), 1, "already exists")
+    clean_fail(run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", tmp_path]), 1, "is a folder")
+    foreign = tmp_path / "notes.html"
+    foreign.write_text("<html>mine</html>")
+    clean_fail(run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", foreign, "--force"]), 1,
+               "not a page tbp view wrote")
+    assert foreign.read_text() == "<html>mine</html>"
+    own = tmp_path / "own.html"
+    shutil.copy(path, own)
+    r = run(["view", "--checkpoint", run_dir, "--prompt", "hi", "--out", own, "--force"])
+    assert r.exit_code == 0, r.output
+    assert embedded(own)["prompt"]["tokens"] == ["h", "i"]             # its own page: replaced
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((run_dir / "config.json").read_text())
+    clean_fail(run(["view", "--checkpoint", empty, "--prompt", PROMPT, "--out", tmp_path / "b.html"]), 1,
+               "no metrics")
+
+
+def _browser():
+    why = None
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        why = "selenium is not installed"
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if why is None and not (chromium and driver_path):
+        why = "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser tests: {why}")
+        pytest.skip(why)
+    os.environ["SE_OFFLINE"] = "true"                # never look for a driver on the network
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def test_in_a_real_browser_hovering_a_token_shows_what_it_reads(page, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    path, weights, _ = page
+    driver = _browser()
+    try:
+        driver.get(path.as_uri())
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+        assert driver.find_elements(By.CSS_SELECTOR, "#fig-curves .main-svg")      # Plotly drew the curves
+        spans = driver.find_elements(By.CSS_SELECTOR, "#tokens span")
+        assert [s.text for s in spans][:2] == [weights["tokens"][0], weights["tokens"][1]]
+        before = [s.get_attribute("style") for s in spans]
+        t = 5
+        ActionChains(driver).move_to_element(spans[t]).perform()
+        after = [s.get_attribute("style") for s in spans]
+        assert after != before and "focus" in spans[t].get_attribute("class")
+        last = str(len(weights["layers"]) - 1)                 # the page opens on the last layer, head 0
+        row = np.array(weights["layers"][last][0])             # (T, T) of head 0
+        shown = [float(s.get_attribute("data-weight") or "nan") for s in spans]
+        roles = [s.get_attribute("data-role") for s in spans]
+        for j in range(len(spans)):
+            if j <= t:
+                assert roles[j] == "read" and shown[j] == pytest.approx(row[t, j], abs=1e-6)
+            else:
+                assert roles[j] == "reader" and shown[j] == pytest.approx(row[j, t], abs=1e-6)
+        driver.save_screenshot(os.environ.get("TBP_VIEW_SCREENSHOT", str(tmp_path / "view.png")))
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
