@@ -19,7 +19,9 @@ Faults end the job, never hang it. An error one rank alone raises aborts every r
 that exits before the job's end for any other reason does too (MPI is finalised only by
 :meth:`World.finish`, which every rank calls at the clean end, so the launcher sees any other
 exit as abnormal); and every collective is waited for in Python, so a rank waiting for another
-still handles SIGTERM and Ctrl-C. A program of its own that calls :func:`world` ends with
+still handles SIGTERM and Ctrl-C, and gives up, ending the job with one line, when the others
+have not answered for ``TBP_MPI_TIMEOUT`` seconds (default 600, as PyTorch's NCCL watchdog):
+a host that vanished or a link that went down, which TCP alone would wait out for many minutes. A program of its own that calls :func:`world` ends with
 ``world().finish()``.
 
 Without an MPI launcher nothing here imports mpi4py: :func:`world` is then a world of one whose
@@ -44,6 +46,21 @@ _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _LAUNCH_VARS = _SIZE_VARS + ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 CHUNK = 1 << 20        # elements per Allreduce: 4 MiB pieces measured 1.4-2x faster than one call
+TIMEOUT_S = 600.0      # a collective's longest wait for the other ranks (TBP_MPI_TIMEOUT)
+
+
+def comm_timeout() -> float:
+    """Seconds a rank waits in one collective before ending the job (TBP_MPI_TIMEOUT)."""
+    raw = os.environ.get("TBP_MPI_TIMEOUT")
+    if raw is None:
+        return TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise TbpError(f"TBP_MPI_TIMEOUT={raw!r}: give the seconds a rank may wait for the others (> 0)")
+    return value
 
 
 class World:
@@ -102,6 +119,7 @@ class MPIWorld(World):
         # ranks on this machine, which share its cores
         self.local_size = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_size()
         self.ending = False             # every rank leaves alike (an error they all raised): see leave()
+        self.timeout = comm_timeout()
         atexit.register(self._at_exit)
 
     def leave(self) -> None:
@@ -117,11 +135,18 @@ class MPIWorld(World):
         print(f"rank {self.rank}: left the job before its end; stopping every rank", file=sys.stderr)
         self.abort(1)
 
-    @staticmethod
-    def _wait(request) -> None:
-        """Poll ``request`` to completion. Python runs its signal handlers between the polls."""
+    def _wait(self, request, patient: bool = False) -> None:
+        """Poll ``request`` to completion. Python runs its signal handlers between the polls; past
+        the timeout the other ranks are taken for gone, and the job ends -- except ``patient``ly
+        in the set-up, where the others wait for rank 0 to prepare a dataset of any size."""
+        deadline = time.monotonic() + (float("inf") if patient else self.timeout)
         while not request.Test():
-            pass
+            if time.monotonic() > deadline:
+                print(f"rank {self.rank}: the other ranks have not answered for {self.timeout:g} s (a host, its "
+                      f"rank or the network between them is gone?); stopping every rank (TBP_MPI_TIMEOUT sets "
+                      f"the wait)", file=sys.stderr)
+                self.ending = True
+                self.abort(1)
 
     def sum_(self, buf: np.ndarray) -> np.ndarray:
         flat = buf.reshape(-1)
@@ -150,7 +175,7 @@ class MPIWorld(World):
         first, then its UTF-8 bytes."""
         data = json.dumps(obj).encode() if self.is_root else b""
         n = np.array([len(data)], dtype=np.int64)
-        self._wait(self.comm.Ibcast(n, root=0))
+        self._wait(self.comm.Ibcast(n, root=0), patient=True)
         buf = np.frombuffer(data, dtype=np.uint8).copy() if self.is_root else np.empty(int(n[0]), np.uint8)
         self._wait(self.comm.Ibcast(buf, root=0))
         return json.loads(buf.tobytes().decode())

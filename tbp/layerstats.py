@@ -92,14 +92,15 @@ class LayerStats:
         self.out["update_ratio"] = self._timed(ratios)
         self._before = None
 
-    def stream(self, idx: np.ndarray) -> None:
-        """RMS of each sublayer's input and of the final state, for tokens idx (B, T); models
-        without a residual stream to read (the encoder-decoder) record none."""
+    def stream(self, batch: dict) -> None:
+        """RMS of each sublayer's input and of the final state, on two rows of a batch (cheap,
+        and enough for an RMS); models without one residual stream to read (the encoder-decoder)
+        record none."""
         if self.model.reads_source:
             return
         def rms():
             inputs: list = []
-            self.model.forward(idx, inputs=inputs)
+            self.model.forward(batch["idx"][:2], inputs=inputs)
             return [math.sqrt(float(np.vdot(h, h)) / h.size) for h in inputs]
         self.out["stream_rms"] = self._timed(rms)
 

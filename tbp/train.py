@@ -180,7 +180,7 @@ class Trainer:
                 if is_eval:
                     self.cb.evaluating(self)
                     metrics.update(self.evaluate())
-                    stats.stream(self.eval_sets["val"][0]["idx"][:2])     # two rows: cheap, enough
+                    stats.stream(self.eval_sets["val"][0])
                     metrics["layers"] = stats.record()
                     if st.step == cfg.max_iters:                   # the run's final figure: the split itself
                         metrics.update(self.evaluate_split())

@@ -46,7 +46,7 @@ def test_gradient_norms_and_update_ratios_are_their_definitions():
     stats.before_update()
     opt.step(1e-2)
     stats.updates()
-    stats.stream(idx)
+    stats.stream({"idx": idx})
     rec = stats.record()
     assert list(rec["grad_norm"])[:4] == ["wte", "wpe", "h.0.ln_1", "h.0.attn"]
     total = math.sqrt(sum(v ** 2 for v in rec["grad_norm"].values()))

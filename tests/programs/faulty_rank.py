@@ -16,12 +16,12 @@ rank, step, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 unguarded = train.Trainer._step_unguarded
 
 
-def failing_step(self, lr):
+def failing_step(self, lr, *rest):
     if self.world.rank == rank and self.state.step + 1 == step:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"deliberate failure on rank {rank}")
-    return unguarded(self, lr)
+    return unguarded(self, lr, *rest)
 
 
 train.Trainer._step_unguarded = failing_step
