@@ -14,6 +14,8 @@ import pytest
 from conftest import CORPUS
 from helpers import clean_fail, run, train_tiny
 
+from tbp import checkpoint
+
 pytest.importorskip("plotly", reason="the view extra is not installed: pip install -e '.[view]'")
 
 PROMPT = "the cat sat"
@@ -134,3 +136,52 @@ def test_in_a_real_browser_hovering_a_token_shows_what_it_reads(page, tmp_path):
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         driver.quit()
+
+
+class _CharTok:
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_the_page_shows_each_design_it_has():
+    """Depth weights, MTA kernels and kept positions, where the model has them: the numbers of
+    lookinside (tbp attention --json's source), and a page that builds with their charts."""
+    from tbp import GPT, ModelConfig, lookinside, view
+    from tbp.nn.sparse import Sparsity
+    model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
+                            attention="mta", mta_ck=3), seed=0)
+    ids = list(range(20))
+    data = view.data_for_prompt(model, _CharTok(), ids)
+    assert data["depth"]["mean"] == np.asarray(lookinside.depth(model, ids)["mean"]).round(6).tolist()
+    assert data["mta"]["0"]["theta"] == np.asarray(model.blocks[0].attn.mta.params["theta"]).round(6).tolist()
+    metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0}, {"step": 2, "lr": 1e-3, "train_loss": 2.9, "val_loss": 2.8}]
+    figures = embedded_text(view.page([{"label": "r", "metrics": metrics}], model, _CharTok(), ids))["figures"]
+    assert {"curves", "depth", "mta-0-theta", "mta-1-theta"} <= set(figures) and "kept" not in figures
+    assert "grad_norm" not in figures                # no per-layer statistics in these metrics: none drawn
+    plain = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)   # sparse decoding
+    rule = Sparsity("window", budget=8, layers=(1,))
+    data = view.data_for_prompt(plain, _CharTok(), ids, rule)
+    assert data["kept"]["map"] == lookinside.kept_positions(plain, ids, rule).round(6).tolist()
+    assert "depth" not in data and "mta" not in data
+
+
+def embedded_text(text: str) -> dict:
+    m = re.search(r'<script type="application/json" id="tbp-data">(.*?)</script>', text, re.S)
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def test_an_encoder_decoder_page_holds_its_cross_attention(tmp_path, monkeypatch):
+    from helpers import tiny
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--task", "reverse", "--examples", "300", "--max-len", "5"]).exit_code == 0
+    r = run(["train", "--data", "data/reverse", "--arch", "encoder-decoder", "--out", "run", "--max-iters", "10",
+             *tiny(n_ctx=12)])
+    assert r.exit_code == 0, r.output
+    r = run(["view", "--checkpoint", "run", "--prompt", "1234", "--out", "run.html"])
+    assert r.exit_code == 0, r.output
+    shown = embedded(tmp_path / "run.html")
+    want = json.loads(run(["attention", "--checkpoint", "run", "--prompt", "1234", "--json"]).stdout.splitlines()[-1])
+    assert shown["prompt"]["cross"]["source"] == want["source"] and shown["prompt"]["cross"]["target"] == want["target"]
+    assert {str(i): m for i, m in enumerate(shown["prompt"]["cross"]["maps"])} == want["layers"]
+    last = [m for m in checkpoint.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
+    assert "grad_norm" in last and "stream_rms" not in last          # no one residual stream to read
