@@ -56,7 +56,7 @@ def _norm(arrays) -> float:
 class LayerStats:
     """The statistics of one training step, in its order: ``gradients()`` after the gradient
     is complete, ``before_update()`` just before the optimizer step, ``updates()`` after it,
-    and ``stream(idx)`` at the evaluation; ``record()`` hands the line's ``layers`` entry."""
+    and ``stream(batch)`` at the evaluation; ``record()`` hands the line's ``layers`` entry."""
 
     def __init__(self, model):
         self.model = model

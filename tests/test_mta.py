@@ -54,9 +54,9 @@ def test_no_output_reads_a_later_token(rng, changes):
         assert not np.array_equal(after[0, t:], before[0, t:])
 
 
-@pytest.mark.parametrize("max_scores", [1 << 22, 40])
-def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores):
-    model = GPT(ModelConfig(**BASE, **ALL, mta_norm=True), seed=2, dtype=np.float64)
+@pytest.mark.parametrize("max_scores,scaled", [(1 << 22, False), (40, False), (1 << 22, True)])
+def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores, scaled):
+    model = GPT(ModelConfig(**BASE, **ALL, mta_norm=True, mta_depth_scale=scaled), seed=2, dtype=np.float64)
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
@@ -76,6 +76,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores):
     (dict(attention="mta", mta_group=3), "divide"),
     (dict(attention="mta", mta_layers="0,5"), "layers 0 .. 1"),
     (dict(mta_post=True), "pass --attention mta"),
+    (dict(attention="mta", mta_depth_scale=True), "needs mta_norm"),
 ])
 def test_config_refuses_what_mta_cannot_do(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -106,3 +107,18 @@ def test_only_the_chosen_layers_carry_the_convolution():
     assert "h.1.attn.mta.theta" in names and "h.0.attn.mta.theta" not in names
     assert {"h.0.attn.mta.mix", "h.1.attn.mta.mix"} <= names
     assert ModelConfig(**BASE, attention="mta").attn_kernel == "dense"
+
+
+def test_depth_scaling_multiplies_each_layers_normed_output_by_its_factor(rng):
+    """1 - lambda(l), lambda(l) = 0.8 - 0.6 exp(-0.3 l): 0.8 at layer 0, falling towards 0.2 with depth."""
+    from tbp.nn.mta_map import depth_scale
+    assert depth_scale(0) == pytest.approx(0.8) and depth_scale(1) == pytest.approx(1 - 0.8 + 0.6 * np.exp(-0.3))
+    x = rng.standard_normal((2, 6, 16))
+    cfg = dict(**BASE, attention="mta", mta_norm=True)
+    for layer in (0, 1):
+        plain, scaled = (GPT(ModelConfig(**cfg, mta_depth_scale=on), seed=3, dtype=np.float64).blocks[layer].attn
+                         for on in (False, True))
+        for a in (plain, scaled):
+            a.params["c_proj.bias"][...] = 0            # the bias is added after the scaling
+        np.testing.assert_allclose(scaled.forward(x), depth_scale(layer) * plain.forward(x), rtol=1e-12)
+

@@ -163,6 +163,10 @@ class ModelConfig(DictConfig):
                             min=0, max=128)
     mta_norm: bool = option(False, "MTA: RMS-normalise each head's output, then gate it.",
                             flag="--mta-norm/--no-mta-norm")
+    mta_depth_scale: bool = option(False, "MTA: scale the normed output by 1 - lambda(l), lambda(l) = 0.8 - "
+                                          "0.6 exp(-0.3 l) for layer l (the paper's, off in its released "
+                                          "configs; needs --mta-norm).",
+                                   flag="--mta-depth-scale/--no-mta-depth-scale")
     residual: str = option("sum", "How each sublayer's input is formed: sum (the residual stream) or attention "
                                   "(Attention Residuals: a learned per-token softmax over the embedding and every "
                                   "earlier sublayer's output; the mean of them at initialisation).",

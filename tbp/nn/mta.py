@@ -20,7 +20,7 @@ Per head, with C the causal mask, following the authors' code (facebookresearch/
     A'  = C * conv(A, theta')                     (optional) rows no longer sum to 1
     A'' = K_g A'                                  (optional) within each group of c_h heads
     O   = A'' V;  then (optional) RMSNorm over Dv with a gain shared by the heads, and a gate
-          o * sigmoid(o . w + b).
+          o * sigmoid(o . w + b), (optional) times 1 - lambda(l) (mta_map.depth_scale).
 
 Nothing here reads a future token: S0 rows up to i hold keys up to i only, and every later
 step mixes rows up to i, or heads, at the same position (tests/test_mta.py perturbs tokens).
@@ -30,58 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
-from .attention import CausalSelfAttention, causal_mask
+from .attention import CausalSelfAttention
 from .config import ConfigError
-from .module import DecodeState, Module
+from .module import DecodeState
+from .mta_map import MTAParams, conv_map, conv_map_backward, depth_scale  # noqa: F401  (the map's steps)
 from .variant import Variant
-
-
-def conv_map(X: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Z[..., h, i, j] = sum_{a,b} theta[h, a, b] X[..., h, i-(cq-1)+a, j-p+b], zero outside.
-    X (B, H, Tq, Tk); theta (H, cq, ck) with ck odd. Taps as shifted slices of a padded copy."""
-    H, cq, ck = theta.shape
-    p = (ck - 1) // 2
-    B, _, Tq, Tk = X.shape
-    Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
-    Xp[:, :, cq - 1:, p:p + Tk] = X
-    return _taps(Xp, theta, Tq, Tk)
-
-
-def _taps(Xp: np.ndarray, theta: np.ndarray, Tq: int, Tk: int) -> np.ndarray:
-    """sum_{a,b} theta[:, a, b] Xp[..., a:a+Tq, b:b+Tk]: one multiply-add per tap into a
-    contiguous (B, H, Tq, Tk) result, through one scratch array."""
-    H, cq, ck = theta.shape
-    Z = np.zeros(Xp.shape[:2] + (Tq, Tk), Xp.dtype)
-    tmp = np.empty_like(Z)
-    for a in range(cq):
-        for b in range(ck):
-            w = theta[:, a, b]
-            if w.any():
-                np.multiply(Xp[:, :, a:a + Tq, b:b + Tk], w[:, None, None], out=tmp)
-                Z += tmp
-    return Z
-
-
-def conv_map_backward(dZ: np.ndarray, X: np.ndarray, theta: np.ndarray, need_dx: bool = True):
-    """(dX, dtheta) of ``conv_map``: dX[i', j'] = sum_{a,b} theta[a,b] dZ[i'+(cq-1)-a, j'+p-b]
-    (the same taps, transposed), dtheta[h,a,b] = sum dZ_h * shifted X_h."""
-    H, cq, ck = theta.shape
-    p = (ck - 1) // 2
-    B, _, Tq, Tk = X.shape
-    Xp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), X.dtype)
-    Xp[:, :, cq - 1:, p:p + Tk] = X
-    dtheta = np.empty_like(theta)
-    for a in range(cq):
-        for b in range(ck):
-            dtheta[:, a, b] = np.einsum("bhij,bhij->h", dZ, Xp[:, :, a:a + Tq, b:b + Tk])
-    if not need_dx:
-        return None, dtheta
-    # dX is the convolution of dZ with the kernel flipped, dZ padded below and on both sides:
-    # dX[i, j] = sum_{a,b} theta[cq-1-a, ck-1-b] dZp[i + a, j + b]
-    dZp = np.zeros((B, H, Tq + cq - 1, Tk + 2 * p), dZ.dtype)
-    dZp[:, :, :Tq, p:p + Tk] = dZ
-    return _taps(dZp, theta[:, ::-1, ::-1], Tq, Tk), dtheta
 
 
 class MultiTokenAttention(CausalSelfAttention):
@@ -89,7 +42,8 @@ class MultiTokenAttention(CausalSelfAttention):
 
     ``conv``: (cq, ck) of this layer's key-query convolutions, or None (the layer has none);
     ``post``: a post-softmax convolution too; ``mix``: pre-softmax head mixing; ``group``: the
-    post-softmax head-group size c_h (0: none; it divides H); ``norm``: RMS norm and gate.
+    post-softmax head-group size c_h (0: none; it divides H); ``norm``: RMS norm and gate;
+    ``scale``: that output's factor (``mta_map.depth_scale`` of the layer, or 1).
     Parameters (all trainable, identity at initialisation): ``theta`` (H, cq, ck),
     ``theta_post`` (H, cq, ck), ``mix`` (H, H), ``group_mix`` (H/c_h, c_h, c_h), ``norm_gain``
     (Dv,), ``gate_weight`` (Dv,), ``gate_bias`` (1,).
@@ -97,16 +51,18 @@ class MultiTokenAttention(CausalSelfAttention):
 
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, proj_std: float = 0.02, conv: tuple | None = (2, 9),
-                 post: bool = False, mix: bool = False, group: int = 0, norm: bool = False, eps: float = 1e-5):
+                 post: bool = False, mix: bool = False, group: int = 0, norm: bool = False, eps: float = 1e-5,
+                 scale: float = 1.0):
         super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, bias, True, proj_std, "dense")
-        self.mta = MTAParams(n_head, d_v, dtype, conv, post, mix, group, norm, eps)
+        self.mta = MTAParams(n_head, d_v, dtype, conv, post, mix, group, norm, eps, scale)
         self.key_bias_inert = conv is None       # a convolution mixes scores of different keys
 
     @classmethod
     def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
         conv = (cfg.mta_cq, cfg.mta_ck) if layer in conv_layers(cfg) else None
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, proj_std, conv,
-                   cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm)
+                   cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm,
+                   scale=depth_scale(layer) if cfg.mta_depth_scale else 1.0)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None, noise=None) -> np.ndarray:
@@ -174,148 +130,6 @@ class MultiTokenAttention(CausalSelfAttention):
             rows.out += proj_b
 
 
-class MTAParams(Module):
-    """The parameters and steps Multi-Token Attention adds between the scores and the output."""
-
-    def __init__(self, n_head: int, d_v: int, dtype, conv, post: bool, mix: bool, group: int, norm: bool,
-                 eps: float):
-        super().__init__()
-        H = n_head
-        self.conv, self.post, self.mixing, self.group, self.norm, self.eps = conv, post and conv, mix, group, norm, eps
-        if conv is not None:
-            cq, ck = conv
-            if ck % 2 == 0 or cq < 1:
-                raise ValueError(f"MTA kernels need cq >= 1 and an odd ck (centred on the key), got {cq} x {ck}")
-            self.param("theta", _identity_kernel(H, cq, ck, dtype))
-            if self.post:
-                self.param("theta_post", _identity_kernel(H, cq, ck, dtype))
-        if mix:
-            self.param("mix", init.eye(H, dtype))
-        if group:
-            if H % group:
-                raise ValueError(f"the head-group size {group} must divide the heads ({H})")
-            self.param("group_mix", init.eye(group, dtype, (H // group,)))
-        if norm:
-            self.param("norm_gain", init.ones((d_v,), dtype))
-            self.param("gate_weight", init.zeros((d_v,), dtype))
-            self.param("gate_bias", init.zeros((1,), dtype))
-
-    def scores_to_output(self, S: np.ndarray, v: np.ndarray, t0: int, state: dict | None = None):
-        """(O (B, H, Tn, Dv), saved for the backward) from scores S (B, H, Tn, Tk) of query rows
-        t0 .. t0+Tn-1 (scaled) and values v (B, H, Tk, Dv). ``state``: the previous rows for
-        decoding (updated); None in training, where t0 = 0 and Tn = Tk."""
-        P = self.params
-        B, H, Tn, Tk = S.shape
-        mask = causal_mask(Tn, t0, S.dtype)                         # (Tn, t0 + Tn), 0 / -inf
-        keep = np.isfinite(mask)                                    # C, the causal pattern
-        saved = {}
-        if self.conv is not None:
-            S0 = np.where(keep, S, 0).astype(S.dtype)
-            Z = self._conv_rows(S0, P["theta"], state, "S0")
-            saved["S0"] = S0
-        else:
-            Z = S
-        if self.mixing:
-            saved["Z"] = Z
-            Z = np.einsum("hg,bgij->bhij", P["mix"], Z)
-        A = Z + mask
-        A -= np.maximum.reduce(A, axis=-1, keepdims=True)
-        np.exp(A, out=A)
-        A /= np.add.reduce(A, axis=-1, keepdims=True)
-        saved["A"] = A
-        A1 = A
-        if self.post:
-            A1 = self._conv_rows(A, P["theta_post"], state, "A") * keep
-        saved["A1"] = A1
-        A2 = A1
-        if self.group:
-            g = self.group
-            A2 = np.einsum("kpo,bkpij->bkoij", P["group_mix"], A1.reshape(B, H // g, g, Tn, Tk)).reshape(A1.shape)
-        saved["A2"] = A2
-        O = A2 @ v                                                  # (B, H, Tn, Dv)
-        if self.norm:
-            rms = np.sqrt(np.mean(O * O, axis=-1, keepdims=True) + O.dtype.type(self.eps))
-            n = O / rms * P["norm_gain"]
-            u = n @ P["gate_weight"] + P["gate_bias"][0]             # (B, H, Tn)
-            s = 1.0 / (1.0 + np.exp(-u))
-            saved.update(O=O, rms=rms, n=n, s=s)
-            O = n * s[..., None]
-        return O, saved
-
-    def _conv_rows(self, X: np.ndarray, theta: np.ndarray, state: dict | None, name: str) -> np.ndarray:
-        """conv_map over rows t0 .. of X, with the previous cq - 1 rows from ``state`` (decoding)."""
-        if state is None:
-            return conv_map(X, theta)
-        cq = theta.shape[1]
-        Tk = X.shape[3]
-        prev = state[name][..., :Tk]                                # (B, H, cq-1, Tk), zeros before 0
-        stacked = np.concatenate([prev, X], axis=2)
-        out = conv_map(stacked, theta)[:, :, cq - 1:]
-        if cq > 1:
-            keep = stacked[:, :, -(cq - 1):]                        # the last cq - 1 rows, for next time
-            state[name][..., :] = 0
-            state[name][..., :Tk] = keep
-        return out
-
-    def backward(self, dO: np.ndarray, v: np.ndarray, saved: dict):
-        """(dS, dv) from dO (B, H, T, Dv): every step of ``scores_to_output`` in reverse."""
-        P, G = self.params, self.grads
-        if self.norm:
-            O, rms, n, s = saved["O"], saved["rms"], saved["n"], saved["s"]
-            # y = n s, s = sigmoid(n . w + b):  dn = dy s + (sum_d dy n) s (1 - s) w
-            ds = np.einsum("bhtd,bhtd->bht", dO, n) * s * (1 - s)
-            if "gate_weight" in G:
-                G["gate_weight"] += np.einsum("bht,bhtd->d", ds, n)
-                G["gate_bias"] += ds.sum()
-            dn = dO * s[..., None] + ds[..., None] * P["gate_weight"]
-            # n = O / rms * g:  dO = (g dn - xhat mean(g dn xhat)) / rms, xhat = O / rms
-            xhat = O / rms
-            if "norm_gain" in G:
-                G["norm_gain"] += np.einsum("bhtd,bhtd->d", dn, xhat)
-            gdn = dn * P["norm_gain"]
-            dO = (gdn - xhat * np.mean(gdn * xhat, axis=-1, keepdims=True)) / rms
-        A2, A1, A = saved["A2"], saved["A1"], saved["A"]
-        B, H, T, _ = A.shape
-        dv = A2.transpose(0, 1, 3, 2) @ dO                          # (B, H, T, Dv)
-        dA2 = dO @ v.transpose(0, 1, 3, 2)                          # (B, H, T, T)
-        dA1 = dA2
-        if self.group:
-            g = self.group
-            A1g, dA2g = A1.reshape(B, H // g, g, T, T), dA2.reshape(B, H // g, g, T, T)
-            if "group_mix" in G:
-                G["group_mix"] += np.einsum("bkpij,bkoij->kpo", A1g, dA2g)
-            dA1 = np.einsum("kpo,bkoij->bkpij", P["group_mix"], dA2g).reshape(A.shape)
-        keep = np.isfinite(causal_mask(T, 0, A.dtype))
-        dA = dA1
-        if self.post:
-            dA1c = dA1 * keep
-            dA, dtheta = conv_map_backward(dA1c, A, P["theta_post"])
-            if "theta_post" in G:
-                G["theta_post"] += dtheta
-        # softmax: dZ' = A (dA - rowsum(dA A)); masked entries have A = 0
-        dZ = A * (dA - np.add.reduce(dA * A, axis=-1, keepdims=True))
-        if self.mixing:
-            if "mix" in G:
-                G["mix"] += np.einsum("bhij,bgij->hg", dZ, saved["Z"])
-            dZ = np.einsum("hg,bhij->bgij", P["mix"], dZ)
-        if self.conv is not None:
-            dS0, dtheta = conv_map_backward(dZ, saved["S0"], P["theta"])
-            if "theta" in G:
-                G["theta"] += dtheta
-            dS = dS0 * keep
-        else:
-            dS = dZ * keep
-        return dS, dv
-
-
-def _identity_kernel(H: int, cq: int, ck: int, dtype) -> np.ndarray:
-    """theta[:, cq-1, (ck-1)/2] = 1, every other tap 0: the convolution starts as the identity."""
-    theta = init.zeros((H, cq, ck), dtype)
-    if not init.abstract():
-        theta[:, cq - 1, (ck - 1) // 2] = 1
-    return theta
-
-
 # --- the variant's declaration (variant.py) --------------------------------------------------
 def conv_layers(cfg) -> tuple[int, ...]:
     """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""
@@ -338,6 +152,8 @@ def _check(cfg) -> None:
     if cfg.mta_cq > cfg.n_ctx or cfg.mta_ck > 2 * cfg.n_ctx - 1:
         raise ConfigError(f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} is wider than a {cfg.n_ctx} x "
                           f"{cfg.n_ctx} score map can use (mta_cq <= n_ctx, mta_ck <= 2 n_ctx - 1)")
+    if cfg.mta_depth_scale and not cfg.mta_norm:
+        raise ConfigError("mta_depth_scale scales the output of the group norm: it needs mta_norm")
     if cfg.mta_group and cfg.n_head % cfg.mta_group:
         raise ConfigError(f"mta_group ({cfg.mta_group}) must divide n_head ({cfg.n_head})")
     conv_layers(cfg)
@@ -347,7 +163,8 @@ def _describe(cfg) -> tuple[str, str]:
     steps = [f"{cfg.mta_cq}×{cfg.mta_ck} key-query convolution in layers " + ", ".join(map(str, conv_layers(cfg)))]
     steps += [what for on, what in ((cfg.mta_post, "post-softmax convolution"), (cfg.mta_mix, "head mixing"),
                                     (cfg.mta_group, f"head groups of {cfg.mta_group}"),
-                                    (cfg.mta_norm, "norm + gate")) if on]
+                                    (cfg.mta_norm, "norm + gate" + (", scaled by depth" if cfg.mta_depth_scale
+                                                                    else ""))) if on]
     return "multi-token", " · ".join(steps)
 
 
@@ -364,7 +181,7 @@ def step_work(cfg, batch_size: int) -> tuple[int, str, str]:
 
 VARIANT = Variant(
     key="mta", name="Multi-Token Attention", active=lambda cfg: cfg.attention == "mta", axis="attention",
-    options=("mta_cq", "mta_ck", "mta_layers", "mta_post", "mta_mix", "mta_group", "mta_norm"),
+    options=("mta_cq", "mta_ck", "mta_layers", "mta_post", "mta_mix", "mta_group", "mta_norm", "mta_depth_scale"),
     switch="--attention mta",
     refuses={"encoder-decoder": "Multi-Token Attention is for the GPT (its encoder-decoder is not built)",
              "flash": "Multi-Token Attention cannot use the flash kernel: its post-softmax steps need whole "
@@ -386,6 +203,7 @@ VARIANT = Variant(
         ("attention [mta: no conv, head mix, norm + gate]",
          lambda C, H, rng, dtype: MultiTokenAttention(C, H, 4, C // H, rng, dtype, conv=None, mix=True,
                                                       norm=True))),
-    model_cases=(("gpt [mta: conv in layer 1 only, post, mix, norm]",
-                  dict(attention="mta", mta_ck=3, mta_layers="1", mta_post=True, mta_mix=True, mta_norm=True)),),
+    model_cases=(("gpt [mta: conv in layer 1 only, post, mix, norm scaled by depth]",
+                  dict(attention="mta", mta_ck=3, mta_layers="1", mta_post=True, mta_mix=True, mta_norm=True,
+                       mta_depth_scale=True)),),
 )
