@@ -22,6 +22,7 @@ part-way resumes exactly):
 4. ``stream``: from the first seed's best runs, the RMS of what each sublayer reads (the
    residual stream under a sum; the depth softmax's output under AttnRes) and each sublayer's
    output, on held-out text -- the dilution the paper is about.
+5. ``curves``: every run's validation curve, from its metrics, into attnres_curves.jsonl.
 
 Every training is one record in ``results/attnres_depth.jsonl`` (config, seed, commit, CPU, the
 whole-split validation loss of `tbp eval`). ``python benchmarks/report.py`` makes the tables;
@@ -171,6 +172,24 @@ def stream(args) -> None:
             print(depth, arm, "done", flush=True)
 
 
+def curves(args) -> None:
+    """Each finished run's validation curve (the fixed batches' estimate at every evaluation),
+    from its metrics.jsonl, into results/attnres_curves.jsonl: where each arm stood at AttnRes's
+    step budget, before the sums' longer schedules had annealed."""
+    done = {(r["n_layer"], r["arm"], r["lr"], r["seed"]) for r in records.read("attnres_curves")}
+    for r in records.read("attnres_depth"):
+        key = (r["n_layer"], r["arm"], r["lr"], r["seed"])
+        if key in done:
+            continue
+        run = Path(args.work) / f"L{r['n_layer']}-{r['arm']}-lr{r['lr']:g}-s{r['seed']}"
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        evals = [(m["step"], m["val_loss"]) for m in lines if "val_loss" in m]
+        records.append("attnres_curves", {"n_layer": r["n_layer"], "arm": r["arm"], "lr": r["lr"], "seed": r["seed"],
+                                          "steps": r["steps"], "commit": records.commit(),
+                                          "eval_steps": [s for s, _ in evals], "val_estimate": [v for _, v in evals]})
+        done.add(key)
+
+
 def picture(args) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -199,7 +218,7 @@ def picture(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "picture"])
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "curves", "picture"])
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3])
     ap.add_argument("--extend", type=int, default=2, help="sweep: grid extensions past an edge best")
