@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_mpi import TINY, _env, _mpiexec, assert_same_run, losses, tbp
+from test_mpi import TINY, _env, _mpiexec, assert_same_run, job, losses, tbp
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tests" / "programs" / "netns_launch"
@@ -70,17 +70,7 @@ class Hosts:
         # UCX would find the other rank's memory through /dev/shm, which the namespaces share;
         # real machines share none, so TCP it is
         full = {**_env(exe), "UCX_TLS": "tcp,self", **(env or {})}
-        p = subprocess.Popen(cmd, cwd=cwd, env=full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        if not wait:
-            return p
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
-            pytest.fail(f"the two-host job was still running after {timeout}s:\n{out[-3000:]}")
-        return p.returncode, out
+        return job(cmd, cwd, full, timeout, wait)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +165,10 @@ def test_a_link_down_mid_run_ends_the_job_in_seconds_and_the_run_resumes(hosts, 
     assert r.returncode == 0, r.stderr
     rc, out = hosts.mpi(["-m", "tbp", "train", "--out", "run", "--resume", "--max-iters", saved + 4, "-q"], tmp_path)
     assert rc == 0, out
-    assert_same_run(tmp_path / "run", tmp_path / "copy")
+    # the key bias's gradient is zero in exact arithmetic (paper 3.2): AdamW scales its rounding
+    # noise up to full steps, so after 20-odd steps it differs by a few 1e-6 between the sum of
+    # two ranks and one process; the losses agree to rounding
+    assert_same_run(tmp_path / "run", tmp_path / "copy", atol=1e-5)
 
 
 def test_sigterm_to_the_launcher_saves_and_the_run_resumes_on_both_hosts(hosts, tmp_path, prepared):
