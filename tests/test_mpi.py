@@ -103,7 +103,10 @@ def losses(run):
     return [(m["step"], m["train_loss"], m.get("val_loss")) for m in read_metrics(run)]
 
 
-def assert_same_run(a, b, rtol=2e-5, atol=1e-6):
+def assert_same_run(a, b, rtol=2e-5, key_bias=True):
+    """The same losses to rtol and the same last weights to 1e-4 / 1e-6; ``key_bias=False``
+    leaves out the key biases, whose gradient is zero in exact arithmetic (paper 3.2), so that
+    AdamW scales their rounding noise up to whole steps."""
     la, lb = losses(a), losses(b)
     assert [s for s, *_ in la] == [s for s, *_ in lb]
     for (s, ta, va), (_, tb, vb) in zip(la, lb):
@@ -114,7 +117,11 @@ def assert_same_run(a, b, rtol=2e-5, atol=1e-6):
         return load_file(sorted([*Path(run).glob("model-*.safetensors"), *Path(run).glob("adapter-*.safetensors")])[-1])
     wa, wb = last_weights(a), last_weights(b)
     for k in wa:
-        np.testing.assert_allclose(wa[k], wb[k], rtol=1e-4, atol=atol, err_msg=k)
+        x, y = wa[k], wb[k]
+        if not key_bias and k.endswith("attn.c_attn.bias"):      # [q | k | v]: drop the k third
+            third = x.size // 3
+            x, y = np.delete(x, np.s_[third:2 * third]), np.delete(y, np.s_[third:2 * third])
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_two_ranks_give_the_one_process_run(mpi_ok, tmp_path, prepared):

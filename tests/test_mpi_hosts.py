@@ -166,9 +166,9 @@ def test_a_link_down_mid_run_ends_the_job_in_seconds_and_the_run_resumes(hosts, 
     rc, out = hosts.mpi(["-m", "tbp", "train", "--out", "run", "--resume", "--max-iters", saved + 4, "-q"], tmp_path)
     assert rc == 0, out
     # the key bias's gradient is zero in exact arithmetic (paper 3.2): AdamW scales its rounding
-    # noise up to full steps, so after 20-odd steps it differs by a few 1e-6 between the sum of
-    # two ranks and one process; the losses agree to rounding
-    assert_same_run(tmp_path / "run", tmp_path / "copy", atol=1e-5)
+    # noise up to whole steps, so it differs (by a few 1e-6) between the sum of two ranks and
+    # one process; the losses and every other weight agree to rounding
+    assert_same_run(tmp_path / "run", tmp_path / "copy", key_bias=False)
 
 
 def test_sigterm_to_the_launcher_saves_and_the_run_resumes_on_both_hosts(hosts, tmp_path, prepared):
