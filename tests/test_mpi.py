@@ -66,13 +66,17 @@ def job(cmd, cwd, env, timeout=120, wait=True):
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if not wait:
         return p
+    out = ended(p, timeout, f"the MPI job was still running after {timeout}s")
+    return p.returncode, out
+
+
+def ended(p, seconds, what) -> str:
+    """The output of job ``p`` once it ends; killed, and the test failed with ``what``, past ``seconds``."""
     try:
-        out, _ = p.communicate(timeout=timeout)
+        return p.communicate(timeout=seconds)[0]
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"the MPI job was still running after {timeout}s:\n{out[-3000:]}")
-    return p.returncode, out
+        pytest.fail(f"{what}:\n{p.communicate()[0][-3000:]}")
 
 
 def tbp(args, cwd):
@@ -207,11 +211,7 @@ def test_sigterm_ends_ranks_waiting_in_a_collective(mpi_ok, tmp_path, prepared, 
     time.sleep(2.0)                                         # the waiting rank is in the collective by now
     os.kill(p.pid if target == "mpiexec" else int((tmp_path / "rank0.pid").read_text()), signal.SIGTERM)
     start = time.monotonic()
-    try:
-        out, _ = p.communicate(timeout=40)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the job did not end after SIGTERM")
+    out = ended(p, 40, "the job did not end after SIGTERM")
     assert p.returncode != 0, out
     assert time.monotonic() - start < 15, out
 
@@ -223,11 +223,7 @@ def test_sigterm_saves_once_and_the_run_resumes(mpi_ok, tmp_path, prepared):
     while not (tmp_path / "run" / "state.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     os.kill(p.pid, signal.SIGTERM)
-    try:
-        out, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the job did not stop after SIGTERM")
+    out = ended(p, 60, "the job did not stop after SIGTERM")
     assert out.count("SIGTERM: finishing this step and saving") == 1, out
     assert out.count("interrupted: saved") == 1, out
     state = json.loads((tmp_path / "run" / "state.json").read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_mpi import TINY, _env, _mpiexec, assert_same_run, job, losses, tbp
+from test_mpi import TINY, _env, _mpiexec, assert_same_run, ended, job, losses, tbp
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tests" / "programs" / "netns_launch"
@@ -146,10 +146,7 @@ def test_a_link_down_mid_run_ends_the_job_in_seconds_and_the_run_resumes(hosts, 
     hosts.link(1, up=False)                                  # host 2's cable pulled, mid-step
     start = time.monotonic()
     try:
-        out, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail(f"the job did not end after the link went down:\n{p.communicate()[0][-3000:]}")
+        out = ended(p, 60, "the job did not end after the link went down")
     finally:
         hosts.link(1, up=True)
     took = time.monotonic() - start
@@ -177,11 +174,7 @@ def test_sigterm_to_the_launcher_saves_and_the_run_resumes_on_both_hosts(hosts, 
     _wait_for(tmp_path / "run" / "state.json", p)
     os.kill(p.pid, signal.SIGTERM)
     start = time.monotonic()
-    try:
-        out, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the job did not stop after SIGTERM")
+    out = ended(p, 60, "the job did not stop after SIGTERM")
     assert time.monotonic() - start < 30
     assert out.count("interrupted: saved") == 1, out
     step = json.loads((tmp_path / "run" / "state.json").read_text())["step"]
