@@ -31,6 +31,11 @@ class TrainConfig(DictConfig):
     threads: int = option(0, "Threads that each run forward and backward on a share of the batch "
                              "(0: one per core; under mpiexec, the machine's cores shared among its ranks). A run "
                              "repeats bit for bit at a given count.", min=0)
+    shard_optimizer: bool = option(False, "Under mpiexec: each rank updates and holds the AdamW moments of "
+                                          "its slice of the parameters only (ZeRO stage 1); the same run, "
+                                          "1/N of the update's time and memory per rank.")
+    overlap: bool = option(False, "Under mpiexec: sum each block's gradient over the ranks while the "
+                                  "backward goes on to the blocks below it, hiding the communication.")
     KIND = "training config"
 
     def __post_init__(self) -> None:

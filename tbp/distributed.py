@@ -91,6 +91,33 @@ class World:
     def check_same(self, buf: np.ndarray, what: str) -> None:
         """Raise TbpError unless ``buf`` holds the same bits on every rank."""
 
+    # --- for a sharded optimizer and overlapped gradient sums (gradsync.py) ---------------------
+    # ``counts[r]``: how many elements of the buffer rank r owns, in rank order, contiguously.
+    def isum(self, buf: np.ndarray):
+        """Start summing ``buf`` over the ranks in place; :meth:`wait` for the returned request."""
+        return None
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int]):
+        """Start summing ``send`` over the ranks into ``recv``, which receives only this rank's
+        part (``counts[rank]`` elements, after those of the ranks before it)."""
+        np.copyto(recv, send)
+        return None
+
+    def wait(self, request) -> None:
+        """Wait for a request of :meth:`isum` or :meth:`ireduce_scatter` (under the timeout)."""
+
+    def allgather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        """Every rank's part of ``buf`` (where ``counts`` puts it) on every rank, in place."""
+        return buf
+
+    def gather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        """Every rank's part of ``buf`` on rank 0, in place (the other ranks' ``buf`` is unchanged)."""
+        return buf
+
+    def scatter_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        """Rank 0's ``buf``, each rank receiving its part in place (the rest is left as it was)."""
+        return buf
+
     def abort(self, code: int) -> None:
         """End every rank of the job at once (nothing to do alone: the process is exiting)."""
 
@@ -142,11 +169,19 @@ class MPIWorld(World):
         deadline = time.monotonic() + (float("inf") if patient else self.timeout)
         while not request.Test():
             if time.monotonic() > deadline:
-                print(f"rank {self.rank}: the other ranks have not answered for {self.timeout:g} s (a host, its "
-                      f"rank or the network between them is gone?); stopping every rank (TBP_MPI_TIMEOUT sets "
-                      f"the wait)", file=sys.stderr)
-                self.ending = True
-                self.abort(1)
+                self.give_up()
+
+    def test(self, request) -> bool:
+        """Whether a non-blocking collective has completed (moving it on)."""
+        return request.Test()
+
+    def give_up(self) -> None:
+        """The other ranks have not answered within the timeout: end the job with one line."""
+        print(f"rank {self.rank}: the other ranks have not answered for {self.timeout:g} s (a host, its "
+              f"rank or the network between them is gone?); stopping every rank (TBP_MPI_TIMEOUT sets "
+              f"the wait)", file=sys.stderr)
+        self.ending = True
+        self.abort(1)
 
     def sum_(self, buf: np.ndarray) -> np.ndarray:
         flat = buf.reshape(-1)
@@ -179,6 +214,41 @@ class MPIWorld(World):
         buf = np.frombuffer(data, dtype=np.uint8).copy() if self.is_root else np.empty(int(n[0]), np.uint8)
         self._wait(self.comm.Ibcast(buf, root=0))
         return json.loads(buf.tobytes().decode())
+
+    def isum(self, buf: np.ndarray):
+        return self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int]):
+        return self.comm.Ireduce_scatter(send, recv, list(counts), op=self.MPI.SUM)
+
+    def wait(self, request) -> None:
+        self._wait(request)
+
+    def _parts(self, buf: np.ndarray, counts: list[int]) -> list:
+        """``buf`` cut into the ranks' parts, as MPI's v-collectives take it."""
+        from mpi4py.util.dtlib import from_numpy_dtype
+        displs = [sum(counts[:r]) for r in range(len(counts))]
+        return [buf, (list(counts), displs), from_numpy_dtype(buf.dtype)]
+
+    def allgather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        self._wait(self.comm.Iallgatherv(self.MPI.IN_PLACE, self._parts(buf, counts)))
+        return buf
+
+    def gather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        lo = sum(counts[:self.rank])
+        if self.is_root:
+            self._wait(self.comm.Igatherv(self.MPI.IN_PLACE, self._parts(buf, counts), root=0))
+        else:
+            self._wait(self.comm.Igatherv(buf[lo:lo + counts[self.rank]], None, root=0))
+        return buf
+
+    def scatter_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
+        lo = sum(counts[:self.rank])
+        if self.is_root:
+            self._wait(self.comm.Iscatterv(self._parts(buf, counts), self.MPI.IN_PLACE, root=0))
+        else:
+            self._wait(self.comm.Iscatterv(None, buf[lo:lo + counts[self.rank]], root=0))
+        return buf
 
     def check_same(self, buf: np.ndarray, what: str) -> None:
         crc = np.array([zlib.crc32(np.ascontiguousarray(buf).view(np.uint8))], dtype=np.int64)
@@ -290,20 +360,20 @@ class Ranks:
         r, n = self.world.rank, self.world.size
         return B * r // n, B * (r + 1) // n
 
-    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
         B = len(next(iter(batch.values())))
         lo, hi = self.rows(B)
-        if hi == lo:
-            return 0.0
         w = batch.get("weights")
         if w is None:
             share = (hi - lo) / B
         else:                                   # every rank has the whole batch: the same total
             share = float(np.sum(w[lo:hi], dtype=np.float64)) / float(np.sum(w, dtype=np.float64))
-            if share == 0.0:
-                return 0.0                      # no loss on these rows: nothing to add
+        if share == 0.0:                        # no rows, or no loss on them: nothing to add
+            for i in range(sync.buckets.n_blocks if sync is not None else 0):
+                sync.block_done(i)
+            return 0.0
         part = {k: v[lo:hi] for k, v in batch.items()}
-        return self.local.accumulate(part, scale * share) * share
+        return self.local.accumulate(part, scale * share, sync) * share
 
     def each(self, fn) -> None:
         self.local.each(fn)

@@ -72,10 +72,23 @@ class LayerStats:
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def gradients(self) -> None:
-        grads = self.model.layout.views(self.model.layout.grads)
-        self.out["grad_norm"] = self._timed(lambda: {g: _norm(grads[n] for n in names)
-                                                     for g, names in self.groups.items()})
+    def gradients(self, sync=None) -> None:
+        """``sync`` (gradsync.GradientSync): under a sharded optimizer each rank holds the summed
+        gradient of its own slice only, so each group's squares are summed over the ranks."""
+        layout = self.model.layout
+        lo, hi = sync.owned if sync is not None else (0, layout.size)
+
+        def norms():
+            squares = np.zeros(len(self.groups))
+            for j, names in enumerate(self.groups.values()):
+                for n in names:                  # the part of each tensor inside the owned slice
+                    e = layout.entries[n]
+                    g = layout.grads[max(e.offset, lo):min(e.offset + e.size, hi)]
+                    squares[j] += float(np.vdot(g, g))
+            if sync is not None and sync.shard:
+                sync.world.sum_(squares)
+            return {g: math.sqrt(q) for g, q in zip(self.groups, squares)}
+        self.out["grad_norm"] = self._timed(norms)
 
     def before_update(self) -> None:
         self._before = self._timed(lambda: self.model.layout.params.copy())

@@ -49,6 +49,7 @@ class AdamW:
                  eps: float = 1e-8):
         self.layout = layout
         self.weight_decay, self.beta1, self.beta2, self.eps = weight_decay, beta1, beta2, eps
+        self.lo, self.hi = 0, layout.size        # the entries it updates: all, or a slice (slice())
         self.m, self.v = np.zeros_like(layout.params), np.zeros_like(layout.params)
         self.t = 0
         self.workers = None               # a Serial/DataParallel: share the update over its threads
@@ -67,8 +68,9 @@ class AdamW:
         """
         self.t += 1
         bc1, bc2 = 1 - self.beta1 ** self.t, 1 - self.beta2 ** self.t
-        p, g, m, v = self.layout.params, self.layout.grads, self.m, self.v
-        n_decay = self.layout.n_decay
+        lo, hi = self.lo, self.hi
+        p, g, m, v = self.layout.params[lo:hi], self.layout.grads[lo:hi], self.m, self.v
+        n_decay = min(max(self.layout.n_decay - lo, 0), hi - lo)      # the decayed prefix, in the slice
         f = p.dtype.type
         decay = f(1 - lr * self.weight_decay)
         b1, c1, b2, c2 = f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2)
@@ -110,8 +112,28 @@ class AdamW:
             pair = self._scratch_arrays[k] = (np.empty(self.CHUNK, dtype), np.empty(self.CHUNK, dtype))
         return pair
 
+    def slice(self, lo: int, hi: int) -> "AdamW":
+        """An AdamW that updates entries [lo, hi) of the layout alone and holds their moments
+        alone (a copy of this one's): one rank's share under a sharded optimizer (gradsync.py)."""
+        part = object.__new__(AdamW)
+        part.__dict__.update(self.__dict__)
+        part.lo, part.hi = lo, hi
+        part.m, part.v = self.m[lo:hi].copy(), self.v[lo:hi].copy()
+        part._scratch_arrays = {}
+        return part
+
+    def whole(self) -> "AdamW":
+        """An AdamW over the whole layout at this one's step, with this one's slice of the moments
+        in place and zeros elsewhere (for gathering the other slices into)."""
+        full = AdamW(self.layout, self.weight_decay, self.beta1, self.beta2, self.eps)
+        full.t, full.workers = self.t, self.workers
+        full.m[self.lo:self.hi], full.v[self.lo:self.hi] = self.m, self.v
+        return full
+
     def state_arrays(self) -> dict[str, np.ndarray]:
         """m.<name> and v.<name> for every trainable tensor: what optimizer.safetensors holds."""
+        if (self.lo, self.hi) != (0, self.layout.size):
+            raise ValueError("a slice of the optimizer holds part of the moments: gather them (whole())")
         out = {f"m.{k}": a for k, a in self.layout.views(self.m).items()}
         out.update({f"v.{k}": a for k, a in self.layout.views(self.v).items()})
         return out

@@ -20,6 +20,7 @@ import ctypes
 import functools
 import glob
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -110,8 +111,13 @@ class Serial:
     def __exit__(self, *exc) -> None:
         self._context.__exit__(*exc)
 
-    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
-        return self.model.accumulate(**batch, scale=scale)
+    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
+        """``sync`` (gradsync.GradientSync): told of each block whose gradient is final."""
+        self.model.block_done = None if sync is None else sync.block_done
+        try:
+            return self.model.accumulate(**batch, scale=scale)
+        finally:
+            self.model.block_done = None
 
     def each(self, fn) -> None:
         fn(0)
@@ -174,7 +180,9 @@ class DataParallel:
                 return fn(*args)
         return self.pool.submit(run)
 
-    def accumulate(self, batch: dict, scale: float = 1.0) -> float:
+    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
+        """``sync`` (gradsync.GradientSync): told of each block whose gradient is final, once
+        every worker has passed it and their shares of it are summed (:meth:`_arrived`)."""
         B = len(next(iter(batch.values())))
         n = min(self.workers, B)
         bounds = [B * i // n for i in range(n + 1)]          # rows of each worker, in order
@@ -189,26 +197,56 @@ class DataParallel:
         def work(replica, part, share):        # a replica starts from zero, in its own thread
             replica.zero_grad()
             return replica.accumulate(**part, scale=scale * share)
-        futures = [self._submit(work, r, part, share)
-                   for r, part, share in zip(self.replicas[1:n], parts[1:], shares[1:])]
-        losses = [self.model.accumulate(**parts[0], scale=scale * shares[0])]
-        losses += [f.result() for f in futures]
-        self._sum_gradients(n)
+        if sync is not None:
+            arrived = [0] * sync.buckets.n_blocks
+            lock = threading.Lock()
+            for r in self.replicas[:n]:
+                r.block_done = lambda i: self._arrived(i, n, arrived, lock, sync)
+        try:
+            futures = [self._submit(work, r, part, share)
+                       for r, part, share in zip(self.replicas[1:n], parts[1:], shares[1:])]
+            losses = [self.model.accumulate(**parts[0], scale=scale * shares[0])]
+            losses += [f.result() for f in futures]
+        finally:
+            for r in self.replicas:
+                r.block_done = None
+        if sync is None or not sync.buckets.n_blocks:
+            self._sum_gradients(n)
+        else:                                   # the blocks are summed already
+            self._sum_gradients(n, sync.buckets.rest)
         return sum(loss * share for loss, share in zip(losses, shares))
 
-    def _sum_gradients(self, n: int) -> None:
-        """model.grads += each of the first n replicas' gradients. Every thread sums one
-        contiguous slice of the buffer; each element still adds the replicas in worker order,
-        so the result is the same bit for bit as one thread's sum, whatever the split."""
+    def _arrived(self, i: int, n: int, arrived: list, lock, sync) -> None:
+        """A worker has passed block i; the last of the n sums their shares of it and tells sync."""
+        with lock:
+            arrived[i] += 1
+            last = arrived[i] == n
+        if last:
+            total = self.model.layout.grads
+            for a, b in sync.buckets.blocks[i]:
+                for r in self.replicas[1:n]:            # in worker order, as _sum_gradients
+                    total[a:b] += r.layout.grads[a:b]
+            sync.block_done(i)
+
+    def _sum_gradients(self, n: int, ranges=None) -> None:
+        """model.grads += each of the first n replicas' gradients (over ``ranges`` of the buffer,
+        [a, b) pairs, or all of it). Every thread sums one contiguous share; each element
+        still adds the replicas in worker order, so the result is the same bit for bit as one
+        thread's sum, whatever the split."""
         total = self.model.layout.grads
         others = [r.layout.grads for r in self.replicas[1:n]]
         if not others:
             return
+        ranges = [(0, total.size)] if ranges is None else ranges
+        size = sum(b - a for a, b in ranges)
 
-        def add(k: int) -> None:
-            a, b = total.size * k // self.workers, total.size * (k + 1) // self.workers
-            for g in others:
-                total[a:b] += g[a:b]
+        def add(k: int) -> None:            # worker k's share: elements [size k / w, size (k + 1) / w) of the ranges
+            lo, hi, seen = size * k // self.workers, size * (k + 1) // self.workers, 0
+            for a, b in ranges:
+                s, e = max(a, a + lo - seen), min(b, a + hi - seen)
+                for g in others:
+                    total[s:e] += g[s:e]
+                seen += b - a
         self.each(add)
 
     loss_and_backward = accumulate      # the name earlier releases documented

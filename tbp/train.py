@@ -23,8 +23,9 @@ from .data import Dataset
 from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
 from .nn import LanguageModel
-from .optim import AdamW, clip_grads, lr_at
+from .optim import AdamW, lr_at
 from .distributed import Ranks, World
+from .gradsync import GradientSync
 from .evaluate import split_loss, split_stride
 from .layerstats import LayerStats
 from .parallel import available_cores, data_parallel
@@ -118,6 +119,7 @@ class Trainer:
         self.pending_metrics: list[str] = []     # lines logged before the run's first save
         self.header_written = False
         self.world = World()                     # see join(): one rank of an MPI job
+        self.sync = GradientSync(self.world, model)
 
     def join(self, world) -> None:
         """Train as one rank of ``world`` (distributed.py): this rank's share of every batch on its
@@ -134,9 +136,13 @@ class Trainer:
         for name, p in self.model.params.items():
             if name not in self.model.grads:          # frozen (a LoRA run's base): outside the layout
                 world.bcast_(p)
-        world.bcast_(self.opt.m)
-        world.bcast_(self.opt.v)
         self.opt.t = world.bcast(self.opt.t)
+        self.sync = GradientSync(world, self.model, self.cfg.shard_optimizer, self.cfg.overlap)
+        if self.sync.shard:                           # this rank's slice of rank 0's moments
+            self.opt = self.sync.take_slice(self.opt)
+        else:
+            world.bcast_(self.opt.m)
+            world.bcast_(self.opt.v)
         world.check_same(layout.params, "the parameters after the broadcast")
 
     # --- public -----------------------------------------------------------------------------
@@ -223,6 +229,7 @@ class Trainer:
             st.best_val_loss, st.best_step = val_loss, st.step
         st.data_rng = self.data_rng.bit_generator.state
         self.world.check_same(self.model.layout.params, f"step {st.step}: the parameters")
+        opt = self.sync.whole(self.opt)              # sharded: the moments gathered on rank 0
         if not self.world.is_root:                   # rank 0 writes the run
             self.last_saved_step = st.step
             return
@@ -234,7 +241,7 @@ class Trainer:
             for line in self.pending_metrics:
                 append_line(self.run / "metrics.jsonl", line)
             self.pending_metrics = []
-            checkpoint.save(self.run, self.model, self.opt, st.to_dict(), self.adapter, best)
+            checkpoint.save(self.run, self.model, opt, st.to_dict(), self.adapter, best)
         finally:
             self.saving = False
         if self.hard_stop:
@@ -262,18 +269,23 @@ class Trainer:
         cfg, model = self.cfg, self.model
         model.zero_grad()
         total, tokens = 0.0, 0
-        for _ in range(cfg.grad_accum):
+        sync = self.sync
+        for k in range(cfg.grad_accum):
             batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
             if model.config.dropout:          # a seed a row, from the data generator: resumes exactly
                 batch["noise"] = self.data_rng.integers(0, 1 << 62, cfg.batch_size)
             tokens += self.batches.tokens(batch)
-            total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum) / cfg.grad_accum
-        # an MPI job: each rank holds its share of the gradient and loss; one sum completes both
-        self.world.sum_(model.layout.grads)
+            last = k == cfg.grad_accum - 1
+            if last:
+                sync.arm()                    # with overlap: blocks are sent as the backward passes them
+            total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum,
+                                             sync if last and sync.overlap else None) / cfg.grad_accum
+        # an MPI job: each rank holds its share of the gradient and loss; the sums complete both
+        sync.finish()
         (total,) = self.world.sum_values(total)
         if stats is not None:
-            stats.gradients()
-        gnorm = clip_grads(model.layout.grads, cfg.grad_clip)
+            stats.gradients(sync)
+        gnorm = sync.clip(cfg.grad_clip)
         if not (math.isfinite(total) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(total) else "gradient norm"
             good = f"; the last good checkpoint (step {self.last_saved_step}) is kept" \
@@ -283,6 +295,7 @@ class Trainer:
         if stats is not None:
             stats.before_update()
         self.opt.step(lr)
+        sync.share_update()                   # sharded: every rank's updated slice everywhere
         if stats is not None:
             stats.updates()
         return total, gnorm, tokens

@@ -12,7 +12,7 @@ from .linear import Linear, LoRA
 from .loss import CrossEntropy
 from .mlp import MLP
 from .dropout import Dropout, Noise
-from .module import Module, Stack
+from .module import Module, Stack, _join
 from .residual import Sum, SumGrad, SumStream
 
 
@@ -109,6 +109,13 @@ class LanguageModel(Module):
 
     CHILD_NAMES = {"embed": "", "blocks": "h", "residual": ""}      # GPT-2's names: wte, wpe, h.0, ...
     reads_source = False            # an encoder-decoder's decoding reads a source first (decode.py)
+    block_done = None               # called with i once the backward has passed block i (gradsync.py)
+    reports_blocks = False          # whether backward calls block_done (GPT's does)
+
+    def late_gradients(self) -> set[str]:
+        """Block parameters whose gradient the backward completes only at its end, not when it
+        passes their block: nothing here."""
+        return set()
 
     def _setup(self, cfg: ModelConfig, dtype) -> None:
         self.config = cfg
@@ -272,11 +279,21 @@ class GPT(LanguageModel):
             block.forward_stream(stream, None, noise)
         return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
 
+    reports_blocks = True
+
+    def late_gradients(self) -> set[str]:
+        """Attention Residuals' depth operations: each one's query gradient waits for every source
+        it read to be done, the embedding last (attnres.Reads), so it is complete at the end."""
+        ops = {id(op) for op in self.residual.ops(self.blocks)}
+        return {_join(prefix, k) for prefix, m in self.modules() if id(m) in ops for k in m._grads}
+
     def backward(self, dlogits: np.ndarray) -> None:
         """[paper §7, Table 3]  The forward's calls read bottom-up."""
         grad = self.residual.grad(self.ln_f.backward(self._head_backward(dlogits)))
-        for block in reversed(self.blocks):
-            block.backward_stream(grad)
+        for i in reversed(range(len(self.blocks))):
+            self.blocks[i].backward_stream(grad)
+            if self.block_done is not None:    # nothing below writes block i's gradient: it may be sent
+                self.block_done(i)
         self.embed.backward(grad.finish())
 
     def attention_weights(self, idx: np.ndarray) -> list[np.ndarray]:
