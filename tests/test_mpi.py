@@ -156,6 +156,49 @@ def test_resume_crosses_between_mpi_and_one_process(mpi_ok, tmp_path, prepared):
     assert_same_run(tmp_path / "run", tmp_path / "straight")
 
 
+def _same_bits(a, b, name):
+    from safetensors.numpy import load_file
+    x, y = load_file(Path(a) / name), load_file(Path(b) / name)
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+@pytest.mark.parametrize("model", [["--n-layer", "3"], ["--n-layer", "3", "--residual", "attention"]],
+                         ids=["gpt", "attention-residuals"])
+def test_overlap_and_a_sharded_optimizer_give_the_plain_run(mpi_ok, tmp_path, prepared, model):
+    """Overlapped buckets sum the same numbers as one allreduce: the same bits. The sharded
+    optimizer updates every entry as the whole AdamW does, its clipping norm summed from the
+    slices (rounding only); its checkpoints hold the whole moments."""
+    run = ["-m", "tbp", "train", "--data", prepared, "--max-iters", 6, *TINY, *model,
+           "--threads", "2", "--grad-accum", "2"]
+    for name, extra in [("plain", []), ("overlap", ["--overlap"]), ("sharded", ["--shard-optimizer", "--overlap"])]:
+        rc, out = mpi(2, [*run, "--out", name, *extra], tmp_path)
+        assert rc == 0, out
+    assert losses(tmp_path / "overlap") == losses(tmp_path / "plain")
+    for f in ("model-000006.safetensors", "optimizer-000006.safetensors"):
+        assert _same_bits(tmp_path / "overlap", tmp_path / "plain", f), f
+    assert_same_run(tmp_path / "sharded", tmp_path / "plain", rtol=1e-6)
+    from safetensors.numpy import load_file
+    a, b = (load_file(tmp_path / r / "optimizer-000006.safetensors") for r in ("sharded", "plain"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-9, err_msg=k)
+
+
+def test_a_sharded_run_resumes_under_any_number_of_ranks(mpi_ok, tmp_path, prepared):
+    run = ["--data", prepared, "--out", "run", *TINY, "--n-layer", "2"]
+    sharded = ["--shard-optimizer", "--overlap"]
+    rc, out = mpi(2, ["-m", "tbp", "train", *run, *sharded, "--max-iters", 3], tmp_path)
+    assert rc == 0, out
+    r = tbp(["train", "--out", "run", "--resume", "--max-iters", 6, "-q"], tmp_path)           # 2 ranks -> one
+    assert r.returncode == 0, r.stderr
+    rc, out = mpi(3, ["-m", "tbp", "train", "--out", "run", "--resume", *sharded, "--max-iters", 9, "-q"],
+                  tmp_path)                                                                   # one -> 3 ranks
+    assert rc == 0, out
+    r = tbp(["train", "--data", prepared, "--out", "straight", *TINY, "--n-layer", "2", "--max-iters", 9], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+
+
 def test_lora_fine_tuning_under_mpi(mpi_ok, tmp_path, prepared):
     r = tbp(["train", "--data", prepared, "--out", "base", "--max-iters", 3, *TINY, "--untie-head"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -175,11 +218,12 @@ def test_a_setup_error_is_one_line_and_every_rank_exits(mpi_ok, tmp_path, prepar
     assert "Traceback" not in out
 
 
+@pytest.mark.parametrize("ways", [[], ["--shard-optimizer", "--overlap", "--n-layer", "2"]], ids=["plain", "sharded-overlap"])
 @pytest.mark.parametrize("how", ["raise", "kill"])
-def test_a_failing_rank_ends_the_whole_job(mpi_ok, tmp_path, prepared, how):
+def test_a_failing_rank_ends_the_whole_job(mpi_ok, tmp_path, prepared, how, ways):
     start = time.monotonic()
     rc, out = mpi(2, [ROOT / "tests" / "programs" / "faulty_rank.py", 1, 3, how, "train", "--data", prepared,
-                      "--out", "run", "--max-iters", 1000, *TINY], tmp_path, timeout=60)
+                      "--out", "run", "--max-iters", 1000, *TINY, *ways], tmp_path, timeout=60)
     assert rc != 0, out
     assert time.monotonic() - start < 30, "the other rank waited for the one that failed"
     if how == "raise":
