@@ -21,56 +21,15 @@ import pytest
 from test_mpi import TINY, _env, _mpiexec, assert_same_run, ended, job, losses, tbp
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = ROOT / "tests" / "programs" / "netns_launch"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import netns  # noqa: E402  (benchmarks/netns.py: the namespaces, shared with the overlap benchmark)
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
-class Hosts:
-    """Two namespaces h1, h2 at 10.X.Y.1 and .2, a bridge at .254 (where mpiexec listens)."""
-
-    def __init__(self):
-        tag = f"tbp{os.getpid() % 10000}"
-        self.bridge, self.ns = f"{tag}br", [f"{tag}h1", f"{tag}h2"]
-        self.veth = [f"{tag}v1", f"{tag}v2"]
-        net = f"10.{77 + os.getpid() % 100}.{os.getpid() % 250}"
-        self.ips = [f"{net}.1", f"{net}.2"]
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{net}.254/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-        for ns, veth, ip in zip(self.ns, self.veth, self.ips):
-            _ip("netns", "add", ns)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", veth, "master", self.bridge, "up")
-            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-
-    def close(self):
-        for ns, veth in zip(self.ns, self.veth):
-            _ip("netns", "del", ns, check=False)
-            _ip("link", "del", veth, check=False)
-        _ip("link", "del", self.bridge, check=False)
-
-    def sent(self, host: int) -> int:
-        """Bytes host (0 or 1) has sent over its link."""
-        return int(subprocess.run(["ip", "netns", "exec", self.ns[host], "cat", "/sys/class/net/eth0/statistics/tx_bytes"],
-                                  capture_output=True, text=True, check=True).stdout)
-
-    def link(self, host: int, up: bool):
-        _ip("link", "set", self.veth[host], "up" if up else "down")
-
+class Hosts(netns.Hosts):
     def mpi(self, args, cwd, env=None, wait=True, timeout=120):
         """mpiexec over the two hosts, one rank each: (exit code, output), or the Popen."""
         exe = _mpiexec()
-        cmd = [exe, "-hosts", ",".join(self.ips), "-n", "2", "-launcher", "ssh", "-launcher-exec", str(LAUNCH),
-               "-iface", self.bridge, sys.executable, *map(str, args)]
-        # UCX would find the other rank's memory through /dev/shm, which the namespaces share;
-        # real machines share none, so TCP it is
-        full = {**_env(exe), "UCX_TLS": "tcp,self", **(env or {})}
-        return job(cmd, cwd, full, timeout, wait)
+        return job(self.command(exe, args), cwd, {**_env(exe), **self.ENV, **(env or {})}, timeout, wait)
 
 
 @pytest.fixture(scope="module")
@@ -113,16 +72,19 @@ def _wait_for(path, p, seconds=60):
         time.sleep(0.2)
 
 
-def test_two_hosts_give_the_one_process_run_over_tcp(hosts, tmp_path, prepared):
+@pytest.mark.parametrize("ways", [[], ["--shard-optimizer", "--overlap"]], ids=["plain", "sharded-overlap"])
+def test_two_hosts_give_the_one_process_run_over_tcp(hosts, tmp_path, prepared, ways):
     before = hosts.sent(1)
-    rc, out = hosts.mpi(["-m", "tbp", "train", "--data", prepared, "--out", "two", "--max-iters", 6, *TINY], tmp_path)
+    model = [*TINY, "--n-layer", "2"]
+    rc, out = hosts.mpi(["-m", "tbp", "train", "--data", prepared, "--out", "two", "--max-iters", 6, *model, *ways],
+                        tmp_path)
     assert rc == 0, out
     assert out.count("training finished") == 1
-    r = tbp(["train", "--data", prepared, "--out", "one", "--max-iters", 6, *TINY], tmp_path)
+    r = tbp(["train", "--data", prepared, "--out", "one", "--max-iters", 6, *model], tmp_path)
     assert r.returncode == 0, r.stderr
     assert_same_run(tmp_path / "two", tmp_path / "one")
     params = json.loads((tmp_path / "two" / "config.json").read_text())
-    assert params["model"]["n_layer"] == 1
+    assert params["model"]["n_layer"] == 2 and params["train"]["overlap"] == bool(ways)
     # six steps' gradient sums (and the set-up's broadcasts) crossed host 2's link
     from safetensors.numpy import load_file
     numbers = sum(a.size for a in load_file(sorted((tmp_path / "two").glob("model-*.safetensors"))[-1]).values())
