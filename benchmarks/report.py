@@ -192,9 +192,72 @@ def attnres_timing(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _link(gbit) -> str:
+    return "free" if gbit is None else f"{gbit:g} Gbit/s"
+
+
+def _rounds(rows: list[dict]) -> dict:
+    """(model, link) -> the rounds of the newest commit measured for it."""
+    newest: dict = {}
+    for r in rows:
+        newest.setdefault((r["model"], r["link_gbit"]), {}).setdefault(r["commit"], []).append(r)
+    return {k: list(v.values())[-1] for k, v in newest.items()}
+
+
+def _median(values) -> float:
+    import statistics
+    return statistics.median(values)
+
+
+def mpi_overlap(rows: list[dict]) -> str:
+    """Per model and link: the step alone, with one allreduce after the backward, and overlapped;
+    the hidden fraction of each round, (plain - overlap) / (plain - alone), as mean and 95 % t."""
+    from stats import mean_ci
+    out = ["| model | link | gradient | sum alone | step, no communication | allreduce after the backward | "
+           "overlapped | hidden (95 % CI) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (model, link), rr in sorted(_rounds(rows).items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 1e9))):
+        step = {m: _median(r[m]["step_max_ms"] for r in rr) for m in ("alone", "plain", "overlap")}
+        hidden = [(r["plain"]["step_max_ms"] - r["overlap"]["step_max_ms"])
+                  / (r["plain"]["step_max_ms"] - r["alone"]["step_max_ms"]) for r in rr]
+        m, h = mean_ci(hidden)
+        out.append(f"| {model} | {_link(link)} | {rr[0]['grad_bytes'] / 2 ** 20:.1f} MiB | "
+                   f"{_median(r['allreduce_alone_ms'] for r in rr):.1f} ms | {step['alone']:.1f} ms | "
+                   f"{step['plain']:.1f} ms | {step['overlap']:.1f} ms | {100 * m:.0f} % (± {100 * h:.0f}) |")
+    r0 = rows[-1]
+    out += ["", f"Two hosts (network namespaces joined by veth pairs, TCP), one rank each with 1 thread; steps "
+                f"of batch {r0['batch']} (each rank half), medians of {r0['steps']} steps × {len(rr)} interleaved "
+                f"rounds, the slower rank's time. Hidden: the share of the communication's cost that overlapping "
+                f"took off the step; negative where the communication thread cost more than it hid. "
+                f"CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}; commit {r0['commit']}."]
+    return "\n".join(out)
+
+
+def mpi_zero(rows: list[dict]) -> str:
+    """The sharded optimizer against the whole one, per rank, at 2 ranks, and scaled to 8."""
+    out = ["| model | link | AdamW update per rank: whole / sharded | moments per rank: whole / sharded | "
+           "at 8 ranks, sharded (scaled) | step: allreduce / sharded (reduce-scatter + allgather) |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for (model, link), rr in sorted(_rounds(rows).items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 1e9))):
+        if link not in (None, 1.0):
+            continue
+        up = {m: _median(r[m]["update_ms"] for r in rr) for m in ("plain", "sharded")}
+        mom = {m: rr[0][m]["moments_bytes"] for m in ("plain", "sharded")}
+        step = {m: _median(r[m]["step_max_ms"] for r in rr) for m in ("plain", "sharded")}
+        ranks = rr[0]["ranks"]
+        out.append(f"| {model} | {_link(link)} | {up['plain']:.1f} / {up['sharded']:.1f} ms | "
+                   f"{mom['plain'] / 2 ** 20:.1f} / {mom['sharded'] / 2 ** 20:.1f} MiB | "
+                   f"{up['sharded'] * ranks / 8:.1f} ms, {mom['sharded'] * ranks / 8 / 2 ** 20:.1f} MiB | "
+                   f"{step['plain']:.1f} / {step['sharded']:.1f} ms |")
+    out += ["", "The same records as the table above. At 8 ranks each slice is a quarter of the 2-rank "
+                "slice: the update (element-wise, one pass per entry) and the moments scale with it; the "
+                "traffic does not change (an allreduce is a reduce-scatter and an allgather)."]
+    return "\n".join(out)
+
+
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
-          "attnres_timing": (attnres_timing, "attnres_timing"), "attnres_at_budget": (attnres_at_budget, "attnres_curves")}
+          "attnres_timing": (attnres_timing, "attnres_timing"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
+          "mpi_overlap": (mpi_overlap, "mpi_hosts"), "mpi_zero": (mpi_zero, "mpi_hosts")}
 
 
 def render(text: str) -> str:
