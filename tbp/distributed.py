@@ -7,7 +7,9 @@ its contiguous share of the rows, and runs forward and backward on them with its
 ``Allreduce`` then sums the packed gradient buffer over the ranks, in chunks, which gives every
 rank exactly the gradient of the mean loss over the whole batch; clipping, AdamW and the
 schedule then run identically everywhere, so the replicas never drift apart (checked at every
-checkpoint). Evaluation batches are shared out over the ranks and their losses summed.
+checkpoint). Evaluation batches are shared out over the ranks and their losses summed. The
+sharded optimizer (ZeRO-1) and the sum overlapped with the backward are gradsync.py's, on the
+collectives below.
 
 Only rank 0 reads and writes the run directory (and prints): it sets the run up exactly as a
 single process would, then broadcasts what the others need -- the configs, the training state,

@@ -120,7 +120,7 @@ def _start_ranks(req: RunRequest, callbacks, report, world) -> Trainer:
                  "data": str(trainer.data.path.resolve()), "source_sha256": trainer.data.meta["source_sha256"],
                  "adapter": trainer.adapter, "state": trainer.state.to_dict(),
                  "data_rng": trainer.data_rng.bit_generator.state, "last_saved_step": trainer.last_saved_step,
-                 "shapes": {k: list(p.shape) for k, p in trainer.model.params.items()}}
+                 "shapes": {k: list(p.shape) for k, p in trainer.model.params.items()}, "versions": _versions()}
         world.bcast(setup)
     else:
         setup = world.bcast()
@@ -132,17 +132,28 @@ def _start_ranks(req: RunRequest, callbacks, report, world) -> Trainer:
     return trainer
 
 
+def _versions() -> dict:
+    """What every rank of a job must share to compute the same numbers."""
+    from . import version
+    return {"tbp": version.__version__, "numpy": np.__version__}
+
+
 def _follow(setup: dict, callbacks, world) -> Trainer:
     """A rank other than 0: the same model and trainer as rank 0's, built from what it sent,
     writing nothing. Its weights are rank 0's once the trainer joins the world."""
+    if setup["versions"] != _versions():
+        mine, root = _versions(), setup["versions"]
+        differ = ", ".join(f"{k} {mine[k]} here, {root[k]} on rank 0" for k in mine if mine[k] != root.get(k))
+        raise TbpError(f"{differ}: every rank must run the same tbp and NumPy "
+                       f"(the same environment on every machine)")
     path = Path(setup["data"])
     try:
         ds = Dataset.load(path)
     except TbpError as e:
-        raise TbpError(f"rank {world.rank}: {e} (every rank reads the dataset at rank 0's path: run on one "
+        raise TbpError(f"{e} (every rank reads the dataset at rank 0's path: run on one "
                        f"machine, on a shared file system, or with the same copy on each)") from None
     if ds.meta.get("source_sha256") != setup["source_sha256"]:
-        raise TbpError(f"rank {world.rank}: {path} holds other data than rank 0's copy")
+        raise TbpError(f"{path} holds other data than rank 0's copy")
     tcfg = TrainConfig.from_dict(setup["train"])
     model = build_model(ModelConfig.from_dict(setup["model"]), seed=tcfg.seed, dtype=np.dtype(setup["dtype"]))
     lora = setup["record"].get("lora")
@@ -150,7 +161,7 @@ def _follow(setup: dict, callbacks, world) -> Trainer:
         add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]), seed=tcfg.seed)
     shapes = {k: list(p.shape) for k, p in model.params.items()}
     if shapes != setup["shapes"]:
-        raise TbpError(f"rank {world.rank}: built a model whose parameters differ from rank 0's")
+        raise TbpError("built a model whose parameters differ from rank 0's")
     state = State(**setup["state"])
     trainer = Trainer(model, ds, tcfg, Path(setup["run"]), setup["record"], adapter=setup["adapter"],
                       callbacks=callbacks, state=state, tokenizer=ds.tokenizer)

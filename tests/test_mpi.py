@@ -241,6 +241,20 @@ def test_a_rank_that_leaves_before_joining_ends_the_job(mpi_ok, tmp_path, prepar
     assert not (tmp_path / "run" / "state.json").exists()
 
 
+@pytest.mark.parametrize("how,says", [("version", "tbp 0.0.1+elsewhere here"), ("data", "holds other data than rank 0's")])
+def test_a_rank_unlike_rank_0_is_one_line_and_ends_the_job(mpi_ok, tmp_path, prepared, how, says):
+    rc, out = mpi(2, [ROOT / "tests" / "programs" / "rank_differs.py", how, "train", "--data", prepared,
+                      "--out", "run", "--max-iters", 5, *TINY], tmp_path, timeout=60)
+    assert rc != 0, out
+    said = " ".join(out.split())                                 # the console wraps long lines
+    assert said.count(says) == 1 and said.count("rank 1:") == 1, out
+    assert "Traceback" not in out
+    # nothing saved: at most rank 0's lock on the folder, which a new run takes over
+    assert {p.name for p in (tmp_path / "run").iterdir()} <= {".lock"}
+    r = tbp(["train", "--data", prepared, "--out", "run", "--max-iters", 1, *TINY], tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("how,target", [("stall", "mpiexec"), ("stall-follower", "rank0")])
 def test_sigterm_ends_ranks_waiting_in_a_collective(mpi_ok, tmp_path, prepared, how, target):
     """One rank waits in a collective while the other is busy (rank 1 in the set-up broadcast;
