@@ -113,11 +113,13 @@ class World:
         return buf
 
     def gather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
-        """Every rank's part of ``buf`` on rank 0, in place (the other ranks' ``buf`` is unchanged)."""
+        """Every rank's part on rank 0: there ``buf`` is the whole buffer, its own part in place;
+        elsewhere ``buf`` is the rank's part alone, sent."""
         return buf
 
     def scatter_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
-        """Rank 0's ``buf``, each rank receiving its part in place (the rest is left as it was)."""
+        """Rank 0's whole ``buf`` cut into the ranks' parts: elsewhere ``buf`` is the rank's part
+        alone, received in place."""
         return buf
 
     def abort(self, code: int) -> None:
@@ -237,19 +239,17 @@ class MPIWorld(World):
         return buf
 
     def gather_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
-        lo = sum(counts[:self.rank])
         if self.is_root:
             self._wait(self.comm.Igatherv(self.MPI.IN_PLACE, self._parts(buf, counts), root=0))
         else:
-            self._wait(self.comm.Igatherv(buf[lo:lo + counts[self.rank]], None, root=0))
+            self._wait(self.comm.Igatherv(buf, None, root=0))
         return buf
 
     def scatter_(self, buf: np.ndarray, counts: list[int]) -> np.ndarray:
-        lo = sum(counts[:self.rank])
         if self.is_root:
             self._wait(self.comm.Iscatterv(self._parts(buf, counts), self.MPI.IN_PLACE, root=0))
         else:
-            self._wait(self.comm.Iscatterv(None, buf[lo:lo + counts[self.rank]], root=0))
+            self._wait(self.comm.Iscatterv(None, buf, root=0))
         return buf
 
     def check_same(self, buf: np.ndarray, what: str) -> None:

@@ -21,7 +21,9 @@ norm and the head follow at the end. Buckets are posted in one fixed order on ev
 collectives must match), whichever thread finishes a block first, and the thread polls them to
 completion, since an MPI library moves a non-blocking message on only when it is called.
 
-Either way the result is the plain sum's: every element is the same sum of the ranks' parts.
+Either way every element of the gradient is the sum of the ranks' parts, as with the plain
+allreduce: the same bits at 2 ranks (a + b either way round); at more, MPI may order a sum's
+terms differently for messages of different sizes, so the same to rounding.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from .errors import TbpError
 POLL_S = 2e-4
 BURST = 10
 CHUNK = 1 << 20        # elements per collective, as distributed.CHUNK
+SHORT = 1 << 14        # ranges shorter than this are packed together into one collective
 
 
 def shard_counts(n: int, size: int) -> list[int]:
@@ -89,10 +92,9 @@ class Buckets:
 
 class Message:
     """One collective over some ranges of the gradient: a view of the buffer where it is one
-    range, else the ranges packed in buffer order into an array of its own (one collective moves
-    a block's matrices and vectors together: each collective costs rounds of messages, and each
-    round a poll). Sharded, rank r receives the part of the message inside its slice -- one
-    contiguous stretch of it, since the packing and the slices both follow the buffer's order."""
+    range, else the (short) ranges packed in buffer order into a small array of its own.
+    Sharded, rank r receives the part of the message inside its slice -- one contiguous stretch
+    of it, since the packing and the slices both follow the buffer's order."""
 
     def __init__(self, ranges, sync: "GradientSync"):
         grads = sync.layout.grads
@@ -133,17 +135,20 @@ class Message:
 
 
 def messages(ranges, limit: int = CHUNK) -> list[list[tuple[int, int]]]:
-    """A bucket's ranges cut into messages of at most ``limit`` elements, in order."""
+    """A bucket's ranges as messages, in order: each long range on its own (cut at ``limit``
+    elements), sent from the gradient buffer itself; the short ones -- a block's biases and
+    norms -- packed together, since every collective costs rounds of messages and each round a
+    poll, while a copy of a long range would cost a gradient's worth of memory."""
     out, cur, size = [], [], 0
     for a, b in ranges:
-        while a < b:
-            take = min(b - a, limit - size)
-            cur.append((a, a + take))
-            size += take
-            a += take
-            if size == limit:
-                out.append(cur)
-                cur, size = [], 0
+        if b - a >= SHORT:
+            out += [[(s, min(s + limit, b))] for s in range(a, b, limit)]
+            continue
+        if cur and size + b - a > limit:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append((a, b))
+        size += b - a
     return out + ([cur] if cur else [])
 
 
@@ -232,19 +237,31 @@ class GradientSync:
         moments for it scattered from rank 0's (after a resume, rank 0 alone holds them)."""
         if not self.shard:
             return opt
-        self.world.scatter_(opt.m, self.counts)
-        self.world.scatter_(opt.v, self.counts)
-        return opt.slice(*self.owned)
+        part = opt.slice(*self.owned)                # rank 0's own slice is its moments already
+        self.world.scatter_(opt.m if self.world.is_root else part.m, self.counts)
+        self.world.scatter_(opt.v if self.world.is_root else part.v, self.counts)
+        return part
 
     def whole(self, opt):
         """Every rank calls it: on rank 0 an optimizer holding the whole moments, gathered from
-        every rank's slice (what a checkpoint saves); elsewhere None."""
+        every rank's slice (what a checkpoint saves); elsewhere None (each sends its slice)."""
         if not self.shard:
             return opt if self.world.is_root else None
+        if not self.world.is_root:
+            self.world.gather_(opt.m, self.counts)
+            self.world.gather_(opt.v, self.counts)
+            return None
         full = opt.whole()
         self.world.gather_(full.m, self.counts)
         self.world.gather_(full.v, self.counts)
-        return full if self.world.is_root else None
+        return full
+
+    def abandon(self) -> None:
+        """The step failed before its gradient was complete: stop the communication thread
+        (the job is ending; what it had in flight is left to the abort)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop()
 
 
 def _check_threads(world) -> None:
@@ -269,6 +286,13 @@ class _Poster(threading.Thread):
         self.error: BaseException | None = None
         self.changed = threading.Condition()
         self.finished = threading.Event()
+        self.stopping = False
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify()
+        self.join(timeout=5)
 
     def ready(self, block: int | None) -> None:
         """Block ``block`` (None: the whole backward) is final."""
@@ -284,11 +308,11 @@ class _Poster(threading.Thread):
             grads, owned = self.sync.layout.grads, self.sync.owned
             pending: list = []                                # (message, request), in posting order
             posted, deadline = 0, None
-            while posted < len(self.plan) or pending:
+            while (posted < len(self.plan) or pending) and not self.stopping:
                 with self.changed:
                     if not pending:                           # nothing in flight: sleep until a bucket is ready
-                        self.changed.wait_for(lambda: self.done[posted])
-                    go = posted < len(self.plan) and self.done[posted]
+                        self.changed.wait_for(lambda: self.done[posted] or self.stopping)
+                    go = posted < len(self.plan) and self.done[posted] and not self.stopping
                 if go:
                     pending += [(m, m.post(self.world, grads)) for m in self.plan[posted]]
                     posted += 1
@@ -296,10 +320,11 @@ class _Poster(threading.Thread):
                 for _ in range(BURST):                        # each test moves every request on a little
                     while pending and self.world.test(pending[0][1]):
                         pending.pop(0)[0].land(grads, owned)
+                        deadline = None                       # the others answer: a new wait begins
                     if not pending:
                         break
-                if posted == len(self.plan):                  # the backward is over: only the network is left,
-                    deadline = deadline or time.monotonic() + self.world.timeout      # polled without pause
+                if posted == len(self.plan) and pending:      # the backward is over: only the network is
+                    deadline = deadline or time.monotonic() + self.world.timeout   # left, polled without pause
                     if time.monotonic() > deadline:
                         self.world.give_up()
                 elif pending:

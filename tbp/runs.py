@@ -141,8 +141,8 @@ def _versions() -> dict:
 def _follow(setup: dict, callbacks, world) -> Trainer:
     """A rank other than 0: the same model and trainer as rank 0's, built from what it sent,
     writing nothing. Its weights are rank 0's once the trainer joins the world."""
-    if setup["versions"] != _versions():
-        mine, root = _versions(), setup["versions"]
+    if setup.get("versions") != _versions():
+        mine, root = _versions(), setup.get("versions") or {"tbp": "older than 0.1.0", "numpy": "?"}
         differ = ", ".join(f"{k} {mine[k]} here, {root[k]} on rank 0" for k in mine if mine[k] != root.get(k))
         raise TbpError(f"{differ}: every rank must run the same tbp and NumPy "
                        f"(the same environment on every machine)")

@@ -270,16 +270,20 @@ class Trainer:
         model.zero_grad()
         total, tokens = 0.0, 0
         sync = self.sync
-        for k in range(cfg.grad_accum):
-            batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
-            if model.config.dropout:          # a seed a row, from the data generator: resumes exactly
-                batch["noise"] = self.data_rng.integers(0, 1 << 62, cfg.batch_size)
-            tokens += self.batches.tokens(batch)
-            last = k == cfg.grad_accum - 1
-            if last:
-                sync.arm()                    # with overlap: blocks are sent as the backward passes them
-            total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum,
-                                             sync if last and sync.overlap else None) / cfg.grad_accum
+        try:
+            for k in range(cfg.grad_accum):
+                batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
+                if model.config.dropout:      # a seed a row, from the data generator: resumes exactly
+                    batch["noise"] = self.data_rng.integers(0, 1 << 62, cfg.batch_size)
+                tokens += self.batches.tokens(batch)
+                last = k == cfg.grad_accum - 1
+                if last:
+                    sync.arm()                # with overlap: blocks are sent as the backward passes them
+                total += self.workers.accumulate(batch, 1.0 / cfg.grad_accum,
+                                                 sync if last and sync.overlap else None) / cfg.grad_accum
+        except BaseException:
+            sync.abandon()
+            raise
         # an MPI job: each rank holds its share of the gradient and loss; the sums complete both
         sync.finish()
         (total,) = self.world.sum_values(total)

@@ -65,42 +65,47 @@ def _workers(model, n):
     return Serial(model) if n == 1 else DataParallel(model, n)
 
 
+def faults(model, workers) -> list[str]:
+    """What is wrong with the blocks the backward reports, over a step of two micro-batches
+    (reported on the last): a block reported out of order, changed after it was reported, or a
+    gradient summed block by block that differs from the one summed at the end."""
+    first, second = _batch(model), _batch(model, seed=1)
+    w = _workers(model, workers)
+    try:
+        model.zero_grad()
+        w.accumulate(first, 0.5)
+        middle = model.layout.grads.copy()
+        w.accumulate(second, 0.5)
+        want = model.layout.grads.copy()
+        model.layout.grads[:] = middle
+        rec = Recorder(model)
+        w.accumulate(second, 0.5, rec)
+    finally:
+        if isinstance(w, DataParallel):
+            w.close()
+    out = [] if rec.order == [2, 1, 0] else [f"order {rec.order}"]
+    out += [f"block {i} changed after it was reported" for i in rec.premature()]
+    return out + ([] if np.array_equal(model.layout.grads, want) else ["the summed gradient differs"])
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("kind", [*MODELS, "lora"])
 def test_a_block_is_final_when_the_backward_reports_it(kind, workers):
-    model = _model("gpt" if kind == "lora" else kind, lora=kind == "lora")
-    first, second = _batch(model), _batch(model, seed=1)
-    w = _workers(model, workers)
-    model.zero_grad()
-    w.accumulate(first, 0.5)                              # gradient accumulation: report on the last
-    want = model.layout.grads.copy()
-    w.accumulate(second, 0.5)
-    want, model.layout.grads[:] = model.layout.grads.copy(), want
-    rec = Recorder(model)
-    w.accumulate(second, 0.5, rec)
-    assert rec.order == [2, 1, 0]                          # last block first, each once
-    assert rec.premature() == []
-    # summing the workers' shares block by block, then the rest, gives the same bits
-    np.testing.assert_array_equal(model.layout.grads, want)
-    if isinstance(w, DataParallel):
-        w.close()
+    assert faults(_model("gpt" if kind == "lora" else kind, lora=kind == "lora"), workers) == []
 
 
-def test_a_block_reported_before_its_backward_is_caught(monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_block_reported_before_its_backward_is_caught(monkeypatch, workers):
     """The check above can fail: a backward that reports each block before running it."""
-    model = _model("gpt")
-
     def early(self, dlogits):
         grad = self.residual.grad(self.ln_f.backward(self._head_backward(dlogits)))
         for i in reversed(range(len(self.blocks))):
-            self.block_done(i)
+            if self.block_done is not None:
+                self.block_done(i)
             self.blocks[i].backward_stream(grad)
         self.embed.backward(grad.finish())
     monkeypatch.setattr(GPT, "backward", early)
-    rec = Recorder(model)
-    model.zero_grad()
-    Serial(model).accumulate(_batch(model), 1.0, rec)
-    assert rec.premature() == [2, 1, 0]
+    assert faults(_model("gpt"), workers) != []
 
 
 def test_buckets_cover_the_layout_once():
@@ -112,8 +117,40 @@ def test_buckets_cover_the_layout_once():
             for lo, hi in ranges:
                 covered[lo:hi] += 1
         assert (covered == 1).all(), kind
-        assert b.order()[0] == b.blocks[-1] and b.order()[-1] == b.rest
-    assert [e for e in b.rest if e] and all(b.blocks)
+        assert b.order()[0] == b.blocks[-1] and b.order()[-1] == b.rest, kind
+        assert all(b.blocks) and b.rest, kind                 # every block has a bucket, and so do the rest
+        late = model.late_gradients()
+        assert bool(late) == (kind in ("attention-residuals", "block-attention-residuals")), kind
+        for name in late:                                     # completed at the end: in the last bucket
+            e = model.layout.entries[name]
+            assert any(a <= e.offset and e.offset + e.size <= z for a, z in b.rest), name
+
+
+def test_a_model_whose_backward_reports_no_blocks_is_one_bucket():
+    from tbp.nn import build_model
+    model = build_model(ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=8, n_layer=2, n_head=2,
+                                    d_model=8, pad_id=0))
+    b = Buckets.of(model)
+    assert b.n_blocks == 0 and b.rest == [(0, model.layout.size)]
+
+
+@pytest.mark.parametrize("ranges", [[(0, 5), (5, 20000), (20000, 20003)], [(0, 3 << 20)], [(7, 9), (40, 50)]])
+def test_messages_send_long_ranges_from_the_buffer_and_pack_the_short(ranges):
+    from tbp.gradsync import CHUNK, SHORT, messages
+    def merged(spans):
+        out = []
+        for a, b in sorted(spans):
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        return out
+    out = messages(ranges)
+    sent = [r for m in out for r in m]
+    assert merged(sent) == merged(ranges) and sum(b - a for a, b in sent) == sum(b - a for a, b in ranges)
+    for m in out:
+        assert len(m) == 1 or all(b - a < SHORT for a, b in m)   # only short ranges are packed
+        assert sum(b - a for a, b in m) <= CHUNK
 
 
 @pytest.mark.parametrize("n,size", [(10, 3), (7, 2), (1, 4), (12, 4)])

@@ -170,18 +170,32 @@ def test_overlap_and_a_sharded_optimizer_give_the_plain_run(mpi_ok, tmp_path, pr
     slices (rounding only); its checkpoints hold the whole moments."""
     run = ["-m", "tbp", "train", "--data", prepared, "--max-iters", 6, *TINY, *model,
            "--threads", "2", "--grad-accum", "2"]
-    for name, extra in [("plain", []), ("overlap", ["--overlap"]), ("sharded", ["--shard-optimizer", "--overlap"])]:
+    ways = {"plain": [], "overlap": ["--overlap"], "sharded": ["--shard-optimizer"],
+            "sharded-overlap": ["--shard-optimizer", "--overlap"]}
+    for name, extra in ways.items():
         rc, out = mpi(2, [*run, "--out", name, *extra], tmp_path)
         assert rc == 0, out
     assert losses(tmp_path / "overlap") == losses(tmp_path / "plain")
     for f in ("model-000006.safetensors", "optimizer-000006.safetensors"):
         assert _same_bits(tmp_path / "overlap", tmp_path / "plain", f), f
+        assert _same_bits(tmp_path / "sharded-overlap", tmp_path / "sharded", f), f
     assert_same_run(tmp_path / "sharded", tmp_path / "plain", rtol=1e-6)
     from safetensors.numpy import load_file
     a, b = (load_file(tmp_path / r / "optimizer-000006.safetensors") for r in ("sharded", "plain"))
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-9, err_msg=k)
+
+
+def test_a_rank_with_no_rows_still_sends_its_buckets(mpi_ok, tmp_path, prepared):
+    """3 ranks, a batch of 2: one rank has no rows, and reports every block at once."""
+    model = [*TINY, "--n-layer", "2", "--batch-size", "2"]
+    rc, out = mpi(3, ["-m", "tbp", "train", "--data", prepared, "--out", "three", "--max-iters", 4, *model,
+                      "--overlap", "--shard-optimizer"], tmp_path)
+    assert rc == 0, out
+    r = tbp(["train", "--data", prepared, "--out", "one", "--max-iters", 4, *model], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "three", tmp_path / "one")
 
 
 def test_a_sharded_run_resumes_under_any_number_of_ranks(mpi_ok, tmp_path, prepared):

@@ -290,10 +290,11 @@ class GPT(LanguageModel):
     def backward(self, dlogits: np.ndarray) -> None:
         """[paper §7, Table 3]  The forward's calls read bottom-up."""
         grad = self.residual.grad(self.ln_f.backward(self._head_backward(dlogits)))
+        report = self.block_done
         for i in reversed(range(len(self.blocks))):
             self.blocks[i].backward_stream(grad)
-            if self.block_done is not None:    # nothing below writes block i's gradient: it may be sent
-                self.block_done(i)
+            if report is not None:             # nothing below writes block i's gradient: it may be sent
+                report(i)
         self.embed.backward(grad.finish())
 
     def attention_weights(self, idx: np.ndarray) -> list[np.ndarray]:
