@@ -1,5 +1,6 @@
 """Where sparse decoding starts to pay: tokens/s of one-token steps against the cache length,
-dense and each rule paired in one process (tbp.bench.bench_sparse_decode), at K = n / 16.
+dense and each rule paired in one process (tbp.bench.bench_sparse_decode), at K = n / 16, for
+models of each depth of --n-layers (width 128, 4 heads, rotary positions).
 One record per length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the
 curves from the records (speed needs the architecture only: random weights).
 
@@ -17,21 +18,23 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--layers", default="1", help="selection layers, comma-separated")
-    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-layers", type=int, nargs="+", default=[4, 8])
     p.add_argument("--plot", help="draw tokens/s against the cache into this picture, from the records")
     p.add_argument("--only-plot", action="store_true")
     a = p.parse_args()
     layers = tuple(int(x) for x in a.layers.split(","))
     if not a.only_plot:
-        for n in a.lengths:
-            cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=a.n_layer, n_head=4, d_model=128, positions="rope")
-            for kind in KINDS:
-                res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers))
-                records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": a.n_layer,
-                                                    "n_ctx": n, "config": cfg.to_dict(), **res})
-                print(f"n {n:5d} {kind:10s} K {n // 16:4d}: dense {res['decode_dense_tokens_per_s']:6.0f}  sparse "
-                      f"{res['decode_sparse_tokens_per_s']:6.0f} tok/s "
-                      f"({res['decode_sparse_tokens_per_s'] / res['decode_dense_tokens_per_s']:.2f}x)", flush=True)
+        for n_layer in a.n_layers:
+            for n in a.lengths:
+                cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=n_layer, n_head=4, d_model=128, positions="rope")
+                for kind in KINDS:
+                    res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers))
+                    records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
+                                                        "n_ctx": n, "config": cfg.to_dict(), **res})
+                    print(f"{n_layer} layers, n {n:5d} {kind:10s} K {n // 16:4d}: dense "
+                          f"{res['decode_dense_tokens_per_s']:6.0f}  sparse {res['decode_sparse_tokens_per_s']:6.0f} "
+                          f"tok/s ({res['decode_sparse_tokens_per_s'] / res['decode_dense_tokens_per_s']:.2f}x)",
+                          flush=True)
     if a.plot:
         from tbp import plot
         rows = records.read("sparse_crossover")
@@ -39,13 +42,16 @@ def main():
         rows = [r for r in rows if r["commit"] == commit]
         fig = plot.figure(6.5, 4)
         ax = fig.add_subplot()
-        for kind in KINDS:
-            pts = sorted((r["n_ctx"], r["decode_sparse_tokens_per_s"] / r["decode_dense_tokens_per_s"])
-                         for r in rows if r["sparse"]["kind"] == kind)
-            ax.plot(*zip(*pts), marker="o", label=f"{kind}, K = n/16")
+        depths = sorted({r["n_layer"] for r in rows})
+        for kind, colour in zip(KINDS, ("C0", "C1", "C2")):
+            for depth, style in zip(depths, ("-", "--", ":")):
+                pts = sorted((r["n_ctx"], r["decode_sparse_tokens_per_s"] / r["decode_dense_tokens_per_s"])
+                             for r in rows if r["sparse"]["kind"] == kind and r["n_layer"] == depth)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", color=colour, ls=style, label=f"{kind}, {depth} layers")
         ax.axhline(1.0, color="black", lw=1, ls="--", label="dense")
         ax.set(xscale="log", xlabel="cached tokens n", ylabel="tokens/s, sparse / dense (paired)",
-               title=f"sparse decoding on this CPU ({rows[0]['config']['n_layer']} × 128, selection layer(s) {a.layers})")
+               title=f"sparse decoding at K = n/16 on this CPU (width 128, selection layer(s) {a.layers})")
         from matplotlib.ticker import NullLocator
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(sorted({r["n_ctx"] for r in rows}), [f"{n:,}" for n in sorted({r["n_ctx"] for r in rows})])

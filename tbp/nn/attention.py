@@ -154,12 +154,14 @@ class CausalSelfAttention(Module):
 
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """What this layer keeps between decoding steps: its weights folded with ``ln``; keys
-        (B, Hkv, Dk, n_ctx), stored transposed so that each head's scores are one product over
-        contiguous memory; values (B, Hkv, n_ctx, Dv + 1), whose last column is ones, so that
-        p @ [v, 1] gives both the weighted sum and the softmax's normaliser."""
+        (B, Hkv, n_ctx, Dk) and values (B, Hkv, n_ctx, Dv + 1), a position's numbers side by side,
+        so that sparse decoding gathers K positions as K short rows (stored transposed, each
+        kept key would cost Dk cache lines, and at K = n/16 the gather read as much memory as
+        the dense product it replaced); the values' last column is ones, so that p @ [v, 1]
+        gives both the weighted sum and the softmax's normaliser."""
         G = self.n_kv_head
         return DecodeState(self.fold(ln), lambda Tn: self._scratch(batch, Tn, n_ctx, dtype),
-                           keys=np.zeros((batch, G, self.d_qk, n_ctx), dtype),
+                           keys=np.zeros((batch, G, n_ctx, self.d_qk), dtype),
                            values=np.ones((batch, G, n_ctx, self.d_v + 1), dtype))
 
     def _scratch(self, B: int, Tn: int, n_ctx: int, dtype) -> SimpleNamespace:
@@ -167,11 +169,11 @@ class CausalSelfAttention(Module):
         H, G, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
         s = SimpleNamespace()
         s.qkv = np.empty((B * Tn, self.c_attn.d_out), dtype)
-        s.q, k, s.v = self._heads(s.qkv.reshape(B, Tn, -1))    # (B, H, Tn, Dk), k, (B, Hkv, Tn, Dv)
-        s.k = k.transpose(0, 1, 3, 2)                            # (B, Hkv, Dk, Tn): the cache's layout
+        s.q, s.k, s.v = self._heads(s.qkv.reshape(B, Tn, -1))  # (B, H, Tn, Dk), (B, Hkv, Tn, Dk), (.., Dv)
         s.qk = s.qkv[:, :(H + G) * Dk].reshape(B, Tn, H + G, Dk)   # queries and keys, for rotary
         s.qk_rotated = np.empty_like(s.qk)
         s.att = np.empty((B, H, Tn, n_ctx), dtype)               # scores, then probabilities (unnormalised)
+        s.scores = np.empty((B, H, n_ctx), dtype)                # a selection layer's scores (sparse.py)
         s.rowmax = np.empty((B, H, Tn, 1), dtype)                # max of each score row
         s.ysum = np.empty((B, H, Tn, Dv + 1), dtype)             # [sum_j p_j v_j, sum_j p_j]
         s.ysum_v, s.ysum_p = s.ysum[..., :-1], s.ysum[..., -1:]
@@ -187,6 +189,18 @@ class CausalSelfAttention(Module):
     def select(self, scores: np.ndarray, rule) -> np.ndarray:
         """Sparse decoding's kept positions from the new row's scores (B, H, t) (sparse.py)."""
         return select(scores, rule)
+
+    @staticmethod
+    def _kept_buffers(state: DecodeState, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This layer's buffers for the kept keys and values, made on the first sparse step
+        and reused while the budget stays the same."""
+        B, G, _, Dk = state.keys.shape
+        shape = (B, G, keep.shape[-1])
+        bufs = getattr(state, "kept", None)
+        if bufs is None or bufs[0].shape[:3] != shape:
+            bufs = state.kept = (np.empty((*shape, Dk), state.keys.dtype),
+                                 np.empty((*shape, state.values.shape[-1]), state.values.dtype))
+        return bufs
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(attention of the new rows t0 .. t1-1 to the cached ones).   [paper §3.2]
@@ -211,10 +225,10 @@ class CausalSelfAttention(Module):
             rotate(s.qk, cos, sin, out=s.qk_rotated)
             s.qk[...] = s.qk_rotated
         keys, values = state.keys, state.values
-        n_ctx = keys.shape[-1]
+        n_ctx = keys.shape[2]
         s0 = t0 % n_ctx if t1 > n_ctx else t0                       # first slot written
         span = min(t1, n_ctx)                                       # slots attended to
-        keys[..., s0:s0 + t1 - t0] = s.k
+        keys[:, :, s0:s0 + t1 - t0] = s.k
         values[:, :, s0:s0 + t1 - t0, :-1] = s.v
         sparse = step.sparse
         chooses = keep = None
@@ -222,14 +236,15 @@ class CausalSelfAttention(Module):
             chooses = step.layer in sparse.rule.layers
             keep = None if chooses else sparse.keep
         if keep is None:
-            cached_k, cached_v = keys[..., :span], values[:, :, :span]
+            cached_k, cached_v = keys[:, :, :span], values[:, :, :span]
         else:                                                       # the kept positions only
-            cached_k, cached_v = gather_kept(keys, values, keep)
+            cached_k, cached_v = gather_kept(keys, values, keep, self._kept_buffers(state, keep))
             span = keep.shape[-1]
         att = s.att[..., :span]                                     # (B, H, Tn, span)
-        np.matmul(s.q, self._by_cache_head(cached_k), out=att)
-        if chooses:
-            scores = att[..., 0, :].reshape(att.shape[0], self.n_head, span).copy()   # (B, H, t1)
+        np.matmul(s.q, self._by_cache_head(cached_k).swapaxes(-1, -2), out=att)
+        if chooses:                                                 # (B, H, t1), kept for looking inside
+            scores = s.scores[..., :span]
+            scores[...] = att[..., 0, :].reshape(att.shape[0], self.n_head, span)
             sparse.keep, sparse.scores = self.select(scores, sparse.rule), scores
         if t1 - t0 > 1:
             att += causal_mask(t1 - t0, t0, att.dtype)
@@ -239,23 +254,23 @@ class CausalSelfAttention(Module):
             rows.out += proj_b
 
 
-def gather_kept(keys: np.ndarray, values: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cached keys (B, G, Dk, K) and values (B, G, K, Dv + 1) at the kept positions ``keep``:
-    (B, K), one set for every cache head, or (B, G, K), a set per head. One ``np.take`` per row
-    (and head): a plain index along one axis, several times faster than ``take_along_axis``'s
-    broadcast index arrays, which cost more than the short attention rows saved."""
-    B, G, Dk, _ = keys.shape
+def gather_kept(keys: np.ndarray, values: np.ndarray, keep: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
+    """The cached keys (B, G, K, Dk) and values (B, G, K, Dv + 1) at the kept positions ``keep``:
+    (B, K), one set for every cache head, or (B, G, K), a set per head. One ``np.take`` of whole
+    rows for all sequences and heads at once, through flat row numbers (b G + g) n + position:
+    no loop over heads, and each kept position a few contiguous cache lines. ``out``: a pair of
+    buffers of those shapes to gather into (fresh ones cost their page faults at every step:
+    as much as the gather itself); ``mode="clip"`` because the positions are in range and the
+    default mode copies ``out`` through a buffer, which doubled the gather's time."""
+    B, G, n, Dk = keys.shape
     K = keep.shape[-1]
-    kept_k = np.empty((B, G, Dk, K), keys.dtype)
-    kept_v = np.empty((B, G, K, values.shape[-1]), values.dtype)
-    for b in range(B):
-        if keep.ndim == 2:
-            np.take(keys[b], keep[b], axis=-1, out=kept_k[b])
-            np.take(values[b], keep[b], axis=-2, out=kept_v[b])
-        else:
-            for g in range(G):
-                np.take(keys[b, g], keep[b, g], axis=-1, out=kept_k[b, g])
-                np.take(values[b, g], keep[b, g], axis=0, out=kept_v[b, g])
+    base = (np.arange(B * G).reshape(B, G, 1) * n)                 # the first row of each (b, g)
+    rows = (base + (keep[:, None, :] if keep.ndim == 2 else keep)).reshape(-1)
+    if out is None:
+        out = np.empty((B, G, K, Dk), keys.dtype), np.empty((B, G, K, values.shape[-1]), values.dtype)
+    kept_k, kept_v = out
+    np.take(keys.reshape(B * G * n, Dk), rows, axis=0, out=kept_k.reshape(B * G * K, Dk), mode="clip")
+    np.take(values.reshape(B * G * n, -1), rows, axis=0, out=kept_v.reshape(B * G * K, -1), mode="clip")
     return kept_k, kept_v
 
 

@@ -118,12 +118,12 @@ class MultiTokenAttention(CausalSelfAttention):
         qkv, proj, proj_b = state.folded
         keys, values = state.keys, state.values
         np.dot(rows.xa, qkv, out=s.qkv)                             # [q * scale | k | v], (N, .)
-        keys[..., t0:t1] = s.k
+        keys[:, :, t0:t1] = s.k
         values[:, :, t0:t1, :-1] = s.v
         if t0 == 0:                                                 # a new sequence: no rows before it
             for prev in state.rows.values():
                 prev.fill(0)
-        S = s.q @ keys[..., :t1]                                    # (B, H, Tn, t1)
+        S = s.q @ keys[:, :, :t1].swapaxes(-1, -2)                  # (B, H, Tn, t1)
         s.y[...] = self.mta.scores_to_output(S, values[:, :, :t1, :-1], t0, state.rows)[0]
         np.dot(s.ya, proj, out=rows.out)
         if proj_b is not None:

@@ -61,7 +61,7 @@ def select(scores: np.ndarray, rule: Sparsity) -> np.ndarray:
     B, H, n = scores.shape
     K = rule.budget
     if rule.kind == "topk":
-        part = np.argpartition(-scores, K - 1, axis=-1)[..., :K]          # (B, H, K), any order
+        part = np.argpartition(scores, n - K, axis=-1)[..., n - K:]       # (B, H, K), any order
         return np.sort(part, axis=-1)
     sinks, middle, recent = rule.split()
     if rule.kind == "window":
@@ -78,14 +78,23 @@ def select(scores: np.ndarray, rule: Sparsity) -> np.ndarray:
 
 def merge_rank_major(scores: np.ndarray, count: int) -> np.ndarray:
     """``count`` distinct positions from per-head scores (H, m): rank each head's positions by
-    score, then read the ranks row by row (every head's best first), keeping first occurrences."""
+    score, then read the ranks row by row (every head's best first), keeping first occurrences;
+    returned in that reading order.
+
+    Without walking the reading: a position's first occurrence is at min over heads of
+    rank * H + head, so the ``count`` positions with the smallest such key are the answer
+    (keys are distinct, so the set is exact), one ``minimum.at`` and one partition away."""
     H, m = scores.shape
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
     top = min(count, m)
-    best = np.argpartition(-scores, top - 1, axis=-1)[:, :top]             # (H, top), unordered
+    best = np.argpartition(scores, m - top, axis=-1)[:, m - top:]          # (H, top), unordered
     order = np.take_along_axis(scores, best, axis=-1).argsort(axis=-1, kind="stable")[:, ::-1]
     ranked = np.take_along_axis(best, order, axis=-1)                      # (H, top), best first
-    flat = ranked.T.reshape(-1)                                            # rank-major
-    _, first = np.unique(flat, return_index=True)
-    return flat[np.sort(first)][:count].astype(np.int64)
+    never = H * top
+    first = np.full(m, never, dtype=np.int64)                              # where each position is first read
+    np.minimum.at(first, ranked.reshape(-1), (np.arange(top) * H + np.arange(H)[:, None]).reshape(-1))
+    seen = np.flatnonzero(first < never)
+    if seen.size > count:
+        seen = seen[np.argpartition(first[seen], count - 1)[:count]]
+    return seen[np.argsort(first[seen])].astype(np.int64)
