@@ -19,6 +19,7 @@ def main():
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--layers", default="1", help="selection layers, comma-separated")
     p.add_argument("--n-layers", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--rounds", type=int, default=9, help="interleaved dense/sparse rounds per point")
     p.add_argument("--plot", help="draw tokens/s against the cache into this picture, from the records")
     p.add_argument("--only-plot", action="store_true")
     a = p.parse_args()
@@ -28,12 +29,12 @@ def main():
             for n in a.lengths:
                 cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=n_layer, n_head=4, d_model=128, positions="rope")
                 for kind in KINDS:
-                    res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers))
+                    res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers), repeats=a.rounds)
                     records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
                                                         "n_ctx": n, "config": cfg.to_dict(), **res})
                     print(f"{n_layer} layers, n {n:5d} {kind:10s} K {n // 16:4d}: dense "
                           f"{res['decode_dense_tokens_per_s']:6.0f}  sparse {res['decode_sparse_tokens_per_s']:6.0f} "
-                          f"tok/s ({res['decode_sparse_tokens_per_s'] / res['decode_dense_tokens_per_s']:.2f}x)",
+                          f"tok/s ({res['decode_sparse_speedup']:.2f}x, the median of paired rounds)",
                           flush=True)
     if a.plot:
         from tbp import plot
@@ -45,7 +46,7 @@ def main():
         depths = sorted({r["n_layer"] for r in rows})
         for kind, colour in zip(KINDS, ("C0", "C1", "C2")):
             for depth, style in zip(depths, ("-", "--", ":")):
-                pts = sorted((r["n_ctx"], r["decode_sparse_tokens_per_s"] / r["decode_dense_tokens_per_s"])
+                pts = sorted((r["n_ctx"], r["decode_sparse_speedup"])
                              for r in rows if r["sparse"]["kind"] == kind and r["n_layer"] == depth)
                 if pts:
                     ax.plot(*zip(*pts), marker="o", color=colour, ls=style, label=f"{kind}, {depth} layers")

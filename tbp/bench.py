@@ -134,7 +134,11 @@ def bench_sparse_decode(cfg: ModelConfig, rule, steps: int = 32, repeats: int = 
                 engine.forward(tokens[:, i:i + 1], check=False)
             rates[name].append(steps / (time.perf_counter() - t))
     dense, sparse = (float(np.median(rates[k])) for k in ("dense", "sparse"))
-    return {"decode_dense_tokens_per_s": dense, "decode_sparse_tokens_per_s": sparse, "decode_cache": n,
+    # each round's two runs are adjacent in time: the median of their ratios is what a drift in
+    # this machine's speed, between rounds, cannot move
+    speedup = float(np.median([s / d for s, d in zip(rates["sparse"], rates["dense"])]))
+    return {"decode_dense_tokens_per_s": dense, "decode_sparse_tokens_per_s": sparse,
+            "decode_sparse_speedup": speedup, "decode_rounds": repeats, "decode_cache": n,
             "decode_steps": steps, "sparse": {"kind": rule.kind, "budget": rule.budget,
                                               "layers": list(rule.layers), "recency": rule.recency}}
 

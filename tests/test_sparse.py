@@ -138,6 +138,7 @@ def test_bench_times_sparse_against_dense_in_one_process():
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["decode_dense_tokens_per_s"] > 0 and d["decode_sparse_tokens_per_s"] > 0
+    assert d["decode_sparse_speedup"] > 0 and d["decode_rounds"] >= 1
     assert d["decode_cache"] == 128 - 32 - 1 and d["sparse"]["kind"] == "lessismore" and d["sparse"]["budget"] == 16
     clean_fail(run(["bench", "--attention", "mta", "--n-ctx", "64", "--sparse", "topk", "--budget", "8"]), 2,
                "Multi-Token Attention")

@@ -84,7 +84,8 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, spars
     if rule is not None:
         d, s = res["decode_dense_tokens_per_s"], res["decode_sparse_tokens_per_s"]
         t.add_row("sparse decode", f"{rule.kind}, K {rule.budget}, at a cache of {res['decode_cache']:,}: "
-                                   f"{s:.0f} tokens/s against dense {d:.0f} ({s / d:.2f}×), paired")
+                                   f"{s:.0f} tokens/s against dense {d:.0f} "
+                                   f"({res['decode_sparse_speedup']:.2f}×, paired round by round)")
     m = res["machine"]
     t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
                          + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else ""))
