@@ -72,10 +72,10 @@ class Buckets:
     head, and the block parameters in ``late`` -- final when the backward ends."""
 
     def __init__(self, layout, n_blocks: int, late=()):
-        self.n_blocks = n_blocks
-        names = [n for n in layout.entries if n not in set(late)]
-        self.blocks = [_ranges(layout, [n for n in names if n.startswith(f"h.{i}.")]) for i in range(n_blocks)]
-        taken = {n for i in range(n_blocks) for n in names if n.startswith(f"h.{i}.")}
+        self.n_blocks, late = n_blocks, set(late)
+        own = [[n for n in layout.entries if n.startswith(f"h.{i}.") and n not in late] for i in range(n_blocks)]
+        self.blocks = [_ranges(layout, names) for names in own]
+        taken = {n for names in own for n in names}
         self.rest = _ranges(layout, [n for n in layout.entries if n not in taken])
 
     @classmethod
