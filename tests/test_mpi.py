@@ -351,3 +351,17 @@ def test_without_a_launcher_mpi_is_never_loaded(tmp_path, corpus_file):
     r = subprocess.run([sys.executable, "-c", code, str(corpus_file)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "no MPI" in r.stdout, r.stderr
+
+
+def test_a_launcher_without_mpi4py_is_one_line(tmp_path, corpus_file):
+    """Started by a launcher (its variables set) where mpi4py cannot be imported: one line, exit 1,
+    nothing written."""
+    code = ("import sys\nsys.modules['mpi4py'] = None\nfrom tbp.cli import main\n"
+            "sys.argv = ['tbp', 'train', '--data', sys.argv[1], '--out', 'r', '--max-iters', '2', '-q']\nmain()\n")
+    env = {**os.environ, "PMI_SIZE": "2", "PMI_RANK": "0"}
+    r = subprocess.run([sys.executable, "-c", code, str(corpus_file)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "mpi4py is not installed: pip install 'tbp[mpi]'" in said and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2 and not (tmp_path / "r").exists()

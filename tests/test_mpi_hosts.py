@@ -143,3 +143,18 @@ def test_sigterm_to_the_launcher_saves_and_the_run_resumes_on_both_hosts(hosts, 
     rc, out = hosts.mpi(["-m", "tbp", "train", "--out", "run", "--resume", "--max-iters", step + 3, "-q"], tmp_path)
     assert rc == 0, out
     assert losses(tmp_path / "run")[-1][0] == step + 3
+
+
+def test_a_host_that_is_not_there_ends_the_launch(hosts, tmp_path, prepared):
+    """One of the two hosts named does not exist: the launcher cannot start its rank, the job
+    ends in seconds, and no rank wrote anything."""
+    missing = hosts.ips[1].rsplit(".", 1)[0] + ".99"
+    exe = _mpiexec()
+    cmd = hosts.command(exe, ["-m", "tbp", "train", "--data", prepared, "--out", "run", "--max-iters", 3, *TINY])
+    cmd[cmd.index("-hosts") + 1] = f"{hosts.ips[0]},{missing}"
+    start = time.monotonic()
+    rc, out = job(cmd, tmp_path, {**_env(exe), **hosts.ENV}, timeout=60)
+    assert rc != 0, out
+    assert time.monotonic() - start < 30, out
+    assert f"no network namespace holds the address {missing}" in out, out
+    assert not (tmp_path / "run" / "state.json").exists()
