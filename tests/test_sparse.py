@@ -67,9 +67,28 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
 
 
-def dense_step_with_mask(m, tokens, kept):
+def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
+    """layer-topk: from the selection layer on, each layer's heads attend to their own K best
+    positions of that layer's scores -- chosen here by the plain reference itself, not taken
+    from the decoder (float64, 1e-12)."""
+    m = model()
+    tokens = np.random.default_rng(5).integers(0, 13, (2, 40))
+    sparse = m.inference(2, Sparsity("layer-topk", budget=9, layers=(1,)))
+    for t in range(9, 40):
+        # a step after a dense prefill: layer 1 is thinned too, so after a run of sparse steps the
+        # earlier tokens' keys at layer 2 would be sparse ones, which the plain forward does not make
+        sparse.reset()
+        sparse.forward(tokens[:, :t])
+        got = sparse.forward(tokens[:, t:t + 1])[:, -1]
+        want = dense_step_with_mask(m, tokens[:, :t + 1], None, own_top=9)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
+        assert sparse.kept.shape == (2, 2, 9)                      # the last layer's sets, a set per head
+
+
+def dense_step_with_mask(m, tokens, kept, own_top=None):
     """The last token's logits when layers after the selection layer attend only to ``kept``:
-    the training forward written out with a -inf mask (layer 0 and layer 1 dense)."""
+    the training forward written out with a -inf mask (layer 0 and layer 1 dense). With
+    ``own_top``, layers from 1 on keep each head's own ``own_top`` best scores instead."""
     from tbp.nn.reference import layernorm_forward, mlp_forward, rope_forward, softmax
     P, cfg = m.params, m.config
     x = P["wte"][tokens]                                           # (B, T, C)
@@ -86,7 +105,13 @@ def dense_step_with_mask(m, tokens, kept):
             v = qkv[..., 2 * H * Dk + hd * cfg.d_v:2 * H * Dk + (hd + 1) * cfg.d_v]
             s = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)
             s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
-            if i > 1:                                              # the last row sees the kept set only
+            if own_top is not None and i >= 1:                    # each layer's own best, per head
+                for b in range(2):
+                    keep = np.argsort(s[b, -1])[-own_top:]
+                    row = np.full(T, -np.inf)
+                    row[keep] = s[b, -1, keep]
+                    s[b, -1] = row
+            elif own_top is None and i > 1:                        # the last row sees the kept set only
                 for b in range(2):
                     keep = kept[b] if kept.ndim == 2 else kept[b, hd]
                     row = np.full(T, -np.inf)

@@ -6,7 +6,7 @@ import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn import reference_seq2seq, reference_variants as twin
-from tbp.nn.sparse import Sparsity, select
+from tbp.nn.sparse import KINDS, Sparsity, select
 
 B, T, C = 2, 6, 8
 
@@ -71,7 +71,7 @@ def test_the_encoder_decoder_equals_its_plain_twin(rng, options):
     assert_grads_equal(model, grads_ref)
 
 
-@pytest.mark.parametrize("kind", ["lessismore", "topk", "window"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,budget,recency", [(40, 12, 0.25), (9, 8, 0.5), (100, 30, 0.0)])
 def test_the_selection_rules_equal_their_plain_twins(rng, kind, n, budget, recency):
     scores = rng.standard_normal((3, 4, n))

@@ -232,7 +232,15 @@ class CausalSelfAttention(Module):
         values[:, :, s0:s0 + t1 - t0, :-1] = s.v
         sparse = step.sparse
         chooses = keep = None
-        if sparse is not None:
+        if sparse is not None and sparse.rule.kind == "layer-topk":
+            if step.layer >= min(sparse.rule.layers):               # this layer's own set, from its own scores
+                att = s.att[..., :span]
+                np.matmul(s.q, self._by_cache_head(keys[:, :, :span]).swapaxes(-1, -2), out=att)
+                scores = s.scores[..., :span]
+                scores[...] = att[..., 0, :].reshape(att.shape[0], self.n_head, span)
+                keep = self.select(scores, sparse.rule)
+                sparse.keep, sparse.scores = keep, scores
+        elif sparse is not None:
             chooses = step.layer in sparse.rule.layers
             keep = None if chooses else sparse.keep
         if keep is None:

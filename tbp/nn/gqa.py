@@ -29,7 +29,7 @@ import numpy as np
 from .attention import CausalSelfAttention
 from .config import ConfigError
 from .rope import Rotary
-from .sparse import select
+from .sparse import PER_HEAD, select
 from .variant import Variant
 
 
@@ -89,7 +89,7 @@ class GroupedQueryAttention(CausalSelfAttention):
         ranks over the group's G query heads (topk: over their highest score per position)."""
         B, H, t = scores.shape
         grouped = scores.reshape(B * self.n_kv_head, self.group, t)
-        if rule.kind == "topk":
+        if rule.kind in PER_HEAD:
             grouped = grouped.max(axis=1, keepdims=True)
         return select(grouped, rule).reshape(B, self.n_kv_head, -1)
 

@@ -197,9 +197,10 @@ def select_positions(scores, kind, budget, sinks=4, recency=0.25):
     last budget - sinks.  lessismore: the sinks, the last ``recent`` positions, and between them
     ``middle`` = min(int((1 - recency) budget), budget - sinks) positions taken rank by rank --
     every head's best, then every head's second best, ... -- each position once.
-    Returns sorted lists: [B][K] (lessismore, window) or [B][H][K] (topk)."""
+    Returns sorted lists: [B][K] (lessismore, window) or [B][H][K] (topk, layer-topk: the same
+    choice, made at every layer)."""
     B, H, n = scores.shape
-    if kind == "topk":
+    if kind in ("topk", "layer-topk"):
         return [[sorted(sorted(range(n), key=lambda j: -scores[b, h, j])[:budget]) for h in range(H)]
                 for b in range(B)]
     middle = min(int((1 - recency) * budget), budget - sinks)

@@ -12,6 +12,10 @@ set. Layers before the first selection layer stay dense. Three rules pick the se
   ``middle`` are chosen. One set, shared by all heads.
 - ``topk``: each head keeps its own K best-scoring positions (the per-head baseline).
 - ``window``: the sinks and the last K - sinks positions, no scores (the StreamingLLM baseline).
+- ``layer-topk``: from the first selection layer on, *every* layer scores all cached positions
+  and each head attends to its own K best there (Quest's per-layer choice, with exact scores
+  where Quest bounds them page by page): the baseline that never reuses another layer's set,
+  and so saves no score products -- a quality reference, not a speed-up.
 
 With K >= the number of cached positions every rule keeps them all and decoding is dense.
 """
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("lessismore", "topk", "window")
+KINDS = ("lessismore", "topk", "window", "layer-topk")
+PER_HEAD = ("topk", "layer-topk")          # the rules that keep a set per head
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Sparsity:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"sparse kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.budget < (1 if self.kind == "topk" else self.sinks + 2):
+        if self.budget < (1 if self.kind in PER_HEAD else self.sinks + 2):
             raise ValueError(f"a budget of {self.budget} leaves no room beside {self.sinks} sink tokens")
         if not 0 <= self.recency < 1:
             raise ValueError(f"the recency share must be in [0, 1), got {self.recency}")
@@ -56,11 +61,11 @@ def select(scores: np.ndarray, rule: Sparsity) -> np.ndarray:
     """Positions to keep, from the new token's pre-softmax scores (B, H, n) over n positions.
 
     Returns (B, K) sorted positions for lessismore and window (one set for every head), or
-    (B, H, K) for topk (a set per head).
+    (B, H, K) for topk and layer-topk (a set per head).
     """
     B, H, n = scores.shape
     K = rule.budget
-    if rule.kind == "topk":
+    if rule.kind in PER_HEAD:
         part = np.argpartition(scores, n - K, axis=-1)[..., n - K:]       # (B, H, K), any order
         return np.sort(part, axis=-1)
     sinks, middle, recent = rule.split()
