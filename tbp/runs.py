@@ -62,9 +62,10 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
           report: PrepareReport | None = None, world=None) -> Trainer:
     """The Trainer for a request: resume the run in ``out``, fine-tune ``init_from``, or start
     a new model on ``data``. In an MPI ``world`` of several ranks, rank 0 does this and the
-    others follow it (:func:`_start_ranks`)."""
+    others follow it (ranksetup.py)."""
     if world is not None and world.size > 1:
-        return _start_ranks(req, callbacks, report, world)
+        from .ranksetup import start_ranks
+        return start_ranks(req, callbacks, report, world)
     if req.resume and req.init_from is not None:
         raise ConfigError("--resume continues a run; --init-from starts a new one: pick one")
     if req.resume and req.out is None:
@@ -100,74 +101,6 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
     mcfg = ModelConfig(**derived, **req.model)
     out = req.out or Path("checkpoints") / ds.path.name
     return new_run(out, mcfg, tcfg, ds, req.force, callbacks)
-
-
-def _start_ranks(req: RunRequest, callbacks, report, world) -> Trainer:
-    """Rank 0 sets the run up exactly as one process would (the only rank that touches the run
-    directory), then tells the others what to build: the configs, the training state and the
-    dataset's path, or that it failed (they then exit with its code, silently: rank 0 says why).
-    Every rank then joins the world: rank 0's parameters and moments everywhere."""
-    if world.is_root:
-        try:
-            trainer = start(req, callbacks, report)
-        except BaseException as e:
-            code = 2 if isinstance(e, ConfigError) else 130 if isinstance(e, KeyboardInterrupt) else 1
-            world.bcast({"failed": code})
-            e.everywhere = True             # the other ranks know: no need to abort them
-            raise
-        setup = {"run": str(trainer.run), "record": trainer.config_record, "train": trainer.cfg.to_dict(),
-                 "model": trainer.model.config.to_dict(), "dtype": trainer.model.dtype.name,
-                 "data": str(trainer.data.path.resolve()), "source_sha256": trainer.data.meta["source_sha256"],
-                 "adapter": trainer.adapter, "state": trainer.state.to_dict(),
-                 "data_rng": trainer.data_rng.bit_generator.state, "last_saved_step": trainer.last_saved_step,
-                 "shapes": {k: list(p.shape) for k, p in trainer.model.params.items()}, "versions": _versions()}
-        world.bcast(setup)
-    else:
-        setup = world.bcast()
-        if "failed" in setup:
-            world.leave()                   # as rank 0 does, which says why
-            raise SystemExit(setup["failed"])
-        trainer = _follow(setup, callbacks, world)
-    trainer.join(world)
-    return trainer
-
-
-def _versions() -> dict:
-    """What every rank of a job must share to compute the same numbers."""
-    from . import version
-    return {"tbp": version.__version__, "numpy": np.__version__}
-
-
-def _follow(setup: dict, callbacks, world) -> Trainer:
-    """A rank other than 0: the same model and trainer as rank 0's, built from what it sent,
-    writing nothing. Its weights are rank 0's once the trainer joins the world."""
-    if setup.get("versions") != _versions():
-        mine, root = _versions(), setup.get("versions") or {"tbp": "older than 0.1.0", "numpy": "?"}
-        differ = ", ".join(f"{k} {mine[k]} here, {root[k]} on rank 0" for k in mine if mine[k] != root.get(k))
-        raise TbpError(f"{differ}: every rank must run the same tbp and NumPy "
-                       f"(the same environment on every machine)")
-    path = Path(setup["data"])
-    try:
-        ds = Dataset.load(path)
-    except TbpError as e:
-        raise TbpError(f"{e} (every rank reads the dataset at rank 0's path: run on one "
-                       f"machine, on a shared file system, or with the same copy on each)") from None
-    if ds.meta.get("source_sha256") != setup["source_sha256"]:
-        raise TbpError(f"{path} holds other data than rank 0's copy")
-    tcfg = TrainConfig.from_dict(setup["train"])
-    model = build_model(ModelConfig.from_dict(setup["model"]), seed=tcfg.seed, dtype=np.dtype(setup["dtype"]))
-    lora = setup["record"].get("lora")
-    if lora:
-        add_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]), seed=tcfg.seed)
-    shapes = {k: list(p.shape) for k, p in model.params.items()}
-    if shapes != setup["shapes"]:
-        raise TbpError("built a model whose parameters differ from rank 0's")
-    state = State(**setup["state"])
-    trainer = Trainer(model, ds, tcfg, Path(setup["run"]), setup["record"], adapter=setup["adapter"],
-                      callbacks=callbacks, state=state, tokenizer=ds.tokenizer)
-    trainer.data_rng.bit_generator.state = setup["data_rng"]
-    trainer.last_saved_step = setup["last_saved_step"]
-    return trainer
 
 
 # --- run directories ------------------------------------------------------------------------
