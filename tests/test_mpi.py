@@ -213,12 +213,13 @@ def test_a_sharded_run_resumes_under_any_number_of_ranks(mpi_ok, tmp_path, prepa
     assert_same_run(tmp_path / "run", tmp_path / "straight")
 
 
-def test_lora_fine_tuning_under_mpi(mpi_ok, tmp_path, prepared):
+@pytest.mark.parametrize("ways", [[], ["--shard-optimizer", "--overlap"]], ids=["plain", "sharded-overlap"])
+def test_lora_fine_tuning_under_mpi(mpi_ok, tmp_path, prepared, ways):
     r = tbp(["train", "--data", prepared, "--out", "base", "--max-iters", 3, *TINY, "--untie-head"], tmp_path)
     assert r.returncode == 0, r.stderr
     lora = ["--init-from", "base", "--data", prepared, "--lora-rank", "2", "--lora-targets", "all,lm_head",
             "--max-iters", 4, *TINY[8:]]
-    rc, out = mpi(2, ["-m", "tbp", "train", *lora, "--out", "mpi"], tmp_path)
+    rc, out = mpi(2, ["-m", "tbp", "train", *lora, "--out", "mpi", *ways], tmp_path)   # only the adapters are packed
     assert rc == 0, out
     r = tbp(["train", *lora, "--out", "one"], tmp_path)
     assert r.returncode == 0, r.stderr
