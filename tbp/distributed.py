@@ -279,6 +279,12 @@ class MPIWorld(World):
         os._exit(code)                 # Abort may return before the launcher's signal arrives
 
 
+def share(n: int, size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share [lo, hi) of n things split over ``size`` ranks, in rank
+    order (a batch's rows; a sharded optimizer's slice of the parameters)."""
+    return n * rank // size, n * (rank + 1) // size
+
+
 def _everywhere(e: Exception) -> Exception:
     """Mark an error that every rank raises at the same point (each then exits on its own)."""
     e.everywhere = True
@@ -359,8 +365,7 @@ class Ranks:
 
     def rows(self, B: int) -> tuple[int, int]:
         """This rank's rows [lo, hi) of a batch of B (some ranks get none when B < ranks)."""
-        r, n = self.world.rank, self.world.size
-        return B * r // n, B * (r + 1) // n
+        return share(B, self.world.size, self.world.rank)
 
     def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
         B = len(next(iter(batch.values())))

@@ -33,7 +33,9 @@ import time
 
 import numpy as np
 
+from .distributed import share
 from .errors import TbpError
+from .optim import clip_grads
 
 # While the backward runs, the communication thread polls its collectives in bursts of BURST
 # tests every POLL_S: an MPI library moves a non-blocking message on only when called (over TCP,
@@ -48,9 +50,8 @@ SHORT = 1 << 14        # ranges shorter than this are packed together into one c
 
 
 def shard_counts(n: int, size: int) -> list[int]:
-    """How many of the ``n`` packed entries each of ``size`` ranks owns: contiguous, in rank order."""
-    bounds = [n * r // size for r in range(size + 1)]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    """How many of the ``n`` packed entries each of ``size`` ranks owns (distributed.share)."""
+    return [hi - lo for lo, hi in (share(n, size, r) for r in range(size))]
 
 
 def _ranges(layout, names) -> list[tuple[int, int]]:
@@ -218,13 +219,9 @@ class GradientSync:
 
     def clip(self, max_norm: float) -> float:
         """Scale the owned gradient so the global norm is at most ``max_norm`` (0: never); returns
-        the norm before clipping. Unsharded this is optim.clip_grads exactly."""
-        norm = self.norm()
-        if max_norm > 0 and norm > max_norm:
-            lo, hi = self.owned
-            g = self.layout.grads[lo:hi]
-            g *= g.dtype.type(max_norm / (norm + 1e-6))
-        return norm
+        the norm before clipping. optim.clip_grads on the owned slice, with the global norm."""
+        lo, hi = self.owned
+        return clip_grads(self.layout.grads[lo:hi], max_norm, self.norm() if self.shard else None)
 
     def share_update(self) -> None:
         """After the optimizer's step: every rank's updated slice on every rank (sharded only)."""

@@ -20,14 +20,16 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int) ->
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def clip_grads(grads: np.ndarray, max_norm: float) -> float:
+def clip_grads(grads: np.ndarray, max_norm: float, norm: float | None = None) -> float:
     """Scale the gradients in place so their global norm is at most ``max_norm``; returns the
     norm before clipping (what a logger wants to see). max_norm <= 0 disables clipping.
 
     grads: the flat gradient buffer of a :class:`~tbp.nn.Layout` (every trainable gradient
-    is a view into it), so the norm and the scaling are one operation each.
+    is a view into it), so the norm and the scaling are one operation each; or one rank's
+    slice of it under a sharded optimizer, with ``norm`` the whole gradient's (gradsync.py).
     """
-    norm = math.sqrt(float(np.vdot(grads, grads)))
+    if norm is None:
+        norm = math.sqrt(float(np.vdot(grads, grads)))
     if max_norm > 0 and norm > max_norm:
         grads *= grads.dtype.type(max_norm / (norm + 1e-6))
     return norm
