@@ -169,8 +169,7 @@ class GradientSync:
         self.shard, self.overlap = shard and world.size > 1, overlap and world.size > 1
         self.counts = shard_counts(layout.size, world.size) if self.shard else [layout.size] * world.size
         self.starts = [sum(self.counts[:r]) for r in range(world.size)] if self.shard else [0] * world.size
-        lo = self.starts[world.rank]
-        self.owned = (lo, lo + self.counts[world.rank] if self.shard else layout.size)
+        self.owned = share(layout.size, world.size, world.rank) if self.shard else (0, layout.size)
         self.buckets = Buckets.of(model, self.overlap)
         if self.overlap:
             _check_threads(world)
@@ -208,20 +207,14 @@ class GradientSync:
             self.world.sum_(grads)
 
     # --- clipping and the update -----------------------------------------------------------------
-    def norm(self) -> float:
-        """The global gradient norm: of the whole summed gradient, from each rank's owned slice."""
-        lo, hi = self.owned
-        g = self.layout.grads[lo:hi]
-        if not self.shard:
-            return math.sqrt(float(np.vdot(g, g)))
-        (squares,) = self.world.sum_values(float(np.vdot(g, g)))
-        return math.sqrt(squares)
-
     def clip(self, max_norm: float) -> float:
         """Scale the owned gradient so the global norm is at most ``max_norm`` (0: never); returns
-        the norm before clipping. optim.clip_grads on the owned slice, with the global norm."""
+        the norm before clipping: optim.clip_grads on the owned slice, the norm (when sharded)
+        summed from every rank's slice."""
         lo, hi = self.owned
-        return clip_grads(self.layout.grads[lo:hi], max_norm, self.norm() if self.shard else None)
+        g = self.layout.grads[lo:hi]
+        norm = math.sqrt(self.world.sum_values(float(np.vdot(g, g)))[0]) if self.shard else None
+        return clip_grads(g, max_norm, norm)
 
     def share_update(self) -> None:
         """After the optimizer's step: every rank's updated slice on every rank (sharded only)."""
