@@ -7,23 +7,50 @@ Finding it means matching several letters at once, which one query-key product c
 standard attention must combine them over layers, MTA's key-query convolution can see them
 side by side.
 
-Both models are the same GPT (2 layers, width 64, 2 heads, learned positions), trained on the
-same pairs with the loss on the answer, the same recipe and seeds; MTA adds a 2 x 9 key-query
-convolution in each layer (72 parameters). Reported: the error rate (1 - greedy exact match)
-on 1,000 held-out examples, and the training time of each run (one after another).
+Every arm is the same GPT (4 layers as the paper's baseline, width 64, 2 heads, learned
+positions), trained on the same pairs with the loss on the answer, each at its own best
+learning rate. The arms:
 
-    python benchmarks/mta_find_block.py --seeds 1 2 3
+- ``standard``: plain attention;
+- ``mta``: the paper's 2 x 9 key-query convolution in every layer (72 parameters a layer);
+- ``mta-1x1``, ``mta-1x3``, ``mta-1x9`` (the kernel ablation): one query row, so no mixing
+  over queries; 1 x 1 only rescales each head's scores, 1 x 3 and 1 x 9 mix neighbouring keys.
+
+The study, each phase resumable (records already written are skipped):
+
+1. ``timing`` (on a quiet machine): each arm's training step, `tbp bench` rounds interleaved
+   (results/mta_timing.jsonl). Compute is matched by wall time: every arm trains ``--steps`` x
+   (the 2 x 9 arm's step time / its own) steps, so the baseline gets MTA's wall time.
+2. ``sweep``: ``standard`` and ``mta`` at each of ``--lrs`` on the first seed.
+3. ``seeds``: both at their best learning rate on the other seeds; the ablation arms at MTA's.
+
+Training examples are drawn fresh (``--examples``, more than any arm sees in its budget, so
+none memorises); 1,000 held-out examples never in training. Every training is one record in
+results/mta_find_block.jsonl: its config, seed, commit, CPU, steps, wall time, and `tbp eval`'s
+exact match (error = 1 - exact match) with the number of held-out examples.
+
+    python benchmarks/mta_find_block.py timing
+    python benchmarks/mta_find_block.py sweep seeds
 """
 import argparse
 import json
 import random
+import statistics
 import string
-import time
+import sys
 from pathlib import Path
 
+import records
 from runner import tbp
 
 LETTERS = string.ascii_lowercase
+SHAPE = ["--n-layer", 4, "--n-head", 2, "--d-model", 64]
+ARMS = {"standard": [], "mta": ["--attention", "mta", "--mta-cq", 2, "--mta-ck", 9],
+        "mta-1x1": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 1],
+        "mta-1x3": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 3],
+        "mta-1x9": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 9]}
+SWEPT = ("standard", "mta")             # the ablation arms take MTA's learning rate
+MATCHED_TO = "mta"
 
 
 def example(rng: random.Random, blocks: int, n: int, q: int) -> tuple[str, str]:
@@ -39,19 +66,12 @@ def example(rng: random.Random, blocks: int, n: int, q: int) -> tuple[str, str]:
     return ".".join("".join(b) for b in items) + "#" + "".join(query), "".join(target)
 
 
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--blocks", type=int, default=12)
-    ap.add_argument("--block-size", type=int, default=5)
-    ap.add_argument("--query", type=int, default=2)
-    ap.add_argument("--examples", type=int, default=30000)
-    ap.add_argument("--iters", type=int, default=3000)
-    ap.add_argument("--models", nargs="+", default=["standard", "mta"], choices=["standard", "mta"])
-    ap.add_argument("--work", default="bench-mta")
-    args = ap.parse_args()
+def data(args) -> Path:
+    """The pairs dataset: --examples training examples and 1,000 held out, all distinct."""
     work = Path(args.work)
+    out = work / "data"
+    if (out / "meta.json").exists():
+        return out
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     seen, rows = set(), []
@@ -61,34 +81,101 @@ def main():
             seen.add(src)
             rows.append(f"{src}\t{tgt}\n")
     (work / "find-block.tsv").write_text("".join(rows))
-    data = work / "data"
-    tbp("prepare", "--format", "pairs", "--data", work / "find-block.tsv", "--out", data, "--force",
+    tbp("prepare", "--format", "pairs", "--data", work / "find-block.tsv", "--out", out, "--force",
         "--val-fraction", 1000 / len(rows))
-    meta = json.loads((data / "meta.json").read_text())
-    n_ctx = meta["max_example_tokens"] + 1
-    common = ["--data", data, "--n-layer", 2, "--n-head", 2, "--d-model", 64, "--n-ctx", n_ctx,
-              "--batch-size", 32, "--lr", "1e-3", "--min-lr", "1e-4", "--max-iters", args.iters,
-              "--eval-interval", 500, "-q"]
-    models = {"standard": [], "mta 2x9": ["--attention", "mta", "--mta-cq", 2, "--mta-ck", 9]}
-    models = {name: flags for name, flags in models.items() if name.split()[0] in args.models}
-    results = []
-    for seed in args.seeds:
-        for name, flags in models.items():
-            run = work / f"run-{name.split()[0]}-{seed}"
-            t0 = time.perf_counter()
-            tbp("train", "--out", run, "--force", "--seed", seed, *common, *flags)
-            seconds = time.perf_counter() - t0
-            ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
-            row = {"model": name, "seed": seed, "train_s": round(seconds, 1), "error": 1 - ev["exact_match"],
-                   "token_accuracy": ev["token_accuracy"], "val_loss": ev["val_loss"], "examples": ev["examples"]}
-            results.append(row)
-            print(json.dumps(row), flush=True)
-    print(f"\nfind the block: {args.blocks} blocks of {args.block_size} letters, a query of {args.query}, "
-          f"{args.iters} steps; error on {results[0]['examples']} held-out examples")
-    print(f"{'model':<10}{'seed':>5}{'train s':>9}{'error':>8}{'next token':>12}{'val loss':>10}")
-    for r in results:
-        print(f"{r['model']:<10}{r['seed']:>5}{r['train_s']:>9.0f}{100 * r['error']:>7.1f}%"
-              f"{100 * r['token_accuracy']:>11.1f}%{r['val_loss']:>10.4f}")
+    return out
+
+
+def n_ctx(args) -> int:
+    return json.loads((data(args) / "meta.json").read_text())["max_example_tokens"] + 1
+
+
+def timing(args) -> None:
+    done = {r["arm"] for r in records.read("mta_timing") if r["n_layer"] == SHAPE[1]}
+    if all(arm in done for arm in ARMS):
+        return
+    ms = {arm: [] for arm in ARMS}
+    for _ in range(args.rounds):
+        for arm, flags in ARMS.items():
+            d = json.loads(tbp("bench", *SHAPE, *flags, "--n-ctx", n_ctx(args), "--batch-size", 32,
+                               "--vocab-size", 31, "--iters", 10, "--gen-tokens", 8, "--threads", 1, "--json"))
+            ms[arm].append(d["train_ms_per_iter"])
+    for arm in ARMS:
+        records.append("mta_timing", {"n_layer": SHAPE[1], "arm": arm, "commit": records.commit(), "threads": 1,
+                                      "rounds": args.rounds, "step_ms": statistics.median(ms[arm]),
+                                      "step_ms_all": ms[arm]})
+    print({a: round(statistics.median(v), 1) for a, v in ms.items()}, flush=True)
+
+
+def matched_steps(args, arm: str) -> int:
+    t = {r["arm"]: r["step_ms"] for r in records.read("mta_timing") if r["n_layer"] == SHAPE[1]}
+    if arm not in t or MATCHED_TO not in t:
+        sys.exit("no step times: run the timing phase first")
+    return round(args.steps * t[MATCHED_TO] / t[arm])
+
+
+def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
+    if (arm, lr, seed) in {(r["arm"], r["lr"], r["seed"]) for r in records.read("mta_find_block")}:
+        return
+    run = Path(args.work) / f"{arm}-lr{lr:g}-s{seed}"
+    steps = matched_steps(args, arm)
+    if (run / "state.json").exists():             # stopped part-way: continue it (tbp resumes exactly)
+        tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
+    else:
+        tbp("train", "--data", data(args), "--out", run, "--force", "--seed", seed, "--threads", 1, *SHAPE,
+            *ARMS[arm], "--n-ctx", n_ctx(args), "--batch-size", 32, "--lr", lr, "--min-lr", lr / 10,
+            "--max-iters", steps, "--eval-interval", 500, "-q")
+    ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
+    state = json.loads((run / "state.json").read_text())
+    cfg = json.loads((run / "config.json").read_text())
+    row = {"phase": phase, "n_layer": SHAPE[1], "arm": arm, "lr": lr, "seed": seed, "steps": steps,
+           "commit": records.commit(), "config": cfg, "train_s": state["elapsed_s"], "threads": 1,
+           "examples": ev["examples"], "exact_match": ev["exact_match"], "error": 1 - ev["exact_match"],
+           "token_accuracy": ev["token_accuracy"], "val_loss": ev["val_loss"]}
+    records.append("mta_find_block", row)
+    print(json.dumps({k: row[k] for k in ("arm", "lr", "seed", "steps", "error", "val_loss")}), flush=True)
+
+
+def best_lr(arm: str, seed: int) -> float | None:
+    """The swept learning rate with the lowest error (then validation loss) on the first seed."""
+    sweep = [r for r in records.read("mta_find_block") if r["arm"] == arm and r["phase"] == "sweep"
+             and r["seed"] == seed]
+    return min(sweep, key=lambda r: (r["error"], r["val_loss"]))["lr"] if sweep else None
+
+
+def sweep(args) -> None:
+    for arm in SWEPT:
+        for lr in args.lrs:
+            train_one(args, arm, lr, args.seeds[0], "sweep")
+
+
+def seeds(args) -> None:
+    """The two swept arms on every seed first (seeds outermost: a partial run is balanced), then
+    the ablation arms at MTA's learning rate."""
+    for group in (SWEPT, [arm for arm in ARMS if arm not in SWEPT]):
+        for seed in args.seeds:
+            for arm in group:
+                lr = best_lr(arm if arm in SWEPT else MATCHED_TO, args.seeds[0])
+                if lr is None:
+                    sys.exit(f"no learning-rate sweep for {arm}: run the sweep phase first")
+                train_one(args, arm, lr, seed, "seed" if arm in SWEPT else "ablation")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
+    ap.add_argument("--steps", type=int, default=2000, help="the 2 x 9 MTA arm's steps; the others match its time")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--block-size", type=int, default=5)
+    ap.add_argument("--query", type=int, default=2)
+    ap.add_argument("--examples", type=int, default=300_000)
+    ap.add_argument("--work", default="bench-mta")
+    args = ap.parse_args()
+    for phase in args.phases:
+        {"timing": timing, "sweep": sweep, "seeds": seeds}[phase](args)
 
 
 if __name__ == "__main__":

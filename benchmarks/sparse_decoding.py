@@ -1,129 +1,96 @@
-"""Sparse decoding, measured: what LessIsMore, per-head top-k and a sliding window cost in
-quality and buy in speed, at equal budgets.
+"""Sparse decoding on natural text at a fixed cache length: what each rule costs in loss.
 
-Quality: held-out text (the run's validation split) is teacher-forced through the KV cache one
-token at a time, densely and with each rule at budgets K, at contexts n; over the positions
-past K (where sparsity acts) it reports the change in validation loss against dense, top-1
-agreement with dense, KL(dense || sparse), and the share of the selection layer's dense
-attention mass that the kept set covers. Speed: tokens/s of one-token steps at the end of an
-n-token cache, random weights (speed does not depend on them), dense and each rule.
+Held-out text (the run's validation split) is cut into ``--windows`` non-overlapping windows
+of n tokens. Each window's first n - m tokens are prefilled densely, once; then its last m
+tokens are teacher-forced one at a time, densely and under each rule x budget, so every
+measured prediction is made from a cache of n - m + 1 .. n tokens -- a fixed length, not an
+average from K to n. Per rule x budget: the change in loss against dense (nats per token),
+with a 95 % interval over the windows (paired: the same tokens), top-1 agreement with dense,
+and KL(dense || sparse). One record each in benchmarks/results/sparse_text.jsonl.
+(Speed is benchmarks/sparse_crossover.py; long-range retrieval, benchmarks/retrieval.py.)
 
-    tbp train --positions rope --n-ctx 2048 --batch-size 2 --max-iters 400 --out checkpoints/long
-    python benchmarks/sparse_decoding.py --run checkpoints/long
+    tbp prepare --data ../shared/data/tinyshakespeare.txt --out data/shakespeare
+    tbp train --data data/shakespeare --positions rope --n-ctx 1024 --batch-size 8 --max-iters 1500 --out RUN
+    python benchmarks/sparse_decoding.py --run RUN
 """
 import argparse
-import json
-import time
+import math
+import statistics
 
 import numpy as np
 
-from tbp import GPT, ModelConfig, checkpoint
+import records
+from tbp import checkpoint
 from tbp.data import Dataset
 from tbp.nn.sparse import KINDS, Sparsity
 
 
-def softmax(z):
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
     z = z - z.max(-1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def teacher_force(model, tokens, rule, start):
-    """Logits (n - 1 - start, V) predicting tokens[start+1:], and the mass the kept sets
-    covered at the selection layer (mean over heads and steps), through the cache."""
-    dec = model.inference(1, rule)
-    dec.forward(tokens[None, :start])
-    out, covered = [], []
-    for t in range(start, len(tokens) - 1):
-        out.append(dec.forward(tokens[None, t:t + 1], check=False)[0, -1].astype(np.float64))
-        if rule is not None and dec.kept is not None:
-            p = softmax(dec.kept_scores[0].astype(np.float64))          # (H, t+1)
-            kept = dec.kept[0]
-            mass = [p[h, kept[h] if kept.ndim == 2 else kept].sum() for h in range(p.shape[0])]
-            covered.append(np.mean(mass))
-    return np.array(out), (float(np.mean(covered)) if covered else 1.0)
-
-
-def quality(model, tokens, budgets, layers):
-    n = len(tokens)
-    start = 8
-    dense, _ = teacher_force(model, tokens, None, start)
-    targets = tokens[start + 1:]
-    rows = []
-    for K in budgets:
-        active = np.arange(start, n - 1) + 1 > K                      # steps where the cache exceeds K
-        ce_dense = -np.log(softmax(dense)[np.arange(len(targets)), targets])
-        p_dense = softmax(dense[active])
-        for kind in KINDS:
-            logits, covered = teacher_force(model, tokens, Sparsity(kind, K, layers), start)
-            p = softmax(logits)
-            ce = -np.log(p[np.arange(len(targets)), targets])
-            ps = p[active]
-            rows.append({"n": n, "K": K, "kind": kind,
-                         "delta_loss": float(ce[active].mean() - ce_dense[active].mean()),
-                         "top1_agree": float((ps.argmax(-1) == p_dense.argmax(-1)).mean()),
-                         "kl": float((p_dense * (np.log(p_dense) - np.log(ps))).sum(-1).mean()),
-                         "coverage": covered, "dense_loss": float(ce_dense[active].mean())})
-            r = rows[-1]
-            print(f"n {n:5d} K {K:4d} {kind:10s} Δloss {r['delta_loss']:+.4f}  top-1 {r['top1_agree']:.3f}  "
-                  f"KL {r['kl']:.4f}  coverage {r['coverage']:.3f}", flush=True)
-    return rows
-
-
-def speed(n, budgets, layers, steps=200, repeats=5):
-    cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=4, n_head=4, d_model=128, positions="rope")
-    model = GPT(cfg, seed=0)
-    tokens = np.random.default_rng(0).integers(0, 65, (1, n))
-    rules = [("dense", None)] + [(f"{kind} K={K}", Sparsity(kind, K, layers)) for K in budgets for kind in KINDS]
-    times = {name: [] for name, _ in rules}
-    for _ in range(repeats):                                       # interleaved
-        for name, rule in rules:
-            dec = model.inference(1, rule)
-            dec.forward(tokens[:, :n - steps])
-            t = time.perf_counter()
-            for i in range(n - steps, n):
-                dec.forward(tokens[:, i:i + 1], check=False)
-            times[name].append(steps / (time.perf_counter() - t))
-    out = {name: float(np.median(v)) for name, v in times.items()}
-    for name, v in out.items():
-        print(f"n {n:5d} {name:18s} {v:7.0f} tokens/s ({v / out['dense']:.2f}x dense)", flush=True)
+def last_steps(model, inputs: np.ndarray, m: int, rules: list, batch: int) -> list[np.ndarray]:
+    """Per rule, the log-probabilities (W, m, V) that the last m positions of each window
+    inputs (W, n) give their successors: each batch of windows is prefilled densely once, then
+    its caches are restored for each rule and the m steps teacher-forced under it."""
+    W, n = inputs.shape
+    out = [np.empty((W, m, model.config.vocab_size)) for _ in rules]
+    for b0 in range(0, W, batch):
+        rows = inputs[b0:b0 + batch]
+        dec = model.inference(len(rows))
+        dec.forward(rows[:, :n - m])
+        saved = [a.copy() for _, _, a in dec.caches()]
+        for i, rule in enumerate(rules):
+            for (_, _, a), s in zip(dec.caches(), saved):
+                np.copyto(a, s)
+            dec.length, dec.sparse = n - m, rule
+            for j in range(n - m, n):
+                out[i][b0:b0 + len(rows), j - n + m] = log_softmax(dec.forward(rows[:, j:j + 1], check=False)[:, -1])
     return out
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--run", default="checkpoints/long")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
-    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    p.add_argument("--layers", default="1", help="selection layers, comma-separated")
-    p.add_argument("--speed-budgets", type=int, nargs="+", default=[128, 256])
-    p.add_argument("--plot", help="also draw delta loss against the budget into this picture")
-    p.add_argument("--quality-only", action="store_true", help="skip the speed measurement")
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True)
+    p.add_argument("--n", type=int, default=None, help="cache length (default: the model's context)")
+    p.add_argument("--last", type=int, default=8, help="m: the measured steps at the end of each window")
+    p.add_argument("--windows", type=int, default=96)
+    p.add_argument("--layers", nargs="+", default=["1"], help="selection-layer sets, each comma-separated")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
-    layers = tuple(int(x) for x in a.layers.split(","))
     model = checkpoint.load_model(a.run, dtype=np.float32)[0]
-    val = Dataset.load(checkpoint.read_config(a.run)["data"]).val
-    rows = []
-    for n in a.lengths:
-        rows += quality(model, np.asarray(val[:n], dtype=np.int64), a.budgets, layers)
-    speeds = {} if a.quality_only else {n: speed(n, a.speed_budgets, layers) for n in a.lengths}
-    if a.plot:
-        from tbp.plot import figure, save
-        fig = figure(10, 4)
-        axes = fig.subplots(1, len(a.lengths), squeeze=False)[0]
-        for ax, n in zip(axes, a.lengths):
-            for kind in KINDS:
-                pts = [(r["K"], r["delta_loss"]) for r in rows if r["n"] == n and r["kind"] == kind]
-                ax.plot(*zip(*pts), marker="o", label=kind)
-            ax.set(xscale="log", xlabel="budget K (cached tokens attended)", ylabel="Δ loss vs dense (nats)",
-                   title=f"context n = {n}")
-            ax.set_xticks(a.budgets, [str(k) for k in a.budgets])
-            ax.minorticks_off()
-            ax.axhline(0, color="grey", lw=0.8)
-            ax.grid(alpha=0.3)
-            ax.legend()
-        save(fig, a.plot)
-    print(json.dumps({"quality": rows, "speed": {str(k): v for k, v in speeds.items()}}))
+    n = a.n or model.config.n_ctx
+    val = np.asarray(Dataset.load(checkpoint.read_config(a.run)["data"]).val, dtype=np.int64)
+    W = min(a.windows, (len(val) - 1) // n)
+    # each window carries one more token: the successor of its last position
+    windows = np.stack([val[w * n:(w + 1) * n + 1] for w in range(W)])
+    targets = windows[:, n - a.last + 1:n + 1]                              # (W, m)
+    inputs = windows[:, :n]
+    layer_sets = [tuple(int(x) for x in s.split(",")) for s in a.layers]
+    budgets = [n // d for d in (64, 32, 16, 8, 4)]
+    rules = [None] + [Sparsity(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
+                      if kind == "lessismore" or layers == layer_sets[0]]
+    logp = last_steps(model, inputs, a.last, rules, a.batch)
+    pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]   # (W, m)
+    dense = logp[0]
+    loss_dense = -pick(dense)
+    for rule, lp in zip(rules[1:], logp[1:]):
+        per_window = (-pick(lp) - loss_dense).mean(1)                          # (W,)
+        delta = float(per_window.mean())
+        half = 1.959964 * statistics.stdev(per_window) / math.sqrt(W)
+        p_dense = np.exp(dense)
+        rec = {"commit": records.commit(), "seed": a.seed, "run": str(a.run), "n_layer": model.config.n_layer,
+               "config": model.config.to_dict(), "n_cache": n, "last": a.last, "windows": W,
+               "kind": rule.kind, "budget": rule.budget, "layers": list(rule.layers),
+               "dense_loss": float(loss_dense.mean()), "delta_loss": delta, "ci95": [delta - half, delta + half],
+               "top1_agree": float((lp.argmax(-1) == dense.argmax(-1)).mean()),
+               "kl": float((p_dense * (dense - lp)).sum(-1).mean())}
+        records.append("sparse_text", rec)
+        print(f"{rule.kind:10s} K {rule.budget:4d} layers {rule.layers}: Δloss {delta:+.4f} ± {half:.4f}  "
+              f"top-1 {rec['top1_agree']:.3f}  KL {rec['kl']:.4f}", flush=True)
 
 
 if __name__ == "__main__":
