@@ -22,7 +22,9 @@ The study, each phase resumable (records already written are skipped):
    (results/mta_timing.jsonl). Compute is matched by wall time: every arm trains ``--steps`` x
    (the 2 x 9 arm's step time / its own) steps, so the baseline gets MTA's wall time.
 2. ``sweep``: ``standard`` and ``mta`` at each of ``--lrs`` on the first seed.
-3. ``seeds``: both at their best learning rate on the other seeds; the ablation arms at MTA's.
+3. ``seeds``: both at their best learning rate on every seed; the ablation arms at MTA's.
+   With a ``--steps`` longer than any swept, the runs take the longest sweep's learning rates
+   (each budget is its own set of records: a run's key is its arm, lr, seed and steps).
 
 Training examples are drawn fresh (``--examples``, more than any arm sees in its budget, so
 none memorises); 1,000 held-out examples never in training. Every training is one record in
@@ -31,6 +33,7 @@ exact match (error = 1 - exact match) with the number of held-out examples.
 
     python benchmarks/mta_find_block.py timing
     python benchmarks/mta_find_block.py sweep seeds
+    python benchmarks/mta_find_block.py seeds --steps 6000 --arms standard mta
 """
 import argparse
 import json
@@ -115,10 +118,10 @@ def matched_steps(args, arm: str) -> int:
 
 
 def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
-    if (arm, lr, seed) in {(r["arm"], r["lr"], r["seed"]) for r in records.read("mta_find_block")}:
-        return
-    run = Path(args.work) / f"{arm}-lr{lr:g}-s{seed}"
     steps = matched_steps(args, arm)
+    if (arm, lr, seed, steps) in {(r["arm"], r["lr"], r["seed"], r["steps"]) for r in records.read("mta_find_block")}:
+        return
+    run = Path(args.work) / f"{arm}-lr{lr:g}-n{steps}-s{seed}"
     if (run / "state.json").exists():             # stopped part-way: continue it (tbp resumes exactly)
         tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
     else:
@@ -137,10 +140,14 @@ def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
 
 
 def best_lr(arm: str, seed: int) -> float | None:
-    """The swept learning rate with the lowest error (then validation loss) on the first seed."""
+    """The swept learning rate with the lowest error (then validation loss) on the first seed,
+    in the longest budget swept (a longer budget's runs take the shorter sweep's best)."""
     sweep = [r for r in records.read("mta_find_block") if r["arm"] == arm and r["phase"] == "sweep"
              and r["seed"] == seed]
-    return min(sweep, key=lambda r: (r["error"], r["val_loss"]))["lr"] if sweep else None
+    if not sweep:
+        return None
+    longest = max(r["steps"] for r in sweep)
+    return min((r for r in sweep if r["steps"] == longest), key=lambda r: (r["error"], r["val_loss"]))["lr"]
 
 
 def sweep(args) -> None:
@@ -151,8 +158,9 @@ def sweep(args) -> None:
 
 def seeds(args) -> None:
     """The two swept arms on every seed first (seeds outermost: a partial run is balanced), then
-    the ablation arms at MTA's learning rate."""
+    the ablation arms at MTA's learning rate (``--arms``: only these)."""
     for group in (SWEPT, [arm for arm in ARMS if arm not in SWEPT]):
+        group = [arm for arm in group if arm in args.arms]
         for seed in args.seeds:
             for arm in group:
                 lr = best_lr(arm if arm in SWEPT else MATCHED_TO, args.seeds[0])
@@ -167,6 +175,7 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
     ap.add_argument("--steps", type=int, default=2000, help="the 2 x 9 MTA arm's steps; the others match its time")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="seeds phase: these arms")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--block-size", type=int, default=5)

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import records
+import tables_mta
+import tables_sparse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,40 +259,14 @@ def mpi_zero(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def sparse_crossover(rows: list[dict]) -> str:
-    """Sparse over dense tokens/s (paired in one process) against the cache, per depth and rule,
-    from the newest commit's records."""
-    commit = rows[-1]["commit"]
-    rows = [r for r in rows if r["commit"] == commit]
-    depths = sorted({r["n_layer"] for r in rows})
-    kinds = [("window", "window"), ("lessismore", "LessIsMore"), ("topk", "top-k")]
-    at = {(r["n_layer"], r["n_ctx"], r["sparse"]["kind"]): r for r in rows}
-    head = "| cache n | K |" + "".join(f" {d} layers: dense | " + " | ".join(k for _, k in kinds) + " |" for d in depths)
-    out = [head, "| ---: | ---: |" + " ---: |" * (len(depths) * (len(kinds) + 1))]
-    for n in sorted({r["n_ctx"] for r in rows}):
-        cells = []
-        for d in depths:
-            got = [at.get((d, n, k)) for k, _ in kinds]
-            dense = [g["decode_dense_tokens_per_s"] for g in got if g]
-            cells.append(f"{_median(dense):,.0f} tok/s" if dense else "")
-            cells += [f"{g['decode_sparse_speedup']:.2f}×" if g else "" for g in got]
-        K = next(r["sparse"]["budget"] for r in rows if r["n_ctx"] == n)
-        out.append(f"| {n:,} | {K} | " + " | ".join(cells) + " |")
-    r0 = rows[0]
-    out += ["", f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
-                f"{', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, random weights, "
-                f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
-                f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
-                f"three pairings. "
-                f"CPU: {'; '.join(sorted({r['cpu'] for r in rows}))}; commit {commit}."]
-    return "\n".join(out)
-
-
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
           "attnres_timing": (attnres_timing, "attnres_timing"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
           "mpi_overlap": (mpi_overlap, "mpi_hosts"), "mpi_zero": (mpi_zero, "mpi_hosts"),
-          "sparse_crossover": (sparse_crossover, "sparse_crossover")}
+          "sparse_crossover": (tables_sparse.sparse_crossover, "sparse_crossover"),
+          "retrieval": (tables_sparse.retrieval, "retrieval"), "sparse_text": (tables_sparse.sparse_text, "sparse_text"),
+          "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),
+          "mta_seeds": (tables_mta.seeds, "mta_find_block")}
 
 
 def render(text: str) -> str:

@@ -65,41 +65,50 @@ def greedy(dec, first: np.ndarray, steps: int) -> np.ndarray:
     return got
 
 
+def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[np.ndarray]:
+    """Per rule (None: dense), the DIGITS tokens (S, DIGITS) generated greedily for each line of
+    ids (S, L) from its last key on. Each batch of lines is prefilled densely once, up to the
+    last key; each rule then decodes from there."""
+    S, L = ids.shape
+    prompt = L - DIGITS                                                   # up to and including the last key
+    out = [np.empty((S, DIGITS), dtype=np.int64) for _ in rules]
+    t = time.time()
+    for b0 in range(0, S, batch):
+        rows = ids[b0:b0 + batch]
+        dec = model.inference(len(rows))
+        dec.forward(rows[:, :prompt - 1])                                 # dense, once
+        for i, rule in enumerate(rules):
+            # back to the prefilled length: the rule's steps overwrite the positions the last
+            # rule's wrote, and no step reads a position past its own
+            dec.length, dec.sparse = prompt - 1, rule
+            out[i][b0:b0 + len(rows)] = greedy(dec, rows[:, prompt - 1], DIGITS)
+        log(f"{b0 + len(rows)}/{S} lines, dense {int((out[0][:b0 + len(rows)] == ids[:b0 + len(rows), prompt:]).all(1).sum())}"
+            f" right, {time.time() - t:.0f} s")
+    return out
+
+
 def evaluate(args) -> None:
     model, tok, _ = checkpoint.load_model(args.run)
     lines = Path(args.heldout).read_text(encoding="utf-8").splitlines()[:args.sequences]
     ids = np.array([tok.encode(s) for s in lines])                        # (S, L): every line has one length
     S, L = ids.shape
-    prompt = L - DIGITS                                                   # up to and including the last key
-    n = prompt + DIGITS - 1                                               # cache length at the last step
-    budgets = [n // d for d in (64, 32, 16, 8, 4)]
+    n = L - 1                                                             # cache length at the last step
+    budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
     layer_sets = [tuple(int(x) for x in s.split(",")) for s in args.layers]
-    rules = [("dense", None)] + [(kind, Sparsity(kind, K, layers)) for layers in layer_sets for K in budgets
-                                 for kind in KINDS if kind == "lessismore" or layers == layer_sets[0]]
-    hits = [0] * len(rules)
-    t = time.time()
-    for b0 in range(0, S, args.batch):
-        batch = ids[b0:b0 + args.batch]
-        dec = model.inference(len(batch))
-        dec.forward(batch[:, :prompt - 1])                                # dense, once
-        saved = [a.copy() for _, _, a in dec.caches()]
-        for i, (_, rule) in enumerate(rules):
-            for a, s in zip((a for _, _, a in dec.caches()), saved):
-                np.copyto(a, s)
-            dec.length, dec.sparse = prompt - 1, rule
-            got = greedy(dec, batch[:, prompt - 1], DIGITS)
-            hits[i] += int((got == batch[:, prompt:prompt + DIGITS]).all(1).sum())
-        print(f"{b0 + len(batch)}/{S} lines, dense {hits[0]}, {time.time() - t:.0f} s", flush=True)
-    for i, (name, rule) in enumerate(rules):
-        lo, hi = binomial_ci(hits[i], S)
+    rules = [None] + [Sparsity(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
+                      if kind == "lessismore" or layers == layer_sets[0]]
+    got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
+    hits = [int((g == ids[:, L - DIGITS:]).all(1).sum()) for g in got]
+    for rule, hit in zip(rules, hits):
+        lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": args.seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "kind": name, "sequences": S, "hits": hits[i],
-               "exact_match": hits[i] / S, "ci95": [lo, hi]}
+               "config": model.config.to_dict(), "n_cache": n, "kind": rule.kind if rule else "dense",
+               "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi]}
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
         records.append("retrieval", rec)
-        print(f"{name:10s} K {rec.get('budget', n):5d} layers {rec.get('layers', '-')}: "
-              f"{hits[i]}/{S} = {hits[i] / S:.3f} [{lo:.3f}, {hi:.3f}]")
+        print(f"{rec['kind']:10s} K {rec.get('budget', n):5d} layers {rec.get('layers', '-')}: "
+              f"{hit}/{S} = {hit / S:.3f} [{lo:.3f}, {hi:.3f}]")
 
 
 def main() -> None:
@@ -117,6 +126,7 @@ def main() -> None:
     e.add_argument("--sequences", type=int, default=512)
     e.add_argument("--batch", type=int, default=32)
     e.add_argument("--layers", nargs="+", default=["1"], help="selection-layer sets, each comma-separated")
+    e.add_argument("--budgets", type=int, nargs="+", help="default: n/64, n/32, n/16, n/8, n/4")
     e.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
     make(a) if a.cmd == "make" else evaluate(a)

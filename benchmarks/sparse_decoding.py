@@ -33,18 +33,17 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def last_steps(model, inputs: np.ndarray, m: int, rules: list, batch: int) -> list[np.ndarray]:
     """Per rule, the log-probabilities (W, m, V) that the last m positions of each window
-    inputs (W, n) give their successors: each batch of windows is prefilled densely once, then
-    its caches are restored for each rule and the m steps teacher-forced under it."""
+    inputs (W, n) give their successors: each batch of windows is prefilled densely once, and
+    each rule teacher-forces the m steps from there."""
     W, n = inputs.shape
     out = [np.empty((W, m, model.config.vocab_size)) for _ in rules]
     for b0 in range(0, W, batch):
         rows = inputs[b0:b0 + batch]
         dec = model.inference(len(rows))
         dec.forward(rows[:, :n - m])
-        saved = [a.copy() for _, _, a in dec.caches()]
         for i, rule in enumerate(rules):
-            for (_, _, a), s in zip(dec.caches(), saved):
-                np.copyto(a, s)
+            # back to the prefilled length: the rule's steps overwrite the positions the last
+            # rule's wrote, and no step reads a position past its own
             dec.length, dec.sparse = n - m, rule
             for j in range(n - m, n):
                 out[i][b0:b0 + len(rows), j - n + m] = log_softmax(dec.forward(rows[:, j:j + 1], check=False)[:, -1])

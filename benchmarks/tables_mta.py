@@ -1,0 +1,82 @@
+"""The Multi-Token Attention tables of the documentation, from their records (report.py runs
+them): step times, the learning-rate sweep, and every arm over the seeds."""
+import stats
+
+NAMES = {"standard": "standard attention", "mta": "MTA 2 × 9", "mta-1x1": "MTA 1 × 1", "mta-1x3": "MTA 1 × 3",
+         "mta-1x9": "MTA 1 × 9"}
+
+
+def _cpus(rows: list[dict]) -> str:
+    return "; ".join(sorted({r["cpu"] for r in rows}))
+
+
+def timing(rows: list[dict]) -> str:
+    newest = {r["arm"]: r for r in rows}
+    ref = newest["mta"]["step_ms"]
+    out = ["| arm | step | MTA 2 × 9 / this | rounds |", "| --- | ---: | ---: | --- |"]
+    for arm, r in newest.items():
+        out.append(f"| {NAMES[arm]} | {r['step_ms']:.1f} ms | {ref / r['step_ms']:.2f}× | {r['rounds']}, interleaved |")
+    out += ["", f"`tbp bench` training steps at the study's shape (4 layers × 64, 2 heads, batch 32, context 80), "
+                f"medians; CPU: {_cpus(rows)}. Each arm trains MTA 2 × 9's steps × this ratio: the same wall time."]
+    return "\n".join(out)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def sweep(rows: list[dict]) -> str:
+    swept = [r for r in rows if r["phase"] == "sweep"]
+    lrs = sorted({r["lr"] for r in swept})
+    out = ["| arm | steps | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "| --- | ---: |" + " ---: |" * len(lrs)]
+    for arm in NAMES:
+        got = {r["lr"]: r for r in swept if r["arm"] == arm}
+        if not got:
+            continue
+        best = min(got, key=lambda lr: (got[lr]["error"], got[lr]["val_loss"]))
+        cells = [("**%s**" if lr == best else "%s") % f"{_pct(got[lr]['error'])} ({got[lr]['val_loss']:.3f})"
+                 if lr in got else "" for lr in lrs]
+        out.append(f"| {NAMES[arm]} | {next(iter(got.values()))['steps']:,} | " + " | ".join(cells) + " |")
+    out += ["", f"Held-out error (validation loss on the answers in brackets), seed {swept[0]['seed']}; the best "
+                f"in bold is each arm's learning rate for the other seeds (the ablation arms take MTA 2 × 9's)."]
+    return "\n".join(out)
+
+
+def seeds(rows: list[dict]) -> str:
+    """Every arm at its learning rate over the seeds: error per seed with Wilson's interval, the
+    mean with a t interval, and the paired difference against standard attention."""
+    best = {}
+    for arm in ("standard", "mta"):
+        swept = [r for r in rows if r["phase"] == "sweep" and r["arm"] == arm]
+        if swept:
+            best[arm] = min(swept, key=lambda r: (r["error"], r["val_loss"]))["lr"]
+    lr_of = {arm: best.get(arm, best.get("mta")) for arm in NAMES}
+    runs = {arm: {r["seed"]: r for r in rows if r["arm"] == arm and r["lr"] == lr_of[arm]} for arm in NAMES}
+    seed_list = sorted({s for got in runs.values() for s in got})
+    out = ["| arm | lr | steps | " + " | ".join(f"seed {s}" for s in seed_list) + " | mean error | − standard, paired |",
+           "| --- | ---: | ---: |" + " ---: |" * len(seed_list) + " ---: | ---: |"]
+    error = {arm: {s: r["error"] for s, r in got.items()} for arm, got in runs.items()}
+    for arm, got in runs.items():
+        if not got:
+            continue
+        r0 = next(iter(got.values()))
+        cells = []
+        for s in seed_list:
+            if s in got:
+                r = got[s]
+                lo, hi = stats.binomial_ci(round(r["error"] * r["examples"]), r["examples"])
+                cells.append(f"{_pct(r['error'])} ({100 * lo:.0f}–{100 * hi:.0f})")
+            else:
+                cells.append("")
+        m, h = stats.mean_ci(list(error[arm].values()))
+        diff = ""
+        if arm != "standard" and error["standard"]:
+            d, dh, n = stats.paired(error[arm], error["standard"])
+            diff = f"{100 * d:+.1f} ± {100 * dh:.1f} points ({n} seeds)" if n > 1 else f"{100 * d:+.1f} points"
+        mean = _pct(m) + ("" if h != h else f" ± {100 * h:.1f}")
+        out.append(f"| {NAMES[arm]} | {r0['lr']:g} | {r0['steps']:,} | " + " | ".join(cells) + f" | {mean} | {diff} |")
+    n = rows[0]["examples"]
+    out += ["", f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
+                f"mean's ± is a 95 % t interval over the seeds, and the paired difference pairs seeds (the same "
+                f"initial draw and batches). CPU: {_cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+    return "\n".join(out)

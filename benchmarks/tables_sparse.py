@@ -1,0 +1,101 @@
+"""The sparse-decoding tables of the documentation, from their records (report.py runs them):
+speed against the cache length, retrieval exact match, and loss on text at a fixed cache."""
+import statistics
+
+RULES = [("window", "window + sinks"), ("topk", "per-head top-k"), ("layer-topk", "per-layer top-k"),
+         ("lessismore", "LessIsMore")]
+
+
+def _newest(rows: list[dict]) -> list[dict]:
+    commit = rows[-1]["commit"]
+    return [r for r in rows if r["commit"] == commit]
+
+
+def _cpus(rows: list[dict]) -> str:
+    return "; ".join(sorted({r["cpu"] for r in rows}))
+
+
+def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
+    """(kind, selection layers, heading) of every rule measured: LessIsMore once per layer set."""
+    sets = sorted({tuple(r["layers"]) for r in rows if r.get("layers")}, key=lambda s: (len(s), s))
+    cols = [(kind, sets[0], name) for kind, name in RULES if kind != "lessismore"]
+    for layers in sets:
+        cols.append(("lessismore", layers, f"LessIsMore, layers {','.join(map(str, layers))}"))
+    return cols
+
+
+def sparse_crossover(rows: list[dict]) -> str:
+    """Sparse over dense tokens/s (paired in one process) against the cache, per depth and rule,
+    from the newest commit's records."""
+    rows = _newest(rows)
+    commit = rows[-1]["commit"]
+    depths = sorted({r["n_layer"] for r in rows})
+    kinds = [("window", "window"), ("lessismore", "LessIsMore"), ("topk", "top-k")]
+    at = {(r["n_layer"], r["n_ctx"], r["sparse"]["kind"]): r for r in rows}
+    head = "| cache n | K |" + "".join(f" {d} layers: dense | " + " | ".join(k for _, k in kinds) + " |" for d in depths)
+    out = [head, "| ---: | ---: |" + " ---: |" * (len(depths) * (len(kinds) + 1))]
+    for n in sorted({r["n_ctx"] for r in rows}):
+        cells = []
+        for d in depths:
+            got = [at.get((d, n, k)) for k, _ in kinds]
+            dense = [g["decode_dense_tokens_per_s"] for g in got if g]
+            cells.append(f"{statistics.median(dense):,.0f} tok/s" if dense else "")
+            cells += [f"{g['decode_sparse_speedup']:.2f}×" if g else "" for g in got]
+        K = next(r["sparse"]["budget"] for r in rows if r["n_ctx"] == n)
+        out.append(f"| {n:,} | {K} | " + " | ".join(cells) + " |")
+    r0 = rows[0]
+    out += ["", f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
+                f"{', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, random weights, "
+                f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
+                f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
+                f"three pairings. "
+                f"CPU: {_cpus(rows)}; commit {commit}."]
+    return "\n".join(out)
+
+
+def retrieval(rows: list[dict]) -> str:
+    """Free-running exact match on held-out retrieval lines, per rule and budget, with Wilson's
+    95 % interval, for each model measured at the newest commit."""
+    rows = _newest(rows)
+    out = []
+    for run in dict.fromkeys(r["run"] for r in rows):
+        at = [r for r in rows if r["run"] == run]
+        dense = next(r for r in at if r["kind"] == "dense")
+        cols = _columns(at)
+        cell = lambda r: f"{100 * r['exact_match']:.1f} % ({100 * r['ci95'][0]:.0f}–{100 * r['ci95'][1]:.0f})"
+        c = dense["config"]
+        out += [f"Model: {c['n_layer']} × {c['d_model']}, {c['n_head']} heads, context {c['n_ctx']}, seed "
+                f"{dense['seed']}; dense decoding: **{cell(dense)}**, {dense['sequences']} held-out lines, cache "
+                f"{dense['n_cache']:,} tokens at the last step.", "",
+                "| budget K | " + " | ".join(name for *_, name in cols) + " |", "| ---: |" + " ---: |" * len(cols)]
+        for K in sorted({r["budget"] for r in at if r["kind"] != "dense"}):
+            got = {(r["kind"], tuple(r["layers"])): r for r in at if r.get("budget") == K}
+            cells = [cell(got[(k, ls)]) if (k, ls) in got else "" for k, ls, _ in cols]
+            out.append(f"| {K} (n/{round(dense['n_cache'] / K)}) | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append(f"Exact match of the three generated digits (greedy, free-running from the key on), in % with "
+               f"Wilson's 95 % interval. CPU: {_cpus(rows)}; commit {rows[-1]['commit']}.")
+    return "\n".join(out)
+
+
+def sparse_text(rows: list[dict]) -> str:
+    """Δ loss against dense on held-out text at a fixed cache length, per rule and budget."""
+    rows = _newest(rows)
+    r0 = rows[0]
+    cols = _columns(rows)
+    out = ["| budget K | " + " | ".join(name for *_, name in cols) + " |", "| ---: |" + " ---: |" * len(cols)]
+    for K in sorted({r["budget"] for r in rows}):
+        got = {(r["kind"], tuple(r["layers"])): r for r in rows if r["budget"] == K}
+        cells = []
+        for k, ls, _ in cols:
+            r = got.get((k, ls))
+            cells.append(f"{r['delta_loss']:+.3f} ± {(r['ci95'][1] - r['ci95'][0]) / 2:.3f}" if r else "")
+        out.append(f"| {K} (n/{round(r0['n_cache'] / K)}) | " + " | ".join(cells) + " |")
+    c = r0["config"]
+    out += ["", f"Change in loss against dense decoding of the same model (nats per character; dense: "
+                f"{r0['dense_loss']:.3f}), over the last {r0['last']} tokens of {r0['windows']} held-out windows of "
+                f"{r0['n_cache']:,} tokens, so every prediction reads a cache of {r0['n_cache'] - r0['last'] + 1:,}–"
+                f"{r0['n_cache']:,}; ± a 95 % interval over the windows. Model: {c['n_layer']} × {c['d_model']}, "
+                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}. CPU: {_cpus(rows)}; "
+                f"commit {r0['commit']}."]
+    return "\n".join(out)

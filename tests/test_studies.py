@@ -1,0 +1,78 @@
+"""The sparse-decoding studies measure what they say: the retrieval lines hold one fact per
+queried key, far back; decoding every rule from one dense prefill gives what a fresh decoder
+gives; the fixed-cache text study scores the tokens after the window's last positions."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import retrieval  # noqa: E402
+import sparse_decoding  # noqa: E402
+
+from tbp import GPT, ModelConfig  # noqa: E402
+from tbp.nn.sparse import Sparsity  # noqa: E402
+
+
+def test_a_retrieval_line_asks_each_fact_once_and_its_answer_is_the_fact():
+    rng = np.random.default_rng(0)
+    for facts in (3, 32, 255):
+        s = retrieval.line(rng, facts)
+        told, asked = s.split("|")
+        assert len(told) == len(asked) == facts * (1 + retrieval.DIGITS)
+        pairs = lambda t: [(t[i], t[i + 1:i + 4]) for i in range(0, len(t), 4)]
+        fact = dict(pairs(told))
+        assert len(fact) == facts                              # every key told once
+        assert sorted(pairs(asked)) == sorted(fact.items())    # every fact asked once, with its value
+        key, value = asked[-4], asked[-3:]
+        assert told.count(key) == 1 and fact[key] == value
+        # the last key's fact sits at least as far back as the whole query section
+        assert len(s) - 3 - told.index(key) >= len(asked)
+
+
+def _model_and_lines(seed=0, facts=6, lines=5):
+    rng = np.random.default_rng(seed)
+    text = [retrieval.line(rng, facts) for _ in range(lines)]
+    alphabet = sorted(set("".join(text)))
+    ids = np.array([[alphabet.index(c) for c in t] for t in text])
+    cfg = ModelConfig(vocab_size=len(alphabet), n_ctx=64, n_layer=3, n_head=2, d_model=16, positions="rope")
+    model = GPT(cfg, seed=seed, dtype=np.float64)
+    for name, p in model.params.items():     # larger weights: peaked attention, so that the rules disagree
+        if "ln" not in name:
+            p *= 8
+    return model, ids
+
+
+def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
+    model, ids = _model_and_lines()
+    n = ids.shape[1]
+    rules = [None, Sparsity("window", 8, (1,)), Sparsity("lessismore", 12, (1,)), Sparsity("topk", 6, (1,)),
+             Sparsity("lessismore", 10 * n, (1,))]
+    got = retrieval.answers(model, ids, rules, batch=2, log=lambda m: None)
+    prompt = n - retrieval.DIGITS
+    for rule, answer in zip(rules, got):
+        for s in range(len(ids)):                               # one sequence at a time, nothing reused
+            dec = model.inference(1, rule)
+            dec.forward(ids[s:s + 1, :prompt - 1])
+            want = retrieval.greedy(dec, ids[s, prompt - 1:prompt], retrieval.DIGITS)
+            assert (answer[s] == want[0]).all()
+    assert (got[-1] == got[0]).all()                            # a budget past the cache is dense
+    assert not all((g == got[0]).all() for g in got[1:4])       # and the tight budgets do change something
+
+
+def test_the_fixed_cache_study_scores_each_windows_last_positions():
+    model, ids = _model_and_lines(seed=1)
+    m = 4
+    rules = [None, Sparsity("window", 8, (1,)), Sparsity("topk", 10 * ids.shape[1], (1,))]
+    logp = sparse_decoding.last_steps(model, ids, m, rules, batch=2)
+    full = model.forward(ids)                                   # (W, n, V), no cache
+    full = full - full.max(-1, keepdims=True)
+    full = full - np.log(np.exp(full).sum(-1, keepdims=True))
+    np.testing.assert_allclose(logp[0], full[:, -m:], atol=1e-10)
+    np.testing.assert_allclose(logp[2], logp[0], atol=1e-12)   # a budget past the cache is dense
+    assert np.abs(logp[1] - logp[0]).max() > 1e-6
+
+
+if __name__ == "__main__":
+    pytest.main([__file__])
