@@ -16,6 +16,7 @@ and KL(dense || sparse). One record each in benchmarks/results/sparse_text.jsonl
 import argparse
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -61,6 +62,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
     model = checkpoint.load_model(a.run, dtype=np.float32)[0]
+    step = checkpoint.read_state(Path(a.run))["step"]                   # the checkpoint's training step
     n = a.n or model.config.n_ctx
     val = np.asarray(Dataset.load(checkpoint.read_config(a.run)["data"]).val, dtype=np.int64)
     W = min(a.windows, (len(val) - 1) // n)
@@ -81,7 +83,7 @@ def main() -> None:
         delta = float(per_window.mean())
         half = 1.959964 * statistics.stdev(per_window) / math.sqrt(W)
         p_dense = np.exp(dense)
-        rec = {"commit": records.commit(), "seed": a.seed, "run": str(a.run), "n_layer": model.config.n_layer,
+        rec = {"commit": records.commit(), "seed": a.seed, "run": str(a.run), "step": step, "n_layer": model.config.n_layer,
                "config": model.config.to_dict(), "n_cache": n, "last": a.last, "windows": W,
                "kind": rule.kind, "budget": rule.budget, "layers": list(rule.layers),
                "dense_loss": float(loss_dense.mean()), "delta_loss": delta, "ci95": [delta - half, delta + half],

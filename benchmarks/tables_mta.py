@@ -43,15 +43,13 @@ def sweep(rows: list[dict]) -> str:
 
 
 def seeds(rows: list[dict]) -> str:
-    """Every arm at its learning rate over the seeds: error per seed with Wilson's interval, the
-    mean with a t interval, and the paired difference against standard attention."""
-    best = {}
-    for arm in ("standard", "mta"):
-        swept = [r for r in rows if r["phase"] == "sweep" and r["arm"] == arm]
-        if swept:
-            best[arm] = min(swept, key=lambda r: (r["error"], r["val_loss"]))["lr"]
-    lr_of = {arm: best.get(arm, best.get("mta")) for arm in NAMES}
-    runs = {arm: {r["seed"]: r for r in rows if r["arm"] == arm and r["lr"] == lr_of[arm]} for arm in NAMES}
+    """Every arm's runs after the sweep (each at the learning rate the sweep chose for it) over
+    the seeds: error per seed with Wilson's interval, the mean with a t interval, and the paired
+    difference against standard attention."""
+    rows = [r for r in rows if r["phase"] != "sweep"]
+    if not rows:
+        return "(no runs after the sweep yet)"
+    runs = {arm: {r["seed"]: r for r in rows if r["arm"] == arm} for arm in NAMES}
     seed_list = sorted({s for got in runs.values() for s in got})
     out = ["| arm | lr | steps | " + " | ".join(f"seed {s}" for s in seed_list) + " | mean error | − standard, paired |",
            "| --- | ---: | ---: |" + " ---: |" * len(seed_list) + " ---: | ---: |"]
@@ -72,7 +70,7 @@ def seeds(rows: list[dict]) -> str:
         diff = ""
         if arm != "standard" and error["standard"]:
             d, dh, n = stats.paired(error[arm], error["standard"])
-            diff = f"{100 * d:+.1f} ± {100 * dh:.1f} points ({n} seeds)" if n > 1 else f"{100 * d:+.1f} points"
+            diff = f"{100 * d:+.1f} ± {100 * dh:.1f} points ({n} seeds)" if n > 1 else f"{100 * d:+.1f} points (1 seed)"
         mean = _pct(m) + ("" if h != h else f" ± {100 * h:.1f}")
         out.append(f"| {NAMES[arm]} | {r0['lr']:g} | {r0['steps']:,} | " + " | ".join(cells) + f" | {mean} | {diff} |")
     n = rows[0]["examples"]

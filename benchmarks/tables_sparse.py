@@ -96,6 +96,6 @@ def sparse_text(rows: list[dict]) -> str:
                 f"{r0['dense_loss']:.3f}), over the last {r0['last']} tokens of {r0['windows']} held-out windows of "
                 f"{r0['n_cache']:,} tokens, so every prediction reads a cache of {r0['n_cache'] - r0['last'] + 1:,}–"
                 f"{r0['n_cache']:,}; ± a 95 % interval over the windows. Model: {c['n_layer']} × {c['d_model']}, "
-                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}. CPU: {_cpus(rows)}; "
+                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. CPU: {_cpus(rows)}; "
                 f"commit {r0['commit']}."]
     return "\n".join(out)
