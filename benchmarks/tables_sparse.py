@@ -89,13 +89,15 @@ def sparse_text(rows: list[dict]) -> str:
         cells = []
         for k, ls, _ in cols:
             r = got.get((k, ls))
-            cells.append(f"{r['delta_loss']:+.3f} ± {(r['ci95'][1] - r['ci95'][0]) / 2:.3f}" if r else "")
+            cells.append(f"{r['delta_loss']:+.3f} ± {(r['ci95'][1] - r['ci95'][0]) / 2:.3f} ({r['top1_agree']:.2f})"
+                         if r else "")
         out.append(f"| {K} (n/{round(r0['n_cache'] / K)}) | " + " | ".join(cells) + " |")
     c = r0["config"]
     out += ["", f"Change in loss against dense decoding of the same model (nats per character; dense: "
                 f"{r0['dense_loss']:.3f}), over the last {r0['last']} tokens of {r0['windows']} held-out windows of "
                 f"{r0['n_cache']:,} tokens, so every prediction reads a cache of {r0['n_cache'] - r0['last'] + 1:,}–"
-                f"{r0['n_cache']:,}; ± a 95 % interval over the windows. Model: {c['n_layer']} × {c['d_model']}, "
+                f"{r0['n_cache']:,}; ± a 95 % interval over the windows; in brackets, the share of those predictions whose "
+                f"top token is dense decoding's. Model: {c['n_layer']} × {c['d_model']}, "
                 f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. CPU: {_cpus(rows)}; "
                 f"commit {r0['commit']}."]
     return "\n".join(out)
