@@ -16,7 +16,7 @@ benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, t
 Wilson's 95 % interval.
 
     python benchmarks/retrieval.py make --out /tmp/retrieval        # the corpora
-    tbp prepare --data /tmp/retrieval/train256.txt --out /tmp/retrieval/d256   # then train: see the docs
+    tbp prepare --data /tmp/retrieval/train256.txt --out /tmp/retrieval/d256   # then train a rotary model on it
     python benchmarks/retrieval.py eval --run RUN --heldout /tmp/retrieval/heldout.txt
 """
 import argparse

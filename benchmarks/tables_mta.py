@@ -63,7 +63,7 @@ def seeds(rows: list[dict]) -> str:
             if s in got:
                 r = got[s]
                 lo, hi = stats.binomial_ci(round(r["error"] * r["examples"]), r["examples"])
-                cells.append(f"{_pct(r['error'])} ({100 * lo:.0f}–{100 * hi:.0f})")
+                cells.append(f"{_pct(r['error'])} ({100 * lo:.1f}–{100 * hi:.1f})")
             else:
                 cells.append("")
         m, h = stats.mean_ci(list(error[arm].values()))
