@@ -78,9 +78,8 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
         dec = model.inference(len(rows))
         dec.forward(rows[:, :prompt - 1])                                 # dense, once
         for i, rule in enumerate(rules):
-            # back to the prefilled length: the rule's steps overwrite the positions the last
-            # rule's wrote, and no step reads a position past its own
-            dec.length, dec.sparse = prompt - 1, rule
+            dec.rewind(prompt - 1)                                        # back to the prefill
+            dec.sparse = rule
             out[i][b0:b0 + len(rows)] = greedy(dec, rows[:, prompt - 1], DIGITS)
         log(f"{b0 + len(rows)}/{S} lines, dense {int((out[0][:b0 + len(rows)] == ids[:b0 + len(rows), prompt:]).all(1).sum())}"
             f" right, {time.time() - t:.0f} s")

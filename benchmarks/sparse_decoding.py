@@ -43,9 +43,8 @@ def last_steps(model, inputs: np.ndarray, m: int, rules: list, batch: int) -> li
         dec = model.inference(len(rows))
         dec.forward(rows[:, :n - m])
         for i, rule in enumerate(rules):
-            # back to the prefilled length: the rule's steps overwrite the positions the last
-            # rule's wrote, and no step reads a position past its own
-            dec.length, dec.sparse = n - m, rule
+            dec.rewind(n - m)                                             # back to the prefill
+            dec.sparse = rule
             for j in range(n - m, n):
                 out[i][b0:b0 + len(rows), j - n + m] = log_softmax(dec.forward(rows[:, j:j + 1], check=False)[:, -1])
     return out

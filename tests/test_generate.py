@@ -42,6 +42,28 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, 
     np.testing.assert_allclose(decoder.forward(tokens[:, :3]), model.forward(tokens[:, :3]), rtol=0, atol=tol)
 
 
+def test_rewinding_the_cache_continues_as_if_the_later_tokens_were_never_fed():
+    model = randomized(np.float64)
+    rng = np.random.default_rng(6)
+    tokens, other = rng.integers(0, 17, (2, 10)), rng.integers(0, 17, (2, 4))
+    decoder = model.inference(2)
+    decoder.forward(tokens[:, :6])
+    decoder.forward(other)                                  # a continuation to forget
+    decoder.rewind(6)
+    for t in range(6, 10):
+        np.testing.assert_allclose(decoder.forward(tokens[:, t:t + 1])[:, -1], model.forward(tokens[:, :t + 1])[:, -1],
+                                   rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="can rewind to 0 .. 10 cached positions, not 11"):
+        decoder.rewind(11)
+    mta = randomized(np.float64, attention="mta", mta_cq=2, mta_ck=3)
+    dec = mta.inference(1)
+    dec.forward(tokens[:1, :5])
+    with pytest.raises(ValueError, match="Multi-Token Attention's cache keeps only the last rows"):
+        dec.rewind(3)
+    dec.rewind(5)                                           # to where it is, or to the start: nothing is read back
+    dec.rewind(0)
+
+
 def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
     model = randomized(np.float64)
     tokens = np.random.default_rng(5).integers(0, 17, (3, 11))

@@ -154,6 +154,23 @@ class Inference:
         """Forget every cached position (the memory stays allocated)."""
         self.length = 0
 
+    def rewind(self, length: int) -> None:
+        """Forget the cached positions from ``length`` on and keep those before it: the next
+        forward continues at position ``length``, as if the later tokens had never been fed.
+        Exact, because a step writes its own positions' keys and values before any row reads
+        them and no row reads past its own; so several continuations (each sparse rule, say)
+        can share one prefill. Not once a sliding cache has passed n_ctx (the ring has
+        overwritten older positions), nor where a layer caches rows it only keeps the last
+        of (Multi-Token Attention refuses it)."""
+        if not 0 <= length <= min(self.length, self.n_ctx):
+            raise ValueError(f"can rewind to 0 .. {min(self.length, self.n_ctx)} cached positions, not {length}"
+                             + (" (the ring has passed the context)" if self.length > self.n_ctx else ""))
+        if 0 < length < self.length:
+            why = build.refusal(self.model.config, "rewind")
+            if why is not None:
+                raise ValueError(why)
+        self.length = length
+
     def encode(self, src: np.ndarray) -> None:
         """An encoder-decoder's source, once: run the encoder on src (B, S) (one row is shared by
         all B sequences), compute every layer's cross-attention keys and values from its output,

@@ -189,7 +189,9 @@ VARIANT = Variant(
              "rope": "Multi-Token Attention uses learned positions here (rope is not wired into it)",
              "sparse": "sparse decoding thins standard attention; Multi-Token Attention's convolutions read "
                        "every score",
-             "export": "GPT-2's attention has no convolution over its score maps"},
+             "export": "GPT-2's attention has no convolution over its score maps",
+             "rewind": "Multi-Token Attention's cache keeps only the last rows of scores its convolutions "
+                       "read; rewinding would need rows it has overwritten"},
     check=_check, describe=_describe,
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
