@@ -77,11 +77,11 @@ def main() -> None:
     pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]   # (W, m)
     dense = logp[0]
     loss_dense = -pick(dense)
+    p_dense = np.exp(dense)
     for rule, lp in zip(rules[1:], logp[1:]):
         per_window = (-pick(lp) - loss_dense).mean(1)                          # (W,)
         delta = float(per_window.mean())
         half = 1.959964 * statistics.stdev(per_window) / math.sqrt(W)
-        p_dense = np.exp(dense)
         rec = {"commit": records.commit(), "seed": a.seed, "run": str(a.run), "step": step, "n_layer": model.config.n_layer,
                "config": model.config.to_dict(), "n_cache": n, "last": a.last, "windows": W,
                "kind": rule.kind, "budget": rule.budget, "layers": list(rule.layers),

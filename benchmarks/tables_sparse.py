@@ -62,7 +62,7 @@ def retrieval(rows: list[dict]) -> str:
         at = [r for r in rows if r["run"] == run]
         dense = next(r for r in at if r["kind"] == "dense")
         cols = _columns(at)
-        cell = lambda r: f"{100 * r['exact_match']:.1f} % ({100 * r['ci95'][0]:.0f}–{100 * r['ci95'][1]:.0f})"
+        cell = lambda r: f"{100 * r['exact_match']:.1f} % ({100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f})"
         c = dense["config"]
         out += [f"Model: {c['n_layer']} × {c['d_model']}, {c['n_head']} heads, context {c['n_ctx']}, seed "
                 f"{dense['seed']}; dense decoding: **{cell(dense)}**, {dense['sequences']} held-out lines, cache "

@@ -62,6 +62,13 @@ def test_rewinding_the_cache_continues_as_if_the_later_tokens_were_never_fed():
         dec.rewind(3)
     dec.rewind(5)                                           # to where it is, or to the start: nothing is read back
     dec.rewind(0)
+    rope = randomized(np.float64, positions="rope")          # a sliding cache past its context is a ring
+    ring = rope.inference(1)
+    ring.forward(rng.integers(0, 17, (1, rope.config.n_ctx)))
+    ring.forward(tokens[:1, :1])
+    with pytest.raises(ValueError, match="slid past its context"):
+        ring.rewind(3)
+    ring.rewind(0)
 
 
 def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):

@@ -160,11 +160,13 @@ class Inference:
         Exact, because a step writes its own positions' keys and values before any row reads
         them and no row reads past its own; so several continuations (each sparse rule, say)
         can share one prefill. Not once a sliding cache has passed n_ctx (the ring has
-        overwritten older positions), nor where a layer caches rows it only keeps the last
-        of (Multi-Token Attention refuses it)."""
-        if not 0 <= length <= min(self.length, self.n_ctx):
-            raise ValueError(f"can rewind to 0 .. {min(self.length, self.n_ctx)} cached positions, not {length}"
-                             + (" (the ring has passed the context)" if self.length > self.n_ctx else ""))
+        overwritten older positions: only a rewind to 0, a reset, is exact then), nor where a
+        layer caches rows it only keeps the last of (Multi-Token Attention refuses it)."""
+        if self.length > self.n_ctx and length:
+            raise ValueError(f"the cache has slid past its context of {self.n_ctx} (a ring over the last "
+                             f"positions): only a rewind to 0 is exact")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"can rewind to 0 .. {self.length} cached positions, not {length}")
         if 0 < length < self.length:
             why = build.refusal(self.model.config, "rewind")
             if why is not None:
