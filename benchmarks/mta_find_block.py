@@ -139,13 +139,14 @@ def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
     print(json.dumps({k: row[k] for k in ("arm", "lr", "seed", "steps", "error", "val_loss")}), flush=True)
 
 
-def best_lr(arm: str, seed: int) -> float | None:
-    """The swept learning rate with the lowest error (then validation loss) on the first seed,
-    in the longest budget swept (a longer budget's runs take the shorter sweep's best)."""
-    sweep = [r for r in records.read("mta_find_block") if r["arm"] == arm and r["phase"] == "sweep"
-             and r["seed"] == seed]
+def best_lr(arm: str) -> float | None:
+    """The swept learning rate with the lowest error (then validation loss) on the seed the sweep
+    ran on, in the longest budget swept (a longer budget's runs take the shorter sweep's best)."""
+    sweep = [r for r in records.read("mta_find_block") if r["arm"] == arm and r["phase"] == "sweep"]
     if not sweep:
         return None
+    seed = min(r["seed"] for r in sweep)          # one seed is swept; any later one is not a sweep
+    sweep = [r for r in sweep if r["seed"] == seed]
     longest = max(r["steps"] for r in sweep)
     return min((r for r in sweep if r["steps"] == longest), key=lambda r: (r["error"], r["val_loss"]))["lr"]
 
@@ -163,7 +164,7 @@ def seeds(args) -> None:
         group = [arm for arm in group if arm in args.arms]
         for seed in args.seeds:
             for arm in group:
-                lr = best_lr(arm if arm in SWEPT else MATCHED_TO, args.seeds[0])
+                lr = best_lr(arm if arm in SWEPT else MATCHED_TO)
                 if lr is None:
                     sys.exit(f"no learning-rate sweep for {arm}: run the sweep phase first")
                 train_one(args, arm, lr, seed, "seed" if arm in SWEPT else "ablation")
