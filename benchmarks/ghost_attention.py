@@ -1,138 +1,267 @@
-"""Ghost Attention, measured: does a model keep to a system instruction turns after it was given?
+"""Ghost Attention, a fair test: does the method keep a system instruction alive past the
+dialogue lengths it was trained on, against a baseline whose data already obeys it?
 
 A synthetic dialogue language whose constraints a program checks. The user names a thing
-("sky?"), the plain reply says its colour ("sky is blue"); a system instruction asks
-for replies in upper case, ending with "!", or starting with a name ("Ann: ..."); a quarter of
-the dialogues have no instruction. Dialogues have 1..7 turns. Three training sets from the
-same dialogues (Touvron et al. 2023, Llama 2, §3.3):
+("sky?"); the plain reply gives its colour ("sky is blue"). A system instruction asks for one
+or two of: upper case, a final "!", a name in front ("Ann: ..."); a quarter of the dialogues
+have none. Training dialogues have 1..7 turns.
 
-  (a) plain    the instruction in the first turn only, as ordinary multi-turn data has it: the
-               first reply obeys it, the later ones are plain; loss on every reply;
-  (b) gatt     the replies made with the instruction attached to every user message (all obey),
-               then tbp prepare --ghost-attention: the instruction kept only at the start, the
-               loss on the last reply;
-  (c) nomask   the same data as (b), the loss on every reply.
+Three arms, the same dialogues, recipe and seed (Touvron et al. 2023, Llama 2, §3.3):
 
-Each is trained with the same recipe and seed, then talks with 200 held-out dialogues of 7
-turns (greedy, tbp.conversation, the KV cache kept across turns); the table gives the share of
-replies at each turn that keep the instruction, and that name the right colour.
+  consistent  the instruction once, in the system message, and every reply obeys it; the loss
+              on every reply. Data as good as a perfect annotator's: what differs from (gatt)
+              is the method, not the labels.
+  gatt        Llama 2's construction: the context dialogue is the original one, its replies
+              written without the instruction (plain); the last reply is the teacher's sample
+              with the instruction attached to every user message (so it obeys). tbp prepare
+              --ghost-attention keeps the instruction at the start only and puts the loss on
+              the last reply: the intermediate replies, which do not obey, are context.
+  nomask      the same data as (gatt), the loss on every reply (--loss assistant): the
+              paper's "mismatch" that the mask is there to avoid.
 
-    python benchmarks/ghost_attention.py --seeds 1
+Each model then holds held-out dialogues of up to 20 turns (about 3x the longest trained),
+greedy, with tbp.conversation (the cache kept across turns, refilled from the system message
+and the latest turns when the context fills):
+
+  seen     instructions of the kinds trained on;
+  unseen   the combination upper case + a name, never in any training dialogue;
+  none     no instruction: the replies should stay plain.
+
+``attention`` measures, on the same held-out transcripts for every model, the attention mass
+the reply tokens put on the system message, by turn (the analogue of the paper's Figure 10);
+``picture`` draws it. One record per (arm, seed, test) and per (arm, seed) attention profile
+in benchmarks/results/ghost_attention.jsonl; report.py makes the tables.
+
+    python benchmarks/ghost_attention.py train --seeds 1 2 3
+    python benchmarks/ghost_attention.py picture
 """
 import argparse
 import json
 import random
-import time
 from pathlib import Path
 
-from runner import tbp
-
 import numpy as np
+
+import records
+from runner import tbp
 
 THINGS = {"sky": "blue", "grass": "green", "snow": "white", "coal": "black", "sun": "yellow", "blood": "red",
           "sea": "blue", "leaf": "green", "milk": "white", "night": "black", "lemon": "yellow", "rose": "red",
           "plum": "purple", "rust": "brown", "ash": "grey", "gold": "yellow"}
 NAMES = ("Ann", "Bob", "Cy", "Dee", "Eve", "Fay")
-TURNS = 7
+TRAIN_TURNS = 7
+TEST_TURNS = 20
+ARMS = {"consistent": ("consistent", []), "gatt": ("gatt", ["--ghost-attention"]),
+        "nomask": ("gatt", ["--ghost-attention", "--loss", "assistant"])}
+TESTS = ("seen", "unseen", "none")
+SHAPE = ("--n-layer", 4, "--n-head", 4, "--d-model", 64)
 
 
-def instruction(rng):
-    """(system text, rule applied to a plain reply, checker) or None for no instruction."""
-    kind = rng.choice(["upper", "bang", "name", "none"])
-    if kind == "upper":
-        return "Reply in upper case.", str.upper, lambda r: any(c.isalpha() for c in r) and r == r.upper()
-    if kind == "bang":
-        return "End each reply with !", lambda r: r + "!", lambda r: r.endswith("!")
-    if kind == "name":
-        name = rng.choice(NAMES)
-        return f"Start each reply with {name}:", lambda r, n=name: f"{n}: {r}", \
-            lambda r, n=name: r.startswith(f"{n}: ")
-    return None
+# --- the language -----------------------------------------------------------------------------
+def text_of(inst: tuple) -> str:
+    """The system message of an instruction: a tuple of constraints, "upper", "bang", "name:X"."""
+    parts = {"upper": "Reply in upper case.", "bang": "End each reply with !"}
+    return " ".join(parts.get(c) or f"Start each reply with {c[5:]}:" for c in inst)
 
 
-def dialogue(rng, turns):
-    inst = instruction(rng)
+def obey(inst: tuple, reply: str) -> str:
+    """The plain reply made to keep every constraint of inst."""
+    for c in inst:
+        if c == "upper":
+            reply = reply.upper()
+    if "bang" in inst:
+        reply += "!"
+    for c in inst:
+        if c.startswith("name:"):
+            reply = f"{c[5:]}: {reply}"
+    return reply
+
+
+def keeps(inst: tuple, reply: str) -> bool:
+    """Whether reply keeps every constraint of inst; with no instruction, whether it keeps none."""
+    if not inst:
+        return not (reply.endswith("!") or ":" in reply or (reply.upper() == reply and any(ch.isalpha()
+                                                                                            for ch in reply)))
+    body = reply
+    for c in inst:
+        if c.startswith("name:"):
+            if not reply.startswith(f"{c[5:]}: "):
+                return False
+            body = reply[len(c) - 5 + 2:]
+    if "bang" in inst and not reply.endswith("!"):
+        return False
+    if "upper" in inst and not (any(ch.isalpha() for ch in body) and body == body.upper()):
+        return False
+    return True
+
+
+def instruction(rng: random.Random, test: str = "train") -> tuple:
+    """A training instruction (a quarter none), or a held-out one of test kind."""
+    name = f"name:{rng.choice(NAMES)}"
+    if test == "unseen":
+        return ("upper", name)
+    if test == "none":
+        return ()
+    kinds = [("upper",), ("bang",), (name,), ("upper", "bang"), ("bang", name)]
+    if test == "train" and rng.random() < 0.25:
+        return ()
+    return rng.choice(kinds)
+
+
+def dialogue(rng: random.Random, turns: int, test: str = "train") -> tuple[tuple, list]:
+    inst = instruction(rng, test)
     things = [rng.choice(list(THINGS)) for _ in range(turns)]
     return inst, [(f"{t}?", f"{t} is {THINGS[t]}") for t in things]
 
 
-def variant(inst, qa, which):
-    """The messages of one training dialogue in variant (a) plain or (b/c) Ghost Attention."""
-    if inst is None:
+def messages(inst: tuple, qa: list, arm: str) -> list[dict]:
+    """One training dialogue as the arm's data has it (before tbp prepare)."""
+    if not inst:
         return [m for q, a in qa for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
-    text, rule, _ = inst
-    msgs = [{"role": "system", "content": text}]
+    text = text_of(inst)
+    out = [{"role": "system", "content": text}]
     for k, (q, a) in enumerate(qa):
-        if which == "plain":          # the instruction was seen for the first reply only
-            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": rule(a) if k == 0 else a}]
-        else:                         # replies made with the instruction attached to every message
-            msgs += [{"role": "user", "content": f"{q} {text}"}, {"role": "assistant", "content": rule(a)}]
-    return msgs
+        if arm == "consistent":
+            out += [{"role": "user", "content": q}, {"role": "assistant", "content": obey(inst, a)}]
+        else:   # the original dialogue, then the teacher's last reply with the instruction attached
+            last = k == len(qa) - 1
+            out += [{"role": "user", "content": f"{q} {text}"},
+                    {"role": "assistant", "content": obey(inst, a) if last else a}]
+    return out
 
 
+def held_out(n: int) -> dict[str, list]:
+    rng = random.Random(12345)                    # another stream than the training draw (seed 0)
+    return {test: [dialogue(rng, TEST_TURNS, test) for _ in range(n if test != "none" else n // 2)]
+            for test in TESTS}
 
-def evaluate(run, held_out):
+
+# --- the phases -------------------------------------------------------------------------------
+def prepare(args) -> dict[str, Path]:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    train = [dialogue(rng, rng.randint(1, TRAIN_TURNS)) for _ in range(args.dialogues)]
+    out = {}
+    for arm, (source, flags) in ARMS.items():
+        path = work / f"{source}.jsonl"
+        if not path.exists():
+            with open(path, "w", encoding="utf-8") as f:
+                for inst, qa in train:
+                    f.write(json.dumps({"messages": messages(inst, qa, source)}) + "\n")
+        out[arm] = work / f"data-{arm}"
+        if not (out[arm] / "meta.json").exists():
+            tbp("prepare", "--format", "chat", "--data", path, "--out", out[arm], "--force",
+                "--val-fraction", "0.05", *flags)
+    return out
+
+
+def converse(run: Path, dialogues: list) -> dict:
+    """Held-out dialogues, greedy, TEST_TURNS turns each: per turn, how many replies keep the
+    instruction and how many name the right colour."""
     from tbp import checkpoint
     from tbp.conversation import Conversation
     from tbp.generate import Sampling
     model, tok, _ = checkpoint.load_model(run)
-    keep = np.zeros(TURNS)
-    right = np.zeros(TURNS)
-    for inst, qa in held_out:
-        talk = Conversation(model, tok, inst[0], Sampling(temperature=0), np.random.default_rng(0), 64)
+    kept, right, refills = np.zeros(TEST_TURNS, int), np.zeros(TEST_TURNS, int), 0
+    for inst, qa in dialogues:
+        talk = Conversation(model, tok, text_of(inst) or None, Sampling(temperature=0), np.random.default_rng(0), 32)
         for k, (q, a) in enumerate(qa):
             reply = "".join(talk.reply(q))
-            keep[k] += inst[2](reply)
+            kept[k] += keeps(inst, reply)
             right[k] += a.split()[-1] in reply.lower()
-    return keep / len(held_out), right / len(held_out)
+        refills += talk.refills
+    return {"kept": kept.tolist(), "right": right.tolist(), "dialogues": len(dialogues), "refills": refills}
+
+
+def system_mass(run: Path, dialogues: list) -> list[float]:
+    """Mean attention mass the reply tokens put on the system message's tokens, by turn, over
+    layers and heads, on the consistent transcripts of dialogues cut to the model's context."""
+    from tbp import checkpoint, lookinside
+    from tbp.chat import render
+    model, tok, _ = checkpoint.load_model(run)
+    n_ctx = model.config.n_ctx
+    total, count = np.zeros(TRAIN_TURNS), np.zeros(TRAIN_TURNS)
+    for inst, qa in dialogues:
+        msgs = messages(inst, qa, "consistent")
+        ends = [len(render(tok, msgs[:i + 1], "all")[0]) for i in range(len(msgs))]
+        msgs = msgs[:max(i + 1 for i, e in enumerate(ends) if e <= n_ctx)]
+        ids = render(tok, msgs, "all")[0].tolist()
+        weights = lookinside.self_attention(model, ids)          # each (H, T, T)
+        w = np.mean([lw.mean(axis=0) for lw in weights], axis=0)  # (T, T): mean over layers, heads
+        system = ends[0]
+        for turn in range(min(TRAIN_TURNS, (len(msgs) - 1) // 2)):
+            start, end = ends[2 * turn + 1], ends[2 * turn + 2]    # the reply's tokens
+            total[turn] += w[start:end, :system].sum(axis=1).mean()
+            count[turn] += 1
+    return (total / np.maximum(count, 1)).tolist()
+
+
+def train(args) -> None:
+    data = prepare(args)
+    n_ctx = max(json.loads((d / "meta.json").read_text())["max_example_tokens"] for d in data.values()) - 1
+    tests = held_out(args.held_out)
+    done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention")}
+    for seed in args.seeds:
+        for arm in ARMS:
+            if all((arm, seed, t) in done for t in (*TESTS, "attention")):
+                continue
+            run = Path(args.work) / f"run-{arm}-{seed}"
+            if not (run / "state.json").exists() or json.loads((run / "state.json").read_text())["step"] < args.iters:
+                tbp("train", "--data", data[arm], "--out", run, "--force", "--seed", seed, "--threads", 1,
+                    "--max-iters", args.iters, "--n-ctx", n_ctx, *SHAPE, "--batch-size", 16, "--lr", "2e-3",
+                    "--min-lr", "2e-4", "--eval-interval", 500, "-q")
+            cfg = json.loads((run / "config.json").read_text())
+            state = json.loads((run / "state.json").read_text())
+            base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"], "config": cfg,
+                    "iters": args.iters, "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS,
+                    "test_turns": TEST_TURNS, "train_s": round(state["elapsed_s"], 1), "threads": 1}
+            for test in TESTS:
+                if (arm, seed, test) not in done:
+                    records.append("ghost_attention", {**base, "test": test, **converse(run, tests[test])})
+            if (arm, seed, "attention") not in done:
+                records.append("ghost_attention", {**base, "test": "attention", "dialogues": len(tests["seen"]),
+                                                   "system_mass": system_mass(run, tests["seen"])})
+            print(f"{arm} seed {seed} done", flush=True)
+
+
+def picture(args) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in records.read("ghost_attention") if r["test"] == "attention"]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for arm, colour in zip(ARMS, ("black", "tab:blue", "tab:orange")):
+        curves = np.array([r["system_mass"] for r in rows if r["arm"] == arm])
+        if len(curves):
+            turns = np.arange(1, curves.shape[1] + 1)
+            ax.plot(turns, curves.mean(axis=0), "-o", color=colour, markersize=4,
+                    label=f"{arm} ({len(curves)} seeds)")
+            if len(curves) > 1:
+                ax.fill_between(turns, curves.min(axis=0), curves.max(axis=0), color=colour, alpha=0.15)
+    ax.set_xlabel("turn (the reply's tokens as queries)")
+    ax.set_ylabel("attention mass on the system message")
+    ax.set_title("Where the replies look: mean over layers, heads and held-out dialogues", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(args.picture)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phases", nargs="+", choices=["train", "picture"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--dialogues", type=int, default=6000)
-    ap.add_argument("--held-out", type=int, default=200)
+    ap.add_argument("--held-out", type=int, default=100, help="dialogues per test (none: half)")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--work", default="bench-gatt")
+    ap.add_argument("--picture", default="docs/images/ghost_attention.png")
     args = ap.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    train = [dialogue(rng, rng.randint(1, TURNS)) for _ in range(args.dialogues)]
-    held_out = []
-    while len(held_out) < args.held_out:
-        inst, qa = dialogue(rng, TURNS)
-        if inst is not None:
-            held_out.append((inst, qa))
-    files = {}
-    for which in ("plain", "gatt"):
-        files[which] = work / f"{which}.jsonl"
-        with open(files[which], "w") as f:
-            for inst, qa in train:
-                f.write(json.dumps({"messages": variant(inst, qa, which)}) + "\n")
-    sets = {"(a) plain": (files["plain"], []), "(b) gatt": (files["gatt"], ["--ghost-attention"]),
-            "(c) nomask": (files["gatt"], ["--ghost-attention", "--loss", "assistant"])}
-    results = {}
-    for seed in args.seeds:
-        for name, (path, flags) in sets.items():
-            data = work / f"data-{name[1]}"
-            tbp("prepare", "--format", "chat", "--data", path, "--out", data, "--force", "--val-fraction", "0.05",
-                *flags)
-            meta = json.loads((data / "meta.json").read_text())
-            run = work / f"run-{name[1]}-{seed}"
-            t0 = time.perf_counter()
-            tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--max-iters", args.iters,
-                "--n-ctx", meta["max_example_tokens"] - 1, "--n-layer", 4, "--n-head", 4, "--d-model", 64,
-                "--batch-size", 16, "--lr", "2e-3", "--min-lr", "2e-4", "--eval-interval", 500, "-q")
-            keep, right = evaluate(run, held_out)
-            results[(name, seed)] = keep, right
-            print(json.dumps({"variant": name, "seed": seed, "train_s": round(time.perf_counter() - t0, 1),
-                              "keeps_instruction": keep.round(3).tolist(), "right_colour": right.round(3).tolist()}),
-                  flush=True)
-    print(f"\nshare of replies that keep the instruction, by turn ({args.held_out} held-out dialogues, greedy)")
-    print(f"{'variant':<12}{'seed':>5}" + "".join(f"{k:>7}" for k in range(1, TURNS + 1)) + "   right colour")
-    for (name, seed), (keep, right) in results.items():
-        print(f"{name:<12}{seed:>5}" + "".join(f"{100 * x:>6.0f}%" for x in keep) + f"   {100 * right.mean():.0f}%")
+    for phase in args.phases:
+        {"train": train, "picture": picture}[phase](args)
 
 
 if __name__ == "__main__":
