@@ -77,22 +77,25 @@ def obey(inst: tuple, reply: str) -> str:
     return reply
 
 
+def holds(c: str, inst: tuple, reply: str) -> bool:
+    """Whether reply keeps constraint c of inst (upper case is checked after any name in front)."""
+    if c.startswith("name:"):
+        return reply.startswith(f"{c[5:]}: ")
+    if c == "bang":
+        return reply.endswith("!")
+    body = reply
+    for n in inst:
+        if n.startswith("name:") and reply.startswith(f"{n[5:]}: "):
+            body = reply[len(n) - 5 + 2:]
+    return any(ch.isalpha() for ch in body) and body == body.upper()
+
+
 def keeps(inst: tuple, reply: str) -> bool:
     """Whether reply keeps every constraint of inst; with no instruction, whether it keeps none."""
     if not inst:
         return not (reply.endswith("!") or ":" in reply or (reply.upper() == reply and any(ch.isalpha()
                                                                                             for ch in reply)))
-    body = reply
-    for c in inst:
-        if c.startswith("name:"):
-            if not reply.startswith(f"{c[5:]}: "):
-                return False
-            body = reply[len(c) - 5 + 2:]
-    if "bang" in inst and not reply.endswith("!"):
-        return False
-    if "upper" in inst and not (any(ch.isalpha() for ch in body) and body == body.upper()):
-        return False
-    return True
+    return all(holds(c, inst, reply) for c in inst)
 
 
 def instruction(rng: random.Random, test: str = "train") -> tuple:
@@ -164,14 +167,20 @@ def converse(run: Path, dialogues: list) -> dict:
     from tbp.generate import Sampling
     model, tok, _ = checkpoint.load_model(run)
     kept, right, refills = np.zeros(TEST_TURNS, int), np.zeros(TEST_TURNS, int), 0
+    each, having = {}, {}                  # per kind of constraint: replies that keep it, dialogues that ask it
     for inst, qa in dialogues:
         talk = Conversation(model, tok, text_of(inst) or None, Sampling(temperature=0), np.random.default_rng(0), 32)
+        for c in inst:
+            having[c.split(":")[0]] = having.get(c.split(":")[0], 0) + 1
         for k, (q, a) in enumerate(qa):
             reply = "".join(talk.reply(q))
             kept[k] += keeps(inst, reply)
             right[k] += a.split()[-1] in reply.lower()
+            for c in inst:
+                each.setdefault(c.split(":")[0], np.zeros(TEST_TURNS, int))[k] += holds(c, inst, reply)
         refills += talk.refills
-    return {"kept": kept.tolist(), "right": right.tolist(), "dialogues": len(dialogues), "refills": refills}
+    return {"kept": kept.tolist(), "right": right.tolist(), "dialogues": len(dialogues), "refills": refills,
+            "each": {c: v.tolist() for c, v in each.items()}, "each_dialogues": having}
 
 
 def system_mass(run: Path, dialogues: list) -> list[float]:

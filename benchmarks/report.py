@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import records
+import tables_gatt
 import tables_mta
 import tables_sparse
 
@@ -266,7 +267,9 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "sparse_crossover": (tables_sparse.sparse_crossover, "sparse_crossover"),
           "retrieval": (tables_sparse.retrieval, "retrieval"), "sparse_text": (tables_sparse.sparse_text, "sparse_text"),
           "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),
-          "mta_seeds": (tables_mta.seeds, "mta_find_block")}
+          "mta_seeds": (tables_mta.seeds, "mta_find_block"),
+          "gatt_keeps": (tables_gatt.keeps, "ghost_attention"), "gatt_paired": (tables_gatt.paired, "ghost_attention"),
+          "gatt_attention": (tables_gatt.attention, "ghost_attention")}
 
 
 def render(text: str) -> str:

@@ -30,13 +30,13 @@ def sweep(rows: list[dict]) -> str:
     lrs = sorted({r["lr"] for r in swept})
     out = ["| arm | steps | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "| --- | ---: |" + " ---: |" * len(lrs)]
     for arm in NAMES:
-        got = {r["lr"]: r for r in swept if r["arm"] == arm}
-        if not got:
-            continue
-        best = min(got, key=lambda lr: (got[lr]["error"], got[lr]["val_loss"]))
-        cells = [("**%s**" if lr == best else "%s") % f"{_pct(got[lr]['error'])} ({got[lr]['val_loss']:.3f})"
-                 if lr in got else "" for lr in lrs]
-        out.append(f"| {NAMES[arm]} | {next(iter(got.values()))['steps']:,} | " + " | ".join(cells) + " |")
+        budgets = sorted({r["steps"] for r in swept if r["arm"] == arm})
+        for steps in budgets:              # one row per budget; the longest one's best is the arm's rate
+            got = {r["lr"]: r for r in swept if r["arm"] == arm and r["steps"] == steps}
+            best = min(got, key=lambda lr: (got[lr]["error"], got[lr]["val_loss"])) if steps == budgets[-1] else None
+            cells = [("**%s**" if lr == best else "%s") % f"{_pct(got[lr]['error'])} ({got[lr]['val_loss']:.3f})"
+                     if lr in got else "" for lr in lrs]
+            out.append(f"| {NAMES[arm]} | {steps:,} | " + " | ".join(cells) + " |")
     out += ["", f"Held-out error (validation loss on the answers in brackets), seed {swept[0]['seed']}; the best "
                 f"in bold is each arm's learning rate for the other seeds (the ablation arms take MTA 2 × 9's)."]
     return "\n".join(out)

@@ -1,6 +1,9 @@
 """The sparse-decoding studies measure what they say: the retrieval lines hold one fact per
 queried key, far back; decoding every rule from one dense prefill gives what a fresh decoder
-gives; the fixed-cache text study scores the tokens after the window's last positions."""
+gives; the fixed-cache text study scores the tokens after the window's last positions. The
+Ghost Attention study's checker accepts exactly the replies that keep an instruction, and its
+arms differ where they say they do."""
+import random
 import sys
 from pathlib import Path
 
@@ -8,10 +11,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import ghost_attention as gatt  # noqa: E402
 import retrieval  # noqa: E402
 import sparse_decoding  # noqa: E402
 
 from tbp import GPT, ModelConfig  # noqa: E402
+from tbp.chat import ghost_attention  # noqa: E402
 from tbp.nn.sparse import Sparsity  # noqa: E402
 
 
@@ -76,3 +81,45 @@ def test_the_fixed_cache_study_scores_each_windows_last_positions():
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+def _instructions():
+    name = lambda n: f"name:{n}"
+    return [("upper",), ("bang",), (name("Ann"),), ("upper", "bang"), ("bang", name("Cy")), ("upper", name("Eve"))]
+
+
+def test_the_ghost_attention_checker_accepts_exactly_the_obeying_replies():
+    plain = "sky is blue"
+    for inst in _instructions():
+        assert gatt.keeps(inst, gatt.obey(inst, plain)), inst
+        assert not gatt.keeps(inst, plain), inst
+        for c in inst:                                  # every constraint is needed: drop one and it fails
+            rest = tuple(x for x in inst if x != c)
+            if rest:
+                assert not gatt.keeps(inst, gatt.obey(rest, plain)), (inst, c)
+        assert not gatt.keeps((), gatt.obey(inst, plain)), inst   # with no instruction, plain only
+    assert gatt.keeps((), plain)
+    assert gatt.obey(("upper", "name:Ann"), plain) == "Ann: SKY IS BLUE"
+    assert not gatt.keeps(("name:Ann",), "Bob: sky is blue")
+    half = ("upper", "name:Ann")                        # each constraint on its own, as the records count them
+    assert gatt.holds("name:Ann", half, "Ann: sky is blue") and not gatt.holds("upper", half, "Ann: sky is blue")
+    assert gatt.holds("upper", half, "SKY IS BLUE") and not gatt.holds("name:Ann", half, "SKY IS BLUE")
+
+
+def test_the_ghost_attention_arms_differ_only_where_they_say():
+    rng = random.Random(0)
+    drawn = [gatt.dialogue(rng, rng.randint(1, gatt.TRAIN_TURNS)) for _ in range(2000)]
+    # the held-out combination is never trained; every trained kind appears
+    kinds = {tuple(c.split(":")[0] for c in inst) for inst, _ in drawn}
+    assert ("upper", "name") not in kinds and {("upper",), ("bang",), ("name",), ()} <= kinds
+    for inst, qa in drawn[:200]:
+        consistent = gatt.messages(inst, qa, "consistent")
+        made = ghost_attention(gatt.messages(inst, qa, "gatt"))    # what tbp prepare --ghost-attention trains on
+        assert [m["content"] for m in made if m["role"] == "user"] == [q for q, _ in qa]   # copies stripped
+        if not inst:
+            assert made == consistent
+            continue
+        assert made[0] == consistent[0] and made[-1] == consistent[-1]      # the system message, the sample
+        replies = [m["content"] for m in made if m["role"] == "assistant"]
+        assert replies[:-1] == [a for _, a in qa[:-1]]                      # the context dialogue: plain
+        assert all(gatt.keeps(inst, m["content"]) for m in consistent if m["role"] == "assistant")

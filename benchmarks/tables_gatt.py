@@ -1,0 +1,89 @@
+"""The Ghost Attention tables of the documentation, from their records (report.py runs them):
+the share of replies that keep the instruction by stretch of turns, the paired differences
+between the arms, and the attention mass on the system message by turn."""
+import stats
+
+NAMES = {"consistent": "consistent data, loss on every reply", "gatt": "Ghost Attention (the mask)",
+         "nomask": "Ghost Attention's data, no mask"}
+TESTS = {"seen": "instructions of trained kinds", "unseen": "upper case + a name (never trained)",
+         "none": "no instruction (replies stay plain)"}
+STRETCHES = {"turn 1": (1, 1), "turns 2–7": (2, 7), "turns 8–14": (8, 14), "turns 15–20": (15, 20)}
+
+
+def _cpus(rows: list[dict]) -> str:
+    return "; ".join(sorted({r["cpu"] for r in rows}))
+
+
+def _rate(r: dict, first: int, last: int, key: str = "kept") -> float:
+    """The share of replies in turns first..last (1-based) that keep the instruction."""
+    return sum(r[key][first - 1:last]) / (r["dialogues"] * (last - first + 1))
+
+
+def _cell(values: list[float]) -> str:
+    m, h = stats.mean_ci(values)
+    return f"{100 * m:.1f} %" + ("" if h != h else f" ± {100 * h:.1f}")
+
+
+def keeps(rows: list[dict]) -> str:
+    """Per test and arm: the mean over seeds of the share of replies that keep the instruction
+    in each stretch of turns (t intervals over the seeds), and the share naming the right colour."""
+    talk = [r for r in rows if r["test"] in TESTS]
+    out = ["| test | arm | seeds | " + " | ".join(STRETCHES) + " | right colour |",
+           "| --- | --- | ---: |" + " ---: |" * len(STRETCHES) + " ---: |"]
+    for test, what in TESTS.items():
+        for arm, name in NAMES.items():
+            got = [r for r in talk if r["test"] == test and r["arm"] == arm]
+            if not got:
+                continue
+            turns = got[0]["test_turns"]
+            cells = [_cell([_rate(r, a, b) for r in got]) for a, b in STRETCHES.values()]
+            right = _cell([_rate(r, 1, turns, "right") for r in got])
+            out.append(f"| {what} | {name} | {len(got)} | " + " | ".join(cells) + f" | {right} |")
+    r0 = talk[0]
+    out += ["", f"Share of replies that keep every constraint of the instruction (for no instruction: that keep "
+                f"none), greedy, {r0['dialogues']} held-out dialogues of {r0['test_turns']} turns per test and seed "
+                f"(half as many with no instruction); training dialogues had 1–{r0['train_turns']} turns. ± is a 95 % "
+                f"t interval over the seeds. {r0['iters']:,} training steps per arm. CPU: {_cpus(talk)}; "
+                f"commits {', '.join(sorted({r['commit'] for r in talk}))}."]
+    return "\n".join(out)
+
+
+def paired(rows: list[dict]) -> str:
+    """Ghost Attention against each other arm, seed by seed, within and beyond the trained lengths."""
+    talk = [r for r in rows if r["test"] in ("seen", "unseen")]
+    spans = {"turns 1–7 (trained lengths)": (1, 7), "turns 8–20 (beyond)": (8, 20)}
+    out = ["| test | Ghost Attention − | " + " | ".join(spans) + " |", "| --- | --- |" + " ---: |" * len(spans)]
+    for test in ("seen", "unseen"):
+        by_arm = {arm: {r["seed"]: r for r in talk if r["test"] == test and r["arm"] == arm} for arm in NAMES}
+        if not by_arm["gatt"]:
+            continue
+        for other in ("consistent", "nomask"):
+            cells = []
+            for a, b in spans.values():
+                d, h, n = stats.paired({s: _rate(r, a, b) for s, r in by_arm["gatt"].items()},
+                                       {s: _rate(r, a, b) for s, r in by_arm[other].items()})
+                cells.append("" if n == 0 else f"{100 * d:+.1f}" + (f" ± {100 * h:.1f}" if n > 1 else "") +
+                             f" points ({n} seed{'s' if n > 1 else ''})")
+            out.append(f"| {TESTS[test]} | {NAMES[other]} | " + " | ".join(cells) + " |")
+    out += ["", "Differences in the share of replies that keep the instruction, paired by seed (each arm "
+                "trained with the same seed), with 95 % t intervals."]
+    return "\n".join(out)
+
+
+def attention(rows: list[dict]) -> str:
+    """The mean attention mass the reply tokens put on the system message, by turn."""
+    att = [r for r in rows if r["test"] == "attention"]
+    if not att:
+        return "(no attention records yet)"
+    turns = len(att[0]["system_mass"])
+    out = ["| arm | seeds | " + " | ".join(f"turn {k}" for k in range(1, turns + 1)) + " |",
+           "| --- | ---: |" + " ---: |" * turns]
+    for arm, name in NAMES.items():
+        got = [r["system_mass"] for r in att if r["arm"] == arm]
+        if got:
+            out.append(f"| {name} | {len(got)} | " + " | ".join(f"{sum(c[k] for c in got) / len(got):.3f}"
+                                                              for k in range(turns)) + " |")
+    out += ["", f"Attention weight summed over the system message's tokens, averaged over a reply's tokens, every "
+                f"layer and head, and {att[0]['dialogues']} held-out transcripts (the same obeying text for every "
+                f"model, cut to its context), then over the seeds."]
+    return "\n".join(out)
