@@ -18,6 +18,9 @@ Three arms, the same dialogues, recipe and seed (Touvron et al. 2023, Llama 2, Â
               the last reply: the intermediate replies, which do not obey, are context.
   nomask      the same data as (gatt), the loss on every reply (--loss assistant): the
               paper's "mismatch" that the mask is there to avoid.
+  sampled     the other reading of the paper: every reply of the context is the teacher's too,
+              sampled with the instruction attached (so all obey), then --ghost-attention. Its
+              data is (consistent)'s with the loss on the last reply only: what the mask costs.
 
 Each model then holds held-out dialogues of up to 20 turns (about 3x the longest trained),
 greedy, with tbp.conversation (the cache kept across turns, refilled from the system message
@@ -52,7 +55,7 @@ NAMES = ("Ann", "Bob", "Cy", "Dee", "Eve", "Fay")
 TRAIN_TURNS = 7
 TEST_TURNS = 20
 ARMS = {"consistent": ("consistent", []), "gatt": ("gatt", ["--ghost-attention"]),
-        "nomask": ("gatt", ["--ghost-attention", "--loss", "assistant"])}
+        "nomask": ("gatt", ["--ghost-attention", "--loss", "assistant"]), "sampled": ("sampled", ["--ghost-attention"])}
 TESTS = ("seen", "unseen", "none")
 SHAPE = ("--n-layer", 4, "--n-head", 4, "--d-model", 64)
 
@@ -126,6 +129,8 @@ def messages(inst: tuple, qa: list, arm: str) -> list[dict]:
     for k, (q, a) in enumerate(qa):
         if arm == "consistent":
             out += [{"role": "user", "content": q}, {"role": "assistant", "content": obey(inst, a)}]
+        elif arm == "sampled":    # every reply the teacher's, made with the instruction attached
+            out += [{"role": "user", "content": f"{q} {text}"}, {"role": "assistant", "content": obey(inst, a)}]
         else:   # the original dialogue, then the teacher's last reply with the instruction attached
             last = k == len(qa) - 1
             out += [{"role": "user", "content": f"{q} {text}"},
@@ -212,7 +217,7 @@ def train(args) -> None:
     tests = held_out(args.held_out)
     done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention")}
     for seed in args.seeds:
-        for arm in ARMS:
+        for arm in args.arms:
             if all((arm, seed, t) in done for t in (*TESTS, "attention")):
                 continue
             run = Path(args.work) / f"run-{arm}-{seed}"
@@ -240,7 +245,7 @@ def picture(args) -> None:
     import matplotlib.pyplot as plt
     rows = [r for r in records.read("ghost_attention") if r["test"] == "attention"]
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for arm, colour in zip(ARMS, ("black", "tab:blue", "tab:orange")):
+    for arm, colour in zip(ARMS, ("black", "tab:blue", "tab:orange", "tab:green")):
         curves = np.array([r["system_mass"] for r in rows if r["arm"] == arm])
         if len(curves):
             turns = np.arange(1, curves.shape[1] + 1)
@@ -263,6 +268,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("phases", nargs="+", choices=["train", "picture"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--dialogues", type=int, default=6000)
     ap.add_argument("--held-out", type=int, default=100, help="dialogues per test (none: half)")
     ap.add_argument("--iters", type=int, default=2000)

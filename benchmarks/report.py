@@ -269,6 +269,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),
           "mta_seeds": (tables_mta.seeds, "mta_find_block"),
           "gatt_keeps": (tables_gatt.keeps, "ghost_attention"), "gatt_paired": (tables_gatt.paired, "ghost_attention"),
+          "gatt_parts": (tables_gatt.parts, "ghost_attention"),
           "gatt_attention": (tables_gatt.attention, "ghost_attention")}
 
 

@@ -3,8 +3,8 @@ the share of replies that keep the instruction by stretch of turns, the paired d
 between the arms, and the attention mass on the system message by turn."""
 import stats
 
-NAMES = {"consistent": "consistent data, loss on every reply", "gatt": "Ghost Attention (the mask)",
-         "nomask": "Ghost Attention's data, no mask"}
+NAMES = {"consistent": "consistent data, loss on every reply", "gatt": "Ghost Attention, original replies as context",
+         "nomask": "the same data, no mask", "sampled": "Ghost Attention, every reply sampled"}
 TESTS = {"seen": "instructions of trained kinds", "unseen": "upper case + a name (never trained)",
          "none": "no instruction (replies stay plain)"}
 STRETCHES = {"turn 1": (1, 1), "turns 2–7": (2, 7), "turns 8–14": (8, 14), "turns 15–20": (15, 20)}
@@ -48,6 +48,23 @@ def keeps(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def parts(rows: list[dict]) -> str:
+    """The unseen combination constraint by constraint: what each arm keeps of its parts."""
+    talk = [r for r in rows if r["test"] == "unseen" and "each" in r]
+    out = ["| arm | seeds | upper case kept | name in front kept | both |", "| --- | ---: | ---: | ---: | ---: |"]
+    for arm, name in NAMES.items():
+        got = [r for r in talk if r["arm"] == arm]
+        if not got:
+            continue
+        share = lambda r, c: sum(r["each"][c]) / (r["each_dialogues"][c] * r["test_turns"])
+        cells = [_cell([share(r, c) for r in got]) for c in ("upper", "name")]
+        both = _cell([_rate(r, 1, r["test_turns"]) for r in got])
+        out.append(f"| {name} | {len(got)} | " + " | ".join(cells) + f" | {both} |")
+    out += ["", "The held-out combination (\"Reply in upper case. Start each reply with NAME:\"), each "
+                "constraint checked on its own, over all the turns; ± is a 95 % t interval over the seeds."]
+    return "\n".join(out)
+
+
 def paired(rows: list[dict]) -> str:
     """Ghost Attention against each other arm, seed by seed, within and beyond the trained lengths."""
     talk = [r for r in rows if r["test"] in ("seen", "unseen")]
@@ -57,7 +74,9 @@ def paired(rows: list[dict]) -> str:
         by_arm = {arm: {r["seed"]: r for r in talk if r["test"] == test and r["arm"] == arm} for arm in NAMES}
         if not by_arm["gatt"]:
             continue
-        for other in ("consistent", "nomask"):
+        for other in ("consistent", "nomask", "sampled"):
+            if not by_arm[other]:
+                continue
             cells = []
             for a, b in spans.values():
                 d, h, n = stats.paired({s: _rate(r, a, b) for s, r in by_arm["gatt"].items()},

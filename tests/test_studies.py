@@ -123,3 +123,4 @@ def test_the_ghost_attention_arms_differ_only_where_they_say():
         replies = [m["content"] for m in made if m["role"] == "assistant"]
         assert replies[:-1] == [a for _, a in qa[:-1]]                      # the context dialogue: plain
         assert all(gatt.keeps(inst, m["content"]) for m in consistent if m["role"] == "assistant")
+        assert ghost_attention(gatt.messages(inst, qa, "sampled")) == consistent   # only the loss differs
