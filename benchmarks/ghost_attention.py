@@ -227,8 +227,8 @@ def train(args) -> None:
                     "--min-lr", "2e-4", "--eval-interval", 500, "-q")
             cfg = json.loads((run / "config.json").read_text())
             state = json.loads((run / "state.json").read_text())
-            base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"], "config": cfg,
-                    "iters": args.iters, "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS,
+            base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"],
+                    "config": cfg, "iters": args.iters, "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS,
                     "test_turns": TEST_TURNS, "train_s": round(state["elapsed_s"], 1), "threads": 1}
             for test in TESTS:
                 if (arm, seed, test) not in done:
