@@ -273,7 +273,7 @@ def main():
     ap.add_argument("--held-out", type=int, default=100, help="dialogues per test (none: half)")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--work", default="bench-gatt")
-    ap.add_argument("--picture", default="docs/images/ghost_attention.png")
+    ap.add_argument("--picture", default=str(Path(__file__).resolve().parents[1] / "docs/images/ghost_attention.png"))
     args = ap.parse_args()
     for phase in args.phases:
         {"train": train, "picture": picture}[phase](args)
