@@ -23,6 +23,11 @@ def cpu() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def cpus(rows: list[dict]) -> str:
+    """The CPUs a set of records ran on, for a table's footnote."""
+    return "; ".join(sorted({r["cpu"] for r in rows}))
+
+
 def commit(tree: Path | None = None) -> str:
     """The commit of ``tree`` (default: this checkout), with "+dirty" for uncommitted changes."""
     tree = tree or Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """The Ghost Attention tables of the documentation, from their records (report.py runs them):
 the share of replies that keep the instruction by stretch of turns, the paired differences
 between the arms, and the attention mass on the system message by turn."""
+import records
 import stats
 
 NAMES = {"consistent": "consistent data, loss on every reply", "gatt": "Ghost Attention, original replies as context",
@@ -8,10 +9,6 @@ NAMES = {"consistent": "consistent data, loss on every reply", "gatt": "Ghost At
 TESTS = {"seen": "instructions of trained kinds", "unseen": "upper case + a name (never trained)",
          "none": "no instruction (replies stay plain)"}
 STRETCHES = {"turn 1": (1, 1), "turns 2–7": (2, 7), "turns 8–14": (8, 14), "turns 15–20": (15, 20)}
-
-
-def _cpus(rows: list[dict]) -> str:
-    return "; ".join(sorted({r["cpu"] for r in rows}))
 
 
 def _rate(r: dict, first: int, last: int, key: str = "kept") -> float:
@@ -43,7 +40,7 @@ def keeps(rows: list[dict]) -> str:
     out += ["", f"Share of replies that keep every constraint of the instruction (for no instruction: that keep "
                 f"none), greedy, {r0['dialogues']} held-out dialogues of {r0['test_turns']} turns per test and seed "
                 f"(half as many with no instruction); training dialogues had 1–{r0['train_turns']} turns. ± is a 95 % "
-                f"t interval over the seeds. {r0['iters']:,} training steps per arm. CPU: {_cpus(talk)}; "
+                f"t interval over the seeds. {r0['iters']:,} training steps per arm. CPU: {records.cpus(talk)}; "
                 f"commits {', '.join(sorted({r['commit'] for r in talk}))}."]
     return "\n".join(out)
 

@@ -1,13 +1,10 @@
 """The Multi-Token Attention tables of the documentation, from their records (report.py runs
 them): step times, the learning-rate sweep, and every arm over the seeds."""
+import records
 import stats
 
 NAMES = {"standard": "standard attention", "mta": "MTA 2 × 9", "mta-1x1": "MTA 1 × 1", "mta-1x3": "MTA 1 × 3",
          "mta-1x9": "MTA 1 × 9"}
-
-
-def _cpus(rows: list[dict]) -> str:
-    return "; ".join(sorted({r["cpu"] for r in rows}))
 
 
 def timing(rows: list[dict]) -> str:
@@ -17,7 +14,7 @@ def timing(rows: list[dict]) -> str:
     for arm, r in newest.items():
         out.append(f"| {NAMES[arm]} | {r['step_ms']:.1f} ms | {ref / r['step_ms']:.2f}× | {r['rounds']}, interleaved |")
     out += ["", f"`tbp bench` training steps at the study's shape (4 layers × 64, 2 heads, batch 32, context 80), "
-                f"medians; CPU: {_cpus(rows)}. Each arm trains MTA 2 × 9's steps × this ratio: the same wall time."]
+                f"medians; CPU: {records.cpus(rows)}. Each arm trains MTA 2 × 9's steps × this ratio: the same wall time."]
     return "\n".join(out)
 
 
@@ -76,5 +73,5 @@ def seeds(rows: list[dict]) -> str:
     n = rows[0]["examples"]
     out += ["", f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
                 f"mean's ± is a 95 % t interval over the seeds, and the paired difference pairs seeds (the same "
-                f"initial draw and batches). CPU: {_cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"initial draw and batches). CPU: {records.cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)

@@ -2,6 +2,8 @@
 speed against the cache length, retrieval exact match, and loss on text at a fixed cache."""
 import statistics
 
+import records
+
 RULES = [("window", "window + sinks"), ("topk", "per-head top-k"), ("layer-topk", "per-layer top-k"),
          ("lessismore", "LessIsMore")]
 
@@ -9,10 +11,6 @@ RULES = [("window", "window + sinks"), ("topk", "per-head top-k"), ("layer-topk"
 def _newest(rows: list[dict]) -> list[dict]:
     commit = rows[-1]["commit"]
     return [r for r in rows if r["commit"] == commit]
-
-
-def _cpus(rows: list[dict]) -> str:
-    return "; ".join(sorted({r["cpu"] for r in rows}))
 
 
 def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
@@ -49,7 +47,7 @@ def sparse_crossover(rows: list[dict]) -> str:
                 f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
                 f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
                 f"three pairings. "
-                f"CPU: {_cpus(rows)}; commit {commit}."]
+                f"CPU: {records.cpus(rows)}; commit {commit}."]
     return "\n".join(out)
 
 
@@ -74,7 +72,7 @@ def retrieval(rows: list[dict]) -> str:
             out.append(f"| {K} (n/{round(dense['n_cache'] / K)}) | " + " | ".join(cells) + " |")
         out.append("")
     out.append(f"Exact match of the three generated digits (greedy, free-running from the key on), in % with "
-               f"Wilson's 95 % interval. CPU: {_cpus(rows)}; commit {rows[-1]['commit']}.")
+               f"Wilson's 95 % interval. CPU: {records.cpus(rows)}; commit {rows[-1]['commit']}.")
     return "\n".join(out)
 
 
@@ -98,6 +96,6 @@ def sparse_text(rows: list[dict]) -> str:
                 f"{r0['n_cache']:,} tokens, so every prediction reads a cache of {r0['n_cache'] - r0['last'] + 1:,}–"
                 f"{r0['n_cache']:,}; ± a 95 % interval over the windows; in brackets, the share of those predictions whose "
                 f"top token is dense decoding's. Model: {c['n_layer']} × {c['d_model']}, "
-                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. CPU: {_cpus(rows)}; "
+                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. CPU: {records.cpus(rows)}; "
                 f"commit {r0['commit']}."]
     return "\n".join(out)
