@@ -89,7 +89,7 @@ def holds(c: str, inst: tuple, reply: str) -> bool:
     body = reply
     for n in inst:
         if n.startswith("name:") and reply.startswith(f"{n[5:]}: "):
-            body = reply[len(n) - 5 + 2:]
+            body = reply[len(f"{n[5:]}: "):]
     return any(ch.isalpha() for ch in body) and body == body.upper()
 
 
