@@ -96,8 +96,7 @@ def holds(c: str, inst: tuple, reply: str) -> bool:
 def keeps(inst: tuple, reply: str) -> bool:
     """Whether reply keeps every constraint of inst; with no instruction, whether it keeps none."""
     if not inst:
-        return not (reply.endswith("!") or ":" in reply or (reply.upper() == reply and any(ch.isalpha()
-                                                                                            for ch in reply)))
+        return not (holds("bang", (), reply) or holds("upper", (), reply) or ":" in reply)
     return all(holds(c, inst, reply) for c in inst)
 
 

@@ -12,7 +12,8 @@ STRETCHES = {"turn 1": (1, 1), "turns 2–7": (2, 7), "turns 8–14": (8, 14), "
 
 
 def _rate(r: dict, first: int, last: int, key: str = "kept") -> float:
-    """The share of replies in turns first..last (1-based) that keep the instruction."""
+    """The share of replies in turns first..last (1-based) counted under key: "kept" (the
+    instruction kept) or "right" (the right colour named)."""
     return sum(r[key][first - 1:last]) / (r["dialogues"] * (last - first + 1))
 
 
