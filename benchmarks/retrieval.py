@@ -1,23 +1,32 @@
 """Long-range retrieval under sparse decoding: free-running exact match, dense against each rule.
 
-The task (written by ``make``): a line holds ``facts`` key-value facts -- a key is one of 512
-characters, drawn without replacement, its value three random digits -- then ``|``, then every
-fact again as a query, in a fresh random order. A model that has learned to retrieve predicts
-each query's digits from the fact with the same key, however far back it is; nothing else
-predicts them (chance: 1 in 1,000). Training text and held-out lines come from different seeds.
+The task. A line is a *haystack* -- filler characters with ``facts`` records scattered through
+it -- then ``|``, then questions. A key is two letters from ``a``-``h`` (64 keys); a record is
+one character that stands for one key and its value (one of 16 capitals), so a line's 64 keys
+take 64 of the 1,024 record characters; no key is told twice in a line. A question is the two
+letters of a told key followed by that key's value. Questions are drawn with replacement, so
+none can be answered by elimination, and the last question's key is one never asked before in
+the line: only its record, in the haystack, says the answer. The second letter alone narrows a
+key to eight, so the lookup needs both letters, and no model can do it in its first layer: the
+first must bring the first letter to the second, a later one finds the record.
 
-The measurement (``eval``): for each held-out line of ``--facts`` facts, the prompt is
-everything up to and including the last query's key; that key's fact lies 1,000 to 2,000 tokens
-back, beyond any window the budgets allow. The prompt without its key is prefilled densely once;
-then, for dense decoding and for each rule x budget, the key and two generated digits are
-decoded one token at a time under the rule (greedy), and the three generated digits are
-compared with the fact's value. One record per rule x budget in
-benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the hits and
-Wilson's 95 % interval.
+Training (``train``): a rotary GPT learns the task from freshly generated lines (none is seen
+twice; the held-out lines come from another seed), in stages of growing context, up to the
+measured length; the loss is on the questions' values only. The checkpoint is an ordinary tbp
+run (``tbp generate`` reads it), and a record of the training (config, seed, stages, wall time,
+teacher-forced accuracy on held-out lines per stage) goes to benchmarks/results/retrieval_train.jsonl.
 
-    python benchmarks/retrieval.py make --out /tmp/retrieval        # the corpora
-    tbp prepare --data /tmp/retrieval/train256.txt --out /tmp/retrieval/d256   # then train a rotary model on it
-    python benchmarks/retrieval.py eval --run RUN --heldout /tmp/retrieval/heldout.txt
+The measurement (``eval``): for each held-out line of ``--length`` characters, the prompt is
+everything up to and including the last question's key; its record lies at least the question
+section's length back (768 tokens at n = 2,048), beyond every budget's window. The prompt
+without its last character is prefilled densely once; then, for dense decoding and for each
+rule x budget, that character and the answer are decoded one token at a time under the rule
+(greedy), and the generated answer is compared with the record's value. One record per rule x
+budget in benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the
+hits and Wilson's 95 % interval.
+
+    python benchmarks/retrieval.py train --out runs/retrieval          # about 50 minutes on 2 cores
+    python benchmarks/retrieval.py eval --run runs/retrieval --layers 0 0,2
 """
 import argparse
 import time
@@ -27,32 +36,103 @@ import numpy as np
 
 import records
 from stats import binomial_ci
-from tbp import checkpoint
+from tbp import GPT, ModelConfig, checkpoint
 from tbp.nn.sparse import KINDS, Sparsity
+from tbp.optim import AdamW, clip_grads
+from tbp.tokenizer import train_char
 
-KEYS = [chr(0x4E00 + i) for i in range(512)]
-DIGITS = 3
+LETTERS = "abcdefgh"                                   # a key is two of these
+VALUES = "ABCDEFGHIJKLMNOP"
+FILLER = "".join(chr(0x3B1 + i) for i in range(24))   # Greek small letters
+RECORDS = "".join(chr(0x4E00 + i) for i in range(len(LETTERS) ** 2 * len(VALUES)))
+SEP = "|"
+ALPHABET = SEP + LETTERS + VALUES + FILLER + RECORDS
+KEYS = len(LETTERS) ** 2
+ANSWER = 1                                             # characters in an answer
 HELDOUT_SEED = 1_000_003
+# (context, records in the haystack, steps, lines per step, peak learning rate): short lines
+# first, where the lookup is found quickly, then up to the measured length for the positions
+STAGES = ((64, 8, 1500, 32, 3e-3), (256, 24, 600, 16, 2e-3), (1024, 48, 300, 4, 1e-3), (2048, 64, 300, 2, 1e-3))
 
 
-def line(rng: np.random.Generator, facts: int) -> str:
-    keys = rng.choice(len(KEYS), facts, replace=False)
-    values = rng.integers(0, 10 ** DIGITS, facts)
-    told = "".join(f"{KEYS[k]}{v:0{DIGITS}d}" for k, v in zip(keys, values))
-    asked = "".join(f"{KEYS[keys[i]]}{values[i]:0{DIGITS}d}" for i in rng.permutation(facts))
-    return told + "|" + asked
+def line(rng: np.random.Generator, length: int, facts: int) -> str:
+    """One line of ``length`` characters: haystack, ``|``, questions (the last one's key fresh)."""
+    asks = max(2, length // 8)
+    hay = length - 1 - 3 * asks
+    if not 2 <= facts <= min(KEYS, hay):       # 2: the last key must be one never asked before
+        raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
+    keys = rng.choice(KEYS, facts, replace=False)
+    values = rng.integers(0, len(VALUES), facts)
+    text = rng.choice(list(FILLER), hay)
+    text[np.sort(rng.choice(hay, facts, replace=False))] = [RECORDS[k * len(VALUES) + v] for k, v in zip(keys, values)]
+    last = rng.integers(facts)
+    asked = rng.choice(np.delete(np.arange(facts), last), asks - 1)
+    q = "".join(LETTERS[keys[i] // len(LETTERS)] + LETTERS[keys[i] % len(LETTERS)] + VALUES[values[i]]
+                for i in [*asked, last])
+    return "".join(text) + SEP + q
 
 
-def make(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, facts, count, seed in (("train256", 32, args.short, 1), ("train2048", args.facts, args.long, 2),
-                                     ("heldout", args.facts, args.heldout, HELDOUT_SEED)):
-        rng = np.random.default_rng(seed)
-        with open(out / f"{name}.txt", "w", encoding="utf-8") as f:
-            for _ in range(count):
-                f.write(line(rng, facts) + "\n")
-        print(f"{out / name}.txt: {count:,} lines of {facts} facts")
+def answer_weights(rows: np.ndarray, tok) -> np.ndarray:
+    """(B, T) 1 where the next character is a question's value (values occur nowhere else),
+    for rows (B, T + 1) of ids."""
+    return np.isin(rows[:, 1:], tok.encode(VALUES)).astype(np.float32)
+
+
+def tokenizer():
+    return train_char(ALPHABET)
+
+
+def heldout(tok, count: int, length: int, facts: int) -> np.ndarray:
+    rng = np.random.default_rng(HELDOUT_SEED)
+    return np.array([tok.encode(line(rng, length, facts)) for _ in range(count)])
+
+
+def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
+    """Share of held-out question values whose top prediction is right (inputs rows[:, :-1])."""
+    right = total = 0
+    for b0 in range(0, len(rows), batch):
+        r = rows[b0:b0 + batch]
+        w = answer_weights(r, tok)
+        pred = model.forward(r[:, :-1]).argmax(-1)
+        right += int(((pred == r[:, 1:]) * w).sum())
+        total += int(w.sum())
+    return right / total
+
+
+def train(args) -> None:
+    tok = tokenizer()
+    stages = STAGES[:args.stages]
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=stages[-1][0], n_layer=args.n_layer, n_head=args.n_head,
+                      d_model=args.d_model, positions="rope")
+    model = GPT(cfg, seed=args.seed)
+    opt = AdamW(model.layout, weight_decay=0.1)
+    rng = np.random.default_rng(args.seed)
+    log, step, t0 = [], 0, time.time()
+    for s, (T, facts, steps, lines, lr) in enumerate(stages):
+        check = heldout(tok, 64, T + 1, facts)
+        for i in range(steps):
+            rows = np.array([tok.encode(line(rng, T + 1, facts)) for _ in range(lines)])
+            warm = min(1.0, (i + 1) / 100)
+            last = s == len(stages) - 1
+            rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
+            model.zero_grad()
+            loss = model.accumulate(rows[:, :-1], rows[:, 1:], weights=answer_weights(rows, tok))
+            clip_grads(model.layout.grads, 1.0)
+            opt.step(rate)
+            step += 1
+            if i % 100 == 0:
+                print(f"context {T} step {step}: loss {loss:.3f} ({time.time() - t0:.0f} s)", flush=True)
+        acc = teacher_forced(model, check, tok)
+        log.append({"n_ctx": T, "facts": facts, "steps": steps, "lines": lines, "lr": lr, "loss": float(loss),
+                    "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
+        print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
+    record = {"model": cfg.to_dict(), "train": {"task": "retrieval", "seed": args.seed, "stages": log},
+              "step": step}
+    checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
+    records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
+                                       "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
+                                       "wall_s": round(time.time() - t0, 1), "stages": log})
+    print(f"saved {args.out} after {step} steps, {time.time() - t0:.0f} s")
 
 
 def greedy(dec, first: np.ndarray, steps: int) -> np.ndarray:
@@ -66,12 +146,12 @@ def greedy(dec, first: np.ndarray, steps: int) -> np.ndarray:
 
 
 def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[np.ndarray]:
-    """Per rule (None: dense), the DIGITS tokens (S, DIGITS) generated greedily for each line of
-    ids (S, L) from its last key on. Each batch of lines is prefilled densely once, up to the
-    last key; each rule then decodes from there."""
+    """Per rule (None: dense), the ANSWER tokens (S, ANSWER) generated greedily for each line of
+    ids (S, L) from its last question's last key letter on. Each batch of lines is prefilled
+    densely once, up to that letter; each rule then decodes from there."""
     S, L = ids.shape
-    prompt = L - DIGITS                                                   # up to and including the last key
-    out = [np.empty((S, DIGITS), dtype=np.int64) for _ in rules]
+    prompt = L - ANSWER                                                   # up to and including the key
+    out = [np.empty((S, ANSWER), dtype=np.int64) for _ in rules]
     t = time.time()
     for b0 in range(0, S, batch):
         rows = ids[b0:b0 + batch]
@@ -80,28 +160,29 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
         for i, rule in enumerate(rules):
             dec.rewind(prompt - 1)                                        # back to the prefill
             dec.sparse = rule
-            out[i][b0:b0 + len(rows)] = greedy(dec, rows[:, prompt - 1], DIGITS)
-        log(f"{b0 + len(rows)}/{S} lines, dense {int((out[0][:b0 + len(rows)] == ids[:b0 + len(rows), prompt:]).all(1).sum())}"
-            f" right, {time.time() - t:.0f} s")
+            out[i][b0:b0 + len(rows)] = greedy(dec, rows[:, prompt - 1], ANSWER)
+        done = b0 + len(rows)
+        log(f"{done}/{S} lines, dense {int((out[0][:done] == ids[:done, prompt:]).all(1).sum())} right, "
+            f"{time.time() - t:.0f} s")
     return out
 
 
 def evaluate(args) -> None:
-    model, tok, _ = checkpoint.load_model(args.run)
-    lines = Path(args.heldout).read_text(encoding="utf-8").splitlines()[:args.sequences]
-    ids = np.array([tok.encode(s) for s in lines])                        # (S, L): every line has one length
+    model, tok, cfg = checkpoint.load_model(args.run)
+    ids = heldout(tok, args.sequences, args.length, args.facts)           # (S, L)
     S, L = ids.shape
-    n = L - 1                                                             # cache length at the last step
+    n = L - 1                                                             # cache length at the answer's step
     budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
     layer_sets = [tuple(int(x) for x in s.split(",")) for s in args.layers]
     rules = [None] + [Sparsity(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
-    hits = [int((g == ids[:, L - DIGITS:]).all(1).sum()) for g in got]
+    hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
+    seed = (cfg.get("train") or {}).get("seed")
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
-        rec = {"commit": records.commit(), "seed": args.seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "kind": rule.kind if rule else "dense",
+        rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
+               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "kind": rule.kind if rule else "dense",
                "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi]}
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
@@ -113,22 +194,24 @@ def evaluate(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("--out", required=True)
-    m.add_argument("--facts", type=int, default=255, help="facts per long line (255: 2,041 characters)")
-    m.add_argument("--short", type=int, default=40_000, help="lines of 32 facts (the first stage)")
-    m.add_argument("--long", type=int, default=3_000, help="lines of --facts facts (the second stage)")
-    m.add_argument("--heldout", type=int, default=512)
+    t = sub.add_parser("train")
+    t.add_argument("--out", required=True)
+    t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--n-layer", type=int, default=3)
+    t.add_argument("--n-head", type=int, default=4)
+    t.add_argument("--d-model", type=int, default=128)
+    t.add_argument("--stages", type=int, default=len(STAGES), help="train the first this many stages only")
+    t.add_argument("--force", action="store_true")
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
-    e.add_argument("--heldout", required=True)
     e.add_argument("--sequences", type=int, default=512)
-    e.add_argument("--batch", type=int, default=32)
+    e.add_argument("--length", type=int, default=2049, help="characters per held-out line (the cache: one less)")
+    e.add_argument("--facts", type=int, default=64)
+    e.add_argument("--batch", type=int, default=16)
     e.add_argument("--layers", nargs="+", default=["1"], help="selection-layer sets, each comma-separated")
     e.add_argument("--budgets", type=int, nargs="+", help="default: n/64, n/32, n/16, n/8, n/4")
-    e.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
-    make(a) if a.cmd == "make" else evaluate(a)
+    train(a) if a.cmd == "train" else evaluate(a)
 
 
 if __name__ == "__main__":
