@@ -1,5 +1,5 @@
-"""The sparse-decoding studies measure what they say: the retrieval lines hold one fact per
-queried key, far back; decoding every rule from one dense prefill gives what a fresh decoder
+"""The sparse-decoding studies measure what they say: a retrieval line's last question is
+answered only by its record, far back; decoding every rule from one dense prefill gives what a fresh decoder
 gives; the fixed-cache text study scores the tokens after the window's last positions. The
 Ghost Attention study's checker accepts exactly the replies that keep an instruction, and its
 arms differ where they say they do."""
@@ -20,28 +20,49 @@ from tbp.chat import ghost_attention  # noqa: E402
 from tbp.nn.sparse import Sparsity  # noqa: E402
 
 
-def test_a_retrieval_line_asks_each_fact_once_and_its_answer_is_the_fact():
+def test_a_retrieval_line_answers_its_last_question_only_from_the_haystack():
     rng = np.random.default_rng(0)
-    for facts in (3, 32, 255):
-        s = retrieval.line(rng, facts)
-        told, asked = s.split("|")
-        assert len(told) == len(asked) == facts * (1 + retrieval.DIGITS)
-        pairs = lambda t: [(t[i], t[i + 1:i + 4]) for i in range(0, len(t), 4)]
-        fact = dict(pairs(told))
-        assert len(fact) == facts                              # every key told once
-        assert sorted(pairs(asked)) == sorted(fact.items())    # every fact asked once, with its value
-        key, value = asked[-4], asked[-3:]
-        assert told.count(key) == 1 and fact[key] == value
-        # the last key's fact sits at least as far back as the whole query section
-        assert len(s) - 3 - told.index(key) >= len(asked)
+    for length, facts in ((65, 8), (257, 24), (2049, 64)):
+        s = retrieval.line(rng, length, facts)
+        assert len(s) == length and s.count(retrieval.SEP) == 1
+        hay, asked = s.split(retrieval.SEP)
+        told = {}
+        for c in hay:
+            if c in retrieval.RECORDS:
+                k, v = divmod(retrieval.RECORDS.index(c), len(retrieval.VALUES))
+                assert k not in told                            # no key told twice
+                told[k] = v
+            else:
+                assert c in retrieval.FILLER
+        assert len(told) == facts
+        questions = [asked[i:i + 3] for i in range(0, len(asked), 3)]
+        assert len(questions) * 3 == len(asked) == 3 * max(2, length // 8)
+        key = lambda q: retrieval.LETTERS.index(q[0]) * len(retrieval.LETTERS) + retrieval.LETTERS.index(q[1])
+        for q in questions:                                     # every question asks a told key, with its value
+            assert told[key(q)] == retrieval.VALUES.index(q[2])
+        last = questions[-1]
+        assert all(q[:2] != last[:2] for q in questions[:-1])   # the last key is asked for the first time
+        # and its record is at least the question section's length back
+        where = hay.index(retrieval.RECORDS[key(last) * len(retrieval.VALUES) + told[key(last)]])
+        assert length - 1 - where >= len(asked)
 
 
-def _model_and_lines(seed=0, facts=6, lines=5):
+def test_the_loss_weights_mark_the_questions_values_and_nothing_else():
+    tok = retrieval.tokenizer()
+    rows = np.array([tok.encode(retrieval.line(np.random.default_rng(s), 65, 8)) for s in range(3)])
+    w = retrieval.answer_weights(rows, tok)
+    text = [tok.decode(r) for r in rows]
+    for t, wr in zip(text, w):
+        marked = [i + 1 for i in np.flatnonzero(wr)]            # the positions of the predicted characters
+        start = t.index(retrieval.SEP) + 1
+        assert marked == list(range(start + 2, len(t), 3))
+
+
+def _model_and_lines(seed=0, facts=4, lines=5):
     rng = np.random.default_rng(seed)
-    text = [retrieval.line(rng, facts) for _ in range(lines)]
-    alphabet = sorted(set("".join(text)))
-    ids = np.array([[alphabet.index(c) for c in t] for t in text])
-    cfg = ModelConfig(vocab_size=len(alphabet), n_ctx=64, n_layer=3, n_head=2, d_model=16, positions="rope")
+    tok = retrieval.tokenizer()
+    ids = np.array([tok.encode(retrieval.line(rng, 41, facts)) for _ in range(lines)])
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=64, n_layer=3, n_head=2, d_model=16, positions="rope")
     model = GPT(cfg, seed=seed, dtype=np.float64)
     for name, p in model.params.items():     # larger weights: peaked attention, so that the rules disagree
         if "ln" not in name:
@@ -55,12 +76,12 @@ def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
     rules = [None, Sparsity("window", 8, (1,)), Sparsity("lessismore", 12, (1,)), Sparsity("topk", 6, (1,)),
              Sparsity("lessismore", 10 * n, (1,))]
     got = retrieval.answers(model, ids, rules, batch=2, log=lambda m: None)
-    prompt = n - retrieval.DIGITS
+    prompt = n - retrieval.ANSWER
     for rule, answer in zip(rules, got):
         for s in range(len(ids)):                               # one sequence at a time, nothing reused
             dec = model.inference(1, rule)
             dec.forward(ids[s:s + 1, :prompt - 1])
-            want = retrieval.greedy(dec, ids[s, prompt - 1:prompt], retrieval.DIGITS)
+            want = retrieval.greedy(dec, ids[s, prompt - 1:prompt], retrieval.ANSWER)
             assert (answer[s] == want[0]).all()
     assert (got[-1] == got[0]).all()                            # a budget past the cache is dense
     assert not all((g == got[0]).all() for g in got[1:4])       # and the tight budgets do change something
