@@ -50,14 +50,18 @@ ALPHABET = SEP + LETTERS + VALUES + FILLER + RECORDS
 KEYS = len(LETTERS) ** 2
 ANSWER = 1                                             # characters in an answer
 HELDOUT_SEED = 1_000_003
-# (context, records in the haystack, steps, lines per step, peak learning rate): short lines
-# first, where the lookup is found quickly, then up to the measured length for the positions
-STAGES = ((64, 8, 1500, 32, 3e-3), (256, 24, 600, 16, 2e-3), (1024, 48, 300, 4, 1e-3), (2048, 64, 300, 2, 1e-3))
+# (context, records in the haystack, questions per line (None: a line's length / 8), steps,
+# lines per step, peak learning rate): first short lines of little but questions, where the
+# lookup is found quickly (many answers per line, and keys asked again), then the measured
+# format, growing up to the measured length so that every distance has been seen
+STAGES = ((64, 4, 19, 1000, 32, 3e-3), (64, 8, None, 1000, 32, 3e-3), (256, 24, None, 600, 16, 2e-3),
+          (1024, 48, None, 300, 4, 1e-3), (2048, 64, None, 300, 2, 1e-3))
 
 
-def line(rng: np.random.Generator, length: int, facts: int) -> str:
-    """One line of ``length`` characters: haystack, ``|``, questions (the last one's key fresh)."""
-    asks = max(2, length // 8)
+def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None) -> str:
+    """One line of ``length`` characters: haystack, ``|``, ``asks`` questions (default: one per
+    8 characters of the line), the last one's key fresh."""
+    asks = asks or max(2, length // 8)
     hay = length - 1 - 3 * asks
     if not 2 <= facts <= min(KEYS, hay):       # 2: the last key must be one never asked before
         raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
@@ -82,9 +86,9 @@ def tokenizer():
     return train_char(ALPHABET)
 
 
-def heldout(tok, count: int, length: int, facts: int) -> np.ndarray:
+def heldout(tok, count: int, length: int, facts: int, asks: int | None = None) -> np.ndarray:
     rng = np.random.default_rng(HELDOUT_SEED)
-    return np.array([tok.encode(line(rng, length, facts)) for _ in range(count)])
+    return np.array([tok.encode(line(rng, length, facts, asks)) for _ in range(count)])
 
 
 def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
@@ -108,10 +112,10 @@ def train(args) -> None:
     opt = AdamW(model.layout, weight_decay=0.1)
     rng = np.random.default_rng(args.seed)
     log, step, t0 = [], 0, time.time()
-    for s, (T, facts, steps, lines, lr) in enumerate(stages):
-        check = heldout(tok, 64, T + 1, facts)
+    for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
+        check = heldout(tok, 64, T + 1, facts, asks)
         for i in range(steps):
-            rows = np.array([tok.encode(line(rng, T + 1, facts)) for _ in range(lines)])
+            rows = np.array([tok.encode(line(rng, T + 1, facts, asks)) for _ in range(lines)])
             warm = min(1.0, (i + 1) / 100)
             last = s == len(stages) - 1
             rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
@@ -123,7 +127,7 @@ def train(args) -> None:
             if i % 100 == 0:
                 print(f"context {T} step {step}: loss {loss:.3f} ({time.time() - t0:.0f} s)", flush=True)
         acc = teacher_forced(model, check, tok)
-        log.append({"n_ctx": T, "facts": facts, "steps": steps, "lines": lines, "lr": lr, "loss": float(loss),
+        log.append({"n_ctx": T, "facts": facts, "questions": asks or max(2, (T + 1) // 8), "steps": steps, "lines": lines, "lr": lr, "loss": float(loss),
                     "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
     record = {"model": cfg.to_dict(), "train": {"task": "retrieval", "seed": args.seed, "stages": log},
