@@ -130,8 +130,10 @@ def train(args) -> None:
         log.append({"n_ctx": T, "facts": facts, "questions": asks or max(2, (T + 1) // 8), "steps": steps, "lines": lines, "lr": lr, "loss": float(loss),
                     "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
-    record = {"model": cfg.to_dict(), "train": {"task": "retrieval", "seed": args.seed, "stages": log},
-              "step": step}
+    # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
+    # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
+    record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
+              "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log}, "step": step}
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
     records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
                                        "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
@@ -182,7 +184,7 @@ def evaluate(args) -> None:
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
     hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
-    seed = (cfg.get("train") or {}).get("seed")
+    seed = (cfg.get("study") or {}).get("seed")
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
