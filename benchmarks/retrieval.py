@@ -58,10 +58,15 @@ STAGES = ((64, 4, 19, 1000, 32, 3e-3), (64, 8, None, 1000, 32, 3e-3), (256, 24, 
           (1024, 48, None, 300, 4, 1e-3), (2048, 64, None, 300, 2, 1e-3))
 
 
+def questions(length: int, asks: int | None = None) -> int:
+    """Questions in a line of ``length`` characters: ``asks``, by default one per 8 characters."""
+    return asks or max(2, length // 8)
+
+
 def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None) -> str:
-    """One line of ``length`` characters: haystack, ``|``, ``asks`` questions (default: one per
-    8 characters of the line), the last one's key fresh."""
-    asks = asks or max(2, length // 8)
+    """One line of ``length`` characters: haystack, ``|``, ``questions(length, asks)``
+    questions, the last one's key fresh."""
+    asks = questions(length, asks)
     hay = length - 1 - 3 * asks
     if not 2 <= facts <= min(KEYS, hay):       # 2: the last key must be one never asked before
         raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
@@ -105,19 +110,25 @@ def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
 
 def train(args) -> None:
     tok = tokenizer()
-    stages = STAGES[:args.stages]
-    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=stages[-1][0], n_layer=args.n_layer, n_head=args.n_head,
-                      d_model=args.d_model, positions="rope")
-    model = GPT(cfg, seed=args.seed)
+    stages = STAGES[args.first - 1:args.stages]
+    log, step, wall = [], 0, 0.0
+    if args.init_from:                       # go on from a run of this study: its stages come first
+        model, _, prior = checkpoint.load_model(args.init_from, dtype=np.float32)
+        cfg, log = model.config, prior["study"]["stages"]
+        step, wall = sum(s["steps"] for s in log), log[-1]["wall_s"]
+    else:
+        cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=STAGES[-1][0], n_layer=args.n_layer,
+                          n_head=args.n_head, d_model=args.d_model, positions="rope")
+        model = GPT(cfg, seed=args.seed)
     opt = AdamW(model.layout, weight_decay=0.1)
-    rng = np.random.default_rng(args.seed)
-    log, step, t0 = [], 0, time.time()
+    rng = np.random.default_rng(args.seed if args.first == 1 else (args.seed, args.first))   # fresh lines per start
+    t0 = time.time() - wall
     for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
         check = heldout(tok, 64, T + 1, facts, asks)
         for i in range(steps):
             rows = np.array([tok.encode(line(rng, T + 1, facts, asks)) for _ in range(lines)])
             warm = min(1.0, (i + 1) / 100)
-            last = s == len(stages) - 1
+            last = s == len(stages) - 1 and args.stages == len(STAGES)
             rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
             model.zero_grad()
             loss = model.accumulate(rows[:, :-1], rows[:, 1:], weights=answer_weights(rows, tok))
@@ -127,13 +138,15 @@ def train(args) -> None:
             if i % 100 == 0:
                 print(f"context {T} step {step}: loss {loss:.3f} ({time.time() - t0:.0f} s)", flush=True)
         acc = teacher_forced(model, check, tok)
-        log.append({"n_ctx": T, "facts": facts, "questions": asks or max(2, (T + 1) // 8), "steps": steps, "lines": lines, "lr": lr, "loss": float(loss),
-                    "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
+        log.append({"n_ctx": T, "facts": facts, "questions": questions(T + 1, asks), "steps": steps, "lines": lines,
+                    "lr": lr, "loss": float(loss), "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
     # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
               "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log}, "step": step}
+    if args.init_from:
+        record["study"]["init_from"] = args.init_from
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
     records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
                                        "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
@@ -206,7 +219,9 @@ def main() -> None:
     t.add_argument("--n-layer", type=int, default=3)
     t.add_argument("--n-head", type=int, default=4)
     t.add_argument("--d-model", type=int, default=128)
-    t.add_argument("--stages", type=int, default=len(STAGES), help="train the first this many stages only")
+    t.add_argument("--stages", type=int, default=len(STAGES), help="train up to this stage (1-based)")
+    t.add_argument("--first", type=int, default=1, help="the first stage to train (with --init-from)")
+    t.add_argument("--init-from", help="a run of this study to go on from (its weights; a fresh optimizer)")
     t.add_argument("--force", action="store_true")
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
