@@ -22,7 +22,7 @@ from tbp.nn.sparse import Sparsity  # noqa: E402
 
 def test_a_retrieval_line_answers_its_last_question_only_from_the_haystack():
     rng = np.random.default_rng(0)
-    for length, facts in ((65, 8), (257, 24), (2049, 64)):
+    for length, facts in ((65, 8), (257, 24), (2049, 32)):
         s = retrieval.line(rng, length, facts)
         assert len(s) == length and s.count(retrieval.SEP) == 1
         hay, asked = s.split(retrieval.SEP)
