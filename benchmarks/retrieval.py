@@ -25,7 +25,7 @@ rule x budget, that character and the answer are decoded one token at a time und
 budget in benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the
 hits and Wilson's 95 % interval.
 
-    python benchmarks/retrieval.py train --out runs/retrieval          # about 30 minutes on one core
+    python benchmarks/retrieval.py train --out runs/retrieval          # about 45 minutes on one core
     python benchmarks/retrieval.py eval --run runs/retrieval --layers 0
 """
 import argparse
@@ -55,7 +55,7 @@ HELDOUT_SEED = 1_000_003
 # where the lookup is found quickly (many answers per line, every record's embedding trained
 # often), then the measured format, growing up to the measured length so that every distance
 # has been seen
-STAGES = ((64, 8, 18, 2000, 32, 3e-3), (128, 16, None, 1500, 16, 3e-3), (512, 24, None, 600, 8, 2e-3),
+STAGES = ((64, 8, 18, 2000, 32, 3e-3), (128, 16, None, 5000, 16, 3e-3), (512, 24, None, 600, 8, 2e-3),
           (2048, 32, None, 400, 2, 1e-3))
 ROPE_BASE = 1e6     # rotary frequencies slow enough that a key's match survives 2,048 positions
 
