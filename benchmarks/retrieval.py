@@ -49,13 +49,18 @@ SEP = "|"
 ALPHABET = SEP + LETTERS + VALUES + FILLER + RECORDS
 KEYS = len(LETTERS) ** 2
 ANSWER = 1                                             # characters in an answer
+# The filler is text of a second-order Markov chain: after two filler letters, one of two
+# letters fixed for that pair follows. A model that predicts it needs the previous letter at
+# the current position -- the same move a question's second letter needs from its first
+FOLLOW = np.random.default_rng(7).integers(0, len(FILLER), (len(FILLER), len(FILLER), 2))
+FILLER_WEIGHT = 0.2                                    # the filler's share of the loss, per character
 HELDOUT_SEED = 1_000_003
 # (context, records in the haystack, questions per line (None: a line's length / 8), steps,
 # lines per step, peak learning rate): first short lines of little but records and questions,
 # where the lookup is found quickly (many answers per line, every record's embedding trained
 # often), then the measured format, growing up to the measured length so that every distance
 # has been seen
-STAGES = ((64, 8, 18, 2000, 32, 3e-3), (128, 16, None, 5000, 16, 3e-3), (512, 24, None, 600, 8, 2e-3),
+STAGES = ((96, 8, 18, 2000, 24, 3e-3), (128, 16, None, 5000, 16, 3e-3), (512, 24, None, 600, 8, 2e-3),
           (2048, 32, None, 400, 2, 1e-3))
 ROPE_BASE = 1e6     # rotary frequencies slow enough that a key's match survives 2,048 positions
 
@@ -65,16 +70,27 @@ def questions(length: int, asks: int | None = None) -> int:
     return asks or max(2, length // 8)
 
 
-def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None) -> str:
+def filler(rng: np.random.Generator, count: int, markov: bool = True) -> list[str]:
+    """``count`` filler letters: the Markov chain of FOLLOW (markov) or uniform."""
+    if not markov:
+        return list(rng.choice(list(FILLER), count))
+    ids = list(rng.integers(0, len(FILLER), 2))
+    coins = rng.integers(0, 2, count)
+    for i in range(2, count):
+        ids.append(FOLLOW[ids[-2], ids[-1], coins[i]])
+    return [FILLER[i] for i in ids[:count]]
+
+
+def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None, markov: bool = True) -> str:
     """One line of ``length`` characters: haystack, ``|``, ``questions(length, asks)``
-    questions, the last one's key fresh."""
+    questions, the last one's key fresh. ``markov``: the filler follows FOLLOW (else uniform)."""
     asks = questions(length, asks)
     hay = length - 1 - 3 * asks
     if not 2 <= facts <= min(KEYS, hay):       # 2: the last key must be one never asked before
         raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
     keys = rng.choice(KEYS, facts, replace=False)
     values = rng.integers(0, len(VALUES), facts)
-    text = rng.choice(list(FILLER), hay)
+    text = np.array(filler(rng, hay, markov))
     text[np.sort(rng.choice(hay, facts, replace=False))] = [RECORDS[k * len(VALUES) + v] for k, v in zip(keys, values)]
     last = rng.integers(facts)
     asked = rng.choice(np.delete(np.arange(facts), last), asks - 1)
@@ -83,19 +99,24 @@ def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = N
     return "".join(text) + SEP + q
 
 
-def answer_weights(rows: np.ndarray, tok) -> np.ndarray:
+def answer_weights(rows: np.ndarray, tok, filler_weight: float = 0.0) -> np.ndarray:
     """(B, T) 1 where the next character is a question's value (values occur nowhere else),
-    for rows (B, T + 1) of ids."""
-    return np.isin(rows[:, 1:], tok.encode(VALUES)).astype(np.float32)
+    ``filler_weight`` where it is a filler letter after two filler letters (predictable, one of
+    two), 0 elsewhere; for rows (B, T + 1) of ids."""
+    w = np.isin(rows[:, 1:], tok.encode(VALUES)).astype(np.float32)
+    if filler_weight:
+        f = np.isin(rows, tok.encode(FILLER))
+        w[:, 1:][f[:, :-2] & f[:, 1:-1] & f[:, 2:]] = filler_weight
+    return w
 
 
 def tokenizer():
     return train_char(ALPHABET)
 
 
-def heldout(tok, count: int, length: int, facts: int, asks: int | None = None) -> np.ndarray:
+def heldout(tok, count: int, length: int, facts: int, asks: int | None = None, markov: bool = True) -> np.ndarray:
     rng = np.random.default_rng(HELDOUT_SEED)
-    return np.array([tok.encode(line(rng, length, facts, asks)) for _ in range(count)])
+    return np.array([tok.encode(line(rng, length, facts, asks, markov)) for _ in range(count)])
 
 
 def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
@@ -125,15 +146,17 @@ def train(args) -> None:
     opt = AdamW(model.layout, weight_decay=0.1)
     rng = np.random.default_rng(args.seed if args.first == 1 else (args.seed, args.first))   # fresh lines per start
     t0 = time.time() - wall
+    markov = not args.uniform_filler
+    filler_weight = FILLER_WEIGHT if markov else 0.0
     for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
-        check = heldout(tok, 64, T + 1, facts, asks)
+        check = heldout(tok, 64, T + 1, facts, asks, markov)
         for i in range(steps):
-            rows = np.array([tok.encode(line(rng, T + 1, facts, asks)) for _ in range(lines)])
+            rows = np.array([tok.encode(line(rng, T + 1, facts, asks, markov)) for _ in range(lines)])
             warm = min(1.0, (i + 1) / 100)
             last = s == len(stages) - 1 and args.stages == len(STAGES)
             rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
             model.zero_grad()
-            loss = model.accumulate(rows[:, :-1], rows[:, 1:], weights=answer_weights(rows, tok))
+            loss = model.accumulate(rows[:, :-1], rows[:, 1:], weights=answer_weights(rows, tok, filler_weight))
             clip_grads(model.layout.grads, 1.0)
             opt.step(rate)
             step += 1
@@ -146,12 +169,14 @@ def train(args) -> None:
     # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
-              "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log}, "step": step}
+              "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log,
+                        "filler": "markov" if markov else "uniform", "filler_weight": filler_weight}, "step": step}
     if args.init_from:
         record["study"]["init_from"] = args.init_from
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
     records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
                                        "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
+                                       "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
                                        "wall_s": round(time.time() - t0, 1), "stages": log})
     print(f"saved {args.out} after {step} steps, {time.time() - t0:.0f} s")
 
@@ -190,7 +215,8 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
 
 def evaluate(args) -> None:
     model, tok, cfg = checkpoint.load_model(args.run)
-    ids = heldout(tok, args.sequences, args.length, args.facts)           # (S, L)
+    study = cfg.get("study") or {}
+    ids = heldout(tok, args.sequences, args.length, args.facts, markov=study.get("filler", "uniform") == "markov")
     S, L = ids.shape
     n = L - 1                                                             # cache length at the answer's step
     budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
@@ -199,11 +225,12 @@ def evaluate(args) -> None:
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
     hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
-    seed = (cfg.get("study") or {}).get("seed")
+    seed = study.get("seed")
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "kind": rule.kind if rule else "dense",
+               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "filler": study.get("filler", "uniform"),
+               "kind": rule.kind if rule else "dense",
                "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi]}
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
@@ -225,6 +252,7 @@ def main() -> None:
     t.add_argument("--first", type=int, default=1, help="the first stage to train (with --init-from)")
     t.add_argument("--init-from", help="a run of this study to go on from (its weights; a fresh optimizer)")
     t.add_argument("--force", action="store_true")
+    t.add_argument("--uniform-filler", action="store_true", help="uniform filler letters, no loss on them")
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
     e.add_argument("--sequences", type=int, default=512)
