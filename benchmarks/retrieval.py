@@ -46,7 +46,9 @@ VALUES = "ABCDEFGHIJKLMNOP"
 FILLER = "".join(chr(0x3B1 + i) for i in range(24))   # Greek small letters
 RECORDS = "".join(chr(0x4E00 + i) for i in range(len(LETTERS) ** 2 * len(VALUES)))
 SEP = "|"
-ALPHABET = SEP + LETTERS + VALUES + FILLER + RECORDS
+KEYCHARS = "".join(chr(0x410 + i) for i in range(len(LETTERS) ** 2))   # form "pair": a key is one character
+ALPHABET = SEP + LETTERS + VALUES + FILLER + RECORDS + KEYCHARS
+FORMS = ("record", "pair")
 KEYS = len(LETTERS) ** 2
 ANSWER = 1                                             # characters in an answer
 # The filler is text of a second-order Markov chain: after two filler letters, one of two
@@ -81,10 +83,15 @@ def filler(rng: np.random.Generator, count: int, markov: bool = True) -> list[st
     return [FILLER[i] for i in ids[:count]]
 
 
-def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None, markov: bool = True) -> str:
+def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None, markov: bool = True,
+         form: str = "record") -> str:
     """One line of ``length`` characters: haystack, ``|``, ``questions(length, asks)``
-    questions, the last one's key fresh. ``markov``: the filler follows FOLLOW (else uniform)."""
+    questions, the last one's key fresh. ``markov``: the filler follows FOLLOW (else uniform).
+    ``form``: "record", a fact is one record character and a key two letters; "pair", a fact is
+    a key character followed by its value, and a question the same two characters."""
     asks = questions(length, asks)
+    if form == "pair":
+        return _pair_line(rng, length, facts, asks, markov)
     hay = length - 1 - 3 * asks
     if not 2 <= facts <= min(KEYS, hay):       # 2: the last key must be one never asked before
         raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
@@ -99,11 +106,26 @@ def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = N
     return "".join(text) + SEP + q
 
 
+def _pair_line(rng: np.random.Generator, length: int, facts: int, asks: int, markov: bool) -> str:
+    hay = length - 1 - 2 * asks
+    if not 2 <= facts <= min(KEYS, hay // 2):
+        raise ValueError(f"{facts} facts do not fit a haystack of {hay} among {KEYS} keys")
+    keys = rng.choice(KEYS, facts, replace=False)
+    values = rng.integers(0, len(VALUES), facts)
+    text = np.array(filler(rng, hay, markov))
+    at = 2 * np.sort(rng.choice(hay // 2, facts, replace=False))           # non-overlapping pairs
+    text[at], text[at + 1] = [KEYCHARS[k] for k in keys], [VALUES[v] for v in values]
+    last = rng.integers(facts)
+    asked = rng.choice(np.delete(np.arange(facts), last), asks - 1)
+    return "".join(text) + SEP + "".join(KEYCHARS[keys[i]] + VALUES[values[i]] for i in [*asked, last])
+
+
 def answer_weights(rows: np.ndarray, tok, filler_weight: float = 0.0) -> np.ndarray:
-    """(B, T) 1 where the next character is a question's value (values occur nowhere else),
+    """(B, T) 1 where the next character is a question's value,
     ``filler_weight`` where it is a filler letter after two filler letters (predictable, one of
     two), 0 elsewhere; for rows (B, T + 1) of ids."""
-    w = np.isin(rows[:, 1:], tok.encode(VALUES)).astype(np.float32)
+    asked = np.cumsum(rows[:, :-1] == tok.encode(SEP)[0], axis=1) > 0      # the questions (a pair's value
+    w = (np.isin(rows[:, 1:], tok.encode(VALUES)) & asked).astype(np.float32)   # also stands in the haystack)
     if filler_weight:
         f = np.isin(rows, tok.encode(FILLER))
         w[:, 1:][f[:, :-2] & f[:, 1:-1] & f[:, 2:]] = filler_weight
@@ -114,9 +136,10 @@ def tokenizer():
     return train_char(ALPHABET)
 
 
-def heldout(tok, count: int, length: int, facts: int, asks: int | None = None, markov: bool = True) -> np.ndarray:
+def heldout(tok, count: int, length: int, facts: int, asks: int | None = None, markov: bool = True,
+            form: str = "record") -> np.ndarray:
     rng = np.random.default_rng(HELDOUT_SEED)
-    return np.array([tok.encode(line(rng, length, facts, asks, markov)) for _ in range(count)])
+    return np.array([tok.encode(line(rng, length, facts, asks, markov, form)) for _ in range(count)])
 
 
 def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
@@ -149,9 +172,9 @@ def train(args) -> None:
     markov = not args.uniform_filler
     filler_weight = FILLER_WEIGHT if markov else 0.0
     for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
-        check = heldout(tok, 64, T + 1, facts, asks, markov)
+        check = heldout(tok, 64, T + 1, facts, asks, markov, args.form)
         for i in range(steps):
-            rows = np.array([tok.encode(line(rng, T + 1, facts, asks, markov)) for _ in range(lines)])
+            rows = np.array([tok.encode(line(rng, T + 1, facts, asks, markov, args.form)) for _ in range(lines)])
             warm = min(1.0, (i + 1) / 100)
             last = s == len(stages) - 1 and args.stages == len(STAGES)
             rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
@@ -170,13 +193,15 @@ def train(args) -> None:
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
               "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log,
-                        "filler": "markov" if markov else "uniform", "filler_weight": filler_weight}, "step": step}
+                        "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
+                        "form": args.form}, "step": step}
     if args.init_from:
         record["study"]["init_from"] = args.init_from
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
     records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
                                        "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
                                        "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
+                                       "form": args.form,
                                        "wall_s": round(time.time() - t0, 1), "stages": log})
     print(f"saved {args.out} after {step} steps, {time.time() - t0:.0f} s")
 
@@ -216,7 +241,9 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
 def evaluate(args) -> None:
     model, tok, cfg = checkpoint.load_model(args.run)
     study = cfg.get("study") or {}
-    ids = heldout(tok, args.sequences, args.length, args.facts, markov=study.get("filler", "uniform") == "markov")
+    form = study.get("form", "record")
+    ids = heldout(tok, args.sequences, args.length, args.facts, markov=study.get("filler", "uniform") == "markov",
+                  form=form)
     S, L = ids.shape
     n = L - 1                                                             # cache length at the answer's step
     budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
@@ -229,7 +256,7 @@ def evaluate(args) -> None:
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "filler": study.get("filler", "uniform"),
+               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "filler": study.get("filler", "uniform"), "form": form,
                "kind": rule.kind if rule else "dense",
                "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi]}
         if rule is not None:
@@ -253,6 +280,7 @@ def main() -> None:
     t.add_argument("--init-from", help="a run of this study to go on from (its weights; a fresh optimizer)")
     t.add_argument("--force", action="store_true")
     t.add_argument("--uniform-filler", action="store_true", help="uniform filler letters, no loss on them")
+    t.add_argument("--form", choices=FORMS, default="record", help="how a fact is written (see line())")
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
     e.add_argument("--sequences", type=int, default=512)
