@@ -238,6 +238,33 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
     return out
 
 
+def facts_of(text: str) -> dict[int, int]:
+    """The facts a line's haystack tells: key -> value (either form)."""
+    hay = text.split(SEP)[0]
+    told = {}
+    for i, c in enumerate(hay):
+        if c in RECORDS:
+            k, v = divmod(RECORDS.index(c), len(VALUES))
+            told[k] = v
+        elif c in KEYCHARS:
+            told[KEYCHARS.index(c)] = VALUES.index(hay[i + 1])
+    return told
+
+
+def readers(text: str, form: str) -> dict[str, float]:
+    """What a reader that does not match the whole key gets right on the line's last question,
+    in expectation: "in_context" picks a told fact at random; "second_letter" (form "record")
+    picks among the told facts whose key has the asked key's second letter -- what one look
+    from the question's last letter alone can narrow the records to."""
+    told, answer = facts_of(text), VALUES.index(text[-1])
+    out = {"in_context": sum(v == answer for v in told.values()) / len(told)}
+    if form == "record":
+        second = LETTERS.index(text[-2])
+        near = [v for k, v in told.items() if k % len(LETTERS) == second]
+        out["second_letter"] = sum(v == answer for v in near) / len(near)
+    return out
+
+
 def evaluate(args) -> None:
     model, tok, cfg = checkpoint.load_model(args.run)
     study = cfg.get("study") or {}
@@ -253,12 +280,15 @@ def evaluate(args) -> None:
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
     hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
     seed = study.get("seed")
+    lines = [tok.decode(r) for r in ids]
+    reference = {k: float(np.mean([readers(t, form)[k] for t in lines])) for k in readers(lines[0], form)}
+    print("readers that do not match the whole key: " + ", ".join(f"{k} {v:.3f}" for k, v in reference.items()))
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
                "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "filler": study.get("filler", "uniform"), "form": form,
                "kind": rule.kind if rule else "dense",
-               "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi]}
+               "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi], "readers": reference}
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
         records.append("retrieval", rec)
@@ -272,7 +302,7 @@ def main() -> None:
     t = sub.add_parser("train")
     t.add_argument("--out", required=True)
     t.add_argument("--seed", type=int, default=1)
-    t.add_argument("--n-layer", type=int, default=3)
+    t.add_argument("--n-layer", type=int, default=2)
     t.add_argument("--n-head", type=int, default=4)
     t.add_argument("--d-model", type=int, default=128)
     t.add_argument("--stages", type=int, default=len(STAGES), help="train up to this stage (1-based)")

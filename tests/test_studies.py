@@ -145,3 +145,25 @@ def test_the_ghost_attention_arms_differ_only_where_they_say():
         assert replies[:-1] == [a for _, a in qa[:-1]]                      # the context dialogue: plain
         assert all(gatt.keeps(inst, m["content"]) for m in consistent if m["role"] == "assistant")
         assert ghost_attention(gatt.messages(inst, qa, "sampled")) == consistent   # only the loss differs
+
+
+def test_a_pair_line_tells_each_key_once_and_the_readers_are_probabilities():
+    rng = np.random.default_rng(3)
+    for form in ("record", "pair"):
+        s = retrieval.line(rng, 257, 16, form=form)
+        told = retrieval.facts_of(s)
+        assert len(s) == 257 and len(told) == 16
+        asked = s.split(retrieval.SEP)[1]
+        step = 3 if form == "record" else 2
+        keys = []
+        for i in range(0, len(asked), step):
+            q = asked[i:i + step]
+            k = (retrieval.LETTERS.index(q[0]) * len(retrieval.LETTERS) + retrieval.LETTERS.index(q[1])
+                 if form == "record" else retrieval.KEYCHARS.index(q[0]))
+            assert told[k] == retrieval.VALUES.index(q[-1])     # every question's value is its key's fact
+            keys.append(k)
+        assert keys[-1] not in keys[:-1]                        # the last key is fresh
+        r = retrieval.readers(s, form)
+        assert all(0 <= v <= 1 for v in r.values()) and r["in_context"] >= 1 / 16
+        if form == "record":
+            assert r["second_letter"] >= r["in_context"] * 0.5 and r["second_letter"] > 0
