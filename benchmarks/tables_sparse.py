@@ -1,6 +1,7 @@
 """The sparse-decoding tables of the documentation, from their records (report.py runs them):
 speed against the cache length, retrieval exact match, and loss on text at a fixed cache."""
 import statistics
+from pathlib import Path
 
 import records
 
@@ -51,20 +52,33 @@ def sparse_crossover(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _describe(r: dict) -> str:
+    """How a retrieval model's facts were written, and its filler."""
+    form = {"record": "a fact is one record character, a key two letters",
+            "pair": "a fact is a key character followed by its value"}[r.get("form", "record")]
+    filler = {"uniform": "uniform filler, no loss on it",
+              "markov": f"Markov filler, {r.get('filler_weight', 0.2):g} of the loss per filler character"}
+    return f"{form}; {filler[r.get('filler', 'uniform')]}"
+
+
 def retrieval(rows: list[dict]) -> str:
     """Free-running exact match on held-out retrieval lines, per rule and budget, with Wilson's
-    95 % interval, for each model measured at the newest commit."""
-    rows = _newest(rows)
+    95 % interval, for each model measured (each at its newest commit)."""
     out = []
     for run in dict.fromkeys(r["run"] for r in rows):
-        at = [r for r in rows if r["run"] == run]
+        at = _newest([r for r in rows if r["run"] == run])
         dense = next(r for r in at if r["kind"] == "dense")
         cols = _columns(at)
         cell = lambda r: f"{100 * r['exact_match']:.1f} % ({100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f})"
         c = dense["config"]
-        out += [f"Model: {c['n_layer']} × {c['d_model']}, {c['n_head']} heads, context {c['n_ctx']}, seed "
-                f"{dense['seed']}; dense decoding: **{cell(dense)}**, {dense['sequences']} held-out lines, cache "
-                f"{dense['n_cache']:,} tokens at the last step.", "",
+        readers = dense.get("readers", {})
+        named = {"in_context": "a told fact at random", "second_letter": "a record sharing the second letter"}
+        ref = "; ".join(f"{named[k]} {100 * v:.1f} %" for k, v in readers.items())
+        ref = f"; readers that match less than the whole key: {ref}" if ref else ""
+        out += [f"**`{Path(run).name}`** ({_describe(dense)}): {c['n_layer']} × {c['d_model']}, {c['n_head']} "
+                f"heads, context {c['n_ctx']}, seed {dense['seed']}; dense decoding: **{cell(dense)}**, "
+                f"{dense['sequences']} held-out lines, cache {dense['n_cache']:,} tokens at the last step{ref}; "
+                f"commit {dense['commit']}.", "",
                 "| budget K | " + " | ".join(name for *_, name in cols) + " |", "| ---: |" + " ---: |" * len(cols)]
         for K in sorted({r["budget"] for r in at if r["kind"] != "dense"}):
             got = {(r["kind"], tuple(r["layers"])): r for r in at if r.get("budget") == K}
@@ -72,8 +86,8 @@ def retrieval(rows: list[dict]) -> str:
             out.append(f"| {K} (n/{round(dense['n_cache'] / K)}) | " + " | ".join(cells) + " |")
         out.append("")
     out.append(f"Exact match of the generated answer (greedy, free-running from the last question's key on, "
-               f"under the rule), in % with Wilson's 95 % interval. CPU: {records.cpus(rows)}; commit "
-               f"{rows[-1]['commit']}.")
+               f"under the rule), in % with Wilson's 95 % interval. The readers are expectations over the same "
+               f"lines. CPU: {records.cpus(rows)}.")
     return "\n".join(out)
 
 
@@ -83,8 +97,9 @@ def retrieval_train(rows: list[dict]) -> str:
     out = []
     for r in rows:
         c = r["config"]
-        out += [f"Seed {r['seed']}: {c['n_layer']} × {c['d_model']}, {c['n_head']} heads, rotary positions; "
-                f"{r['steps']:,} steps in {r['wall_s'] / 60:.0f} minutes; commit {r['commit']}.", "",
+        out += [f"**`{Path(r['run']).name}`** ({_describe(r)}): seed {r['seed']}, {c['n_layer']} × {c['d_model']}, "
+                f"{c['n_head']} heads, rotary positions (base {c['rope_base']:,.0f}); {r['steps']:,} steps in "
+                f"{r['wall_s'] / 60:.0f} minutes; commit {r['commit']}.", "",
                 "| stage | context | records | questions | steps | lines per step | peak lr | held-out accuracy "
                 "| minutes so far |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for i, s in enumerate(r["stages"], 1):
