@@ -1,31 +1,41 @@
 """Long-range retrieval under sparse decoding: free-running exact match, dense against each rule.
 
-The task. A line is a *haystack* -- filler characters with ``facts`` records scattered through
-it -- then ``|``, then questions. A key is two letters from ``a``-``f`` (36 keys); a record is
-one character that stands for one key and its value (one of 16 capitals): 576 record
-characters; no key is told twice in a line. A question is the two letters of a told key
-followed by that key's value. Questions are drawn with replacement, so none can be answered by
-elimination, and the last question's key is one never asked before in the line: only its
-record, in the haystack, says the answer. The second letter alone narrows a key to six, so the
-lookup needs both letters, and no model can do it in its first layer: the first must bring the
-first letter to the second, a later one finds the record.
+The task. A line is a *haystack* -- filler characters with ``facts`` facts scattered through
+it -- then ``|``, then questions. No key is told twice in a line. A question is a told key
+followed by its value. Questions are drawn with replacement, so none can be answered by
+elimination, and the last question's key is one never asked before in the line: only its fact,
+in the haystack, says the answer. Two ways to write a fact (``--form``):
+
+- ``record``: a key is two letters from ``a``-``f`` (36 keys) and a fact one *record*
+  character standing for a key and its value (one of 16 capitals; 576 record characters). The
+  second letter alone narrows a key to six, so the whole lookup needs both letters and a layer
+  after the first; but the first layer can already match one letter (``readers``).
+- ``pair``: a key is one character (36) and a fact that character followed by its value, as in
+  associative recall: a key's position holds nothing of its value, so no first layer can
+  retrieve anything -- the lookup is an induction (a later layer matches the key that
+  *precedes* a value).
+
+The filler is uniform (``--uniform-filler``) or a second-order Markov chain with a small share
+of the loss, so that a previous-character head pays from the start.
 
 Training (``train``): a rotary GPT learns the task from freshly generated lines (none is seen
 twice; the held-out lines come from another seed), in stages of growing context, up to the
-measured length; the loss is on the questions' values only. The checkpoint is an ordinary tbp
-run (``tbp generate`` reads it), and a record of the training (config, seed, stages, wall time,
-teacher-forced accuracy on held-out lines per stage) goes to benchmarks/results/retrieval_train.jsonl.
+measured length; the loss is on the questions' values (and the Markov filler). The checkpoint
+is an ordinary tbp run (``tbp generate`` reads it), and a record of the training (config,
+seed, form, stages, wall time, teacher-forced accuracy on held-out lines per stage) goes to
+benchmarks/results/retrieval_train.jsonl.
 
 The measurement (``eval``): for each held-out line of ``--length`` characters, the prompt is
-everything up to and including the last question's key; its record lies at least the question
-section's length back (768 tokens at n = 2,048), beyond every budget's window. The prompt
+everything up to and including the last question's key; its fact lies at least the question
+section's length back (768 tokens at n = 2,048 for records, 512 for pairs), beyond every
+budget's window. The prompt
 without its last character is prefilled densely once; then, for dense decoding and for each
 rule x budget, that character and the answer are decoded one token at a time under the rule
-(greedy), and the generated answer is compared with the record's value. One record per rule x
+(greedy), and the generated answer is compared with the fact's value. One record per rule x
 budget in benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the
-hits and Wilson's 95 % interval.
+hits, Wilson's 95 % interval and what readers of part of the key would get (``readers``).
 
-    python benchmarks/retrieval.py train --out runs/retrieval          # about 45 minutes on one core
+    python benchmarks/retrieval.py train --out runs/retrieval --form pair   # about 30 minutes on one core
     python benchmarks/retrieval.py eval --run runs/retrieval --layers 0
 """
 import argparse
