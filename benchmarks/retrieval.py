@@ -166,7 +166,11 @@ def teacher_forced(model, rows: np.ndarray, tok, batch: int = 8) -> float:
 
 def train(args) -> None:
     tok = tokenizer()
-    stages = STAGES[args.first - 1:args.stages]
+    steps_of = args.steps or [st[3] for st in STAGES]
+    if len(steps_of) != len(STAGES):
+        raise SystemExit(f"--steps takes one count per stage ({len(STAGES)})")
+    stages = [(T, facts, asks, n, lines, lr * args.lr_scale)
+              for (T, facts, asks, _, lines, lr), n in zip(STAGES, steps_of)][args.first - 1:args.stages]
     log, step, wall = [], 0, 0.0
     if args.init_from:                       # go on from a run of this study: its stages come first
         model, _, prior = checkpoint.load_model(args.init_from, dtype=np.float32)
@@ -319,6 +323,8 @@ def main() -> None:
     t.add_argument("--first", type=int, default=1, help="the first stage to train (with --init-from)")
     t.add_argument("--init-from", help="a run of this study to go on from (its weights; a fresh optimizer)")
     t.add_argument("--force", action="store_true")
+    t.add_argument("--steps", type=int, nargs="+", help="steps of each stage (default: STAGES')")
+    t.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every stage's peak learning rate")
     t.add_argument("--uniform-filler", action="store_true", help="uniform filler letters, no loss on them")
     t.add_argument("--form", choices=FORMS, default="record", help="how a fact is written (see line())")
     e = sub.add_parser("eval")
