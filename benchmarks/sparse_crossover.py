@@ -38,9 +38,8 @@ def main():
                           flush=True)
     if a.plot:
         from tbp import plot
-        rows = records.read("sparse_crossover")
-        commit = rows[-1]["commit"]
-        rows = [r for r in rows if r["commit"] == commit]
+        from tables_sparse import latest_points
+        rows = list(latest_points(records.read("sparse_crossover")).values())[-1]   # the CPU measured last
         fig = plot.figure(6.5, 4)
         ax = fig.add_subplot()
         depths = sorted({r["n_layer"] for r in rows})
@@ -52,7 +51,7 @@ def main():
                     ax.plot(*zip(*pts), marker="o", color=colour, ls=style, label=f"{kind}, {depth} layers")
         ax.axhline(1.0, color="black", lw=1, ls="--", label="dense")
         ax.set(xscale="log", xlabel="cached tokens n", ylabel="tokens/s, sparse / dense (paired)",
-               title=f"sparse decoding, K = n/16 (width 128, selection at layer {a.layers})")
+               title=f"sparse decoding, K = n/16 (width 128, selection at layer {a.layers}; {rows[0]['cpu']})")
         from matplotlib.ticker import NullLocator
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(sorted({r["n_ctx"] for r in rows}), [f"{n:,}" for n in sorted({r["n_ctx"] for r in rows})])

@@ -23,11 +23,34 @@ def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
     return cols
 
 
+def latest_points(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per CPU (in the order each was last measured), the newest record of every point (depth,
+    cache length, rule): a sweep that ran across a commit of unrelated files stays whole."""
+    by_cpu: dict[str, dict] = {}
+    for r in rows:
+        cpu = by_cpu.pop(r["cpu"], {})               # re-inserted: the newest CPU last
+        cpu[(r["n_layer"], r["n_ctx"], r["sparse"]["kind"])] = r
+        by_cpu[r["cpu"]] = cpu
+    return {cpu: list(points.values()) for cpu, points in by_cpu.items()}
+
+
 def sparse_crossover(rows: list[dict]) -> str:
     """Sparse over dense tokens/s (paired in one process) against the cache, per depth and rule,
-    from the newest commit's records."""
-    rows = _newest(rows)
-    commit = rows[-1]["commit"]
+    on each CPU measured (the newest record of each point)."""
+    out = []
+    for cpu, at_cpu in latest_points(rows).items():
+        out += [f"**{cpu}**:", "", _crossover_table(at_cpu), ""]
+    r0 = rows[-1]
+    out += [f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
+            f"{', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, random weights, "
+            f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
+            f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
+            f"three pairings. Commits: "
+            f"{', '.join(sorted({r['commit'] for pts in latest_points(rows).values() for r in pts}))}."]
+    return "\n".join(out)
+
+
+def _crossover_table(rows: list[dict]) -> str:
     depths = sorted({r["n_layer"] for r in rows})
     kinds = [("window", "window"), ("lessismore", "LessIsMore"), ("topk", "top-k")]
     at = {(r["n_layer"], r["n_ctx"], r["sparse"]["kind"]): r for r in rows}
@@ -42,13 +65,6 @@ def sparse_crossover(rows: list[dict]) -> str:
             cells += [f"{g['decode_sparse_speedup']:.2f}×" if g else "" for g in got]
         K = next(r["sparse"]["budget"] for r in rows if r["n_ctx"] == n)
         out.append(f"| {n:,} | {K} | " + " | ".join(cells) + " |")
-    r0 = rows[0]
-    out += ["", f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
-                f"{', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, random weights, "
-                f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
-                f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
-                f"three pairings. "
-                f"CPU: {records.cpus(rows)}; commit {commit}."]
     return "\n".join(out)
 
 
