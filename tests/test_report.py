@@ -20,3 +20,16 @@ def test_a_hand_edited_table_fails_the_check(tmp_path, monkeypatch):
     assert "<!-- report:prepare_scale -->" in text
     edited = text.replace("| after | 0.29 GiB | char |", "| after | 0.29 GiB | char (edited) |", 1)
     assert edited != text and report.render(edited) == text
+
+
+def test_the_crossover_keeps_each_points_newest_record_per_cpu():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tables_sparse
+    point = lambda cpu, n, kind, commit, x: {"cpu": cpu, "n_layer": 4, "n_ctx": n, "sparse": {"kind": kind},
+                                              "commit": commit, "x": x}
+    rows = [point("B", 1024, "window", "c1", 0), point("A", 1024, "window", "c1", 1),
+            point("A", 2048, "window", "c2", 2), point("A", 1024, "window", "c3", 3)]
+    got = tables_sparse.latest_points(rows)
+    assert list(got) == ["B", "A"]                                  # the CPU measured last comes last
+    assert sorted(r["x"] for r in got["A"]) == [2, 3]               # 1024 re-measured; 2048 kept across commits
+    assert [r["x"] for r in got["B"]] == [0]
