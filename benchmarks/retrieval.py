@@ -300,8 +300,8 @@ def evaluate(args) -> None:
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts, "filler": study.get("filler", "uniform"), "form": form,
-               "kind": rule.kind if rule else "dense",
+               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts,
+               "filler": study.get("filler", "uniform"), "form": form, "kind": rule.kind if rule else "dense",
                "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi], "readers": reference}
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
