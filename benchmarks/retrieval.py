@@ -93,6 +93,13 @@ def filler(rng: np.random.Generator, count: int, markov: bool = True) -> list[st
     return [FILLER[i] for i in ids[:count]]
 
 
+def _asked(rng: np.random.Generator, facts: int, asks: int) -> list[int]:
+    """The facts a line's questions ask: ``asks - 1`` drawn with replacement from all but one,
+    then that one (a fresh last key)."""
+    last = rng.integers(facts)
+    return [*rng.choice(np.delete(np.arange(facts), last), asks - 1), last]
+
+
 def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = None, markov: bool = True,
          form: str = "record") -> str:
     """One line of ``length`` characters: haystack, ``|``, ``questions(length, asks)``
@@ -109,10 +116,9 @@ def line(rng: np.random.Generator, length: int, facts: int, asks: int | None = N
     values = rng.integers(0, len(VALUES), facts)
     text = np.array(filler(rng, hay, markov))
     text[np.sort(rng.choice(hay, facts, replace=False))] = [RECORDS[k * len(VALUES) + v] for k, v in zip(keys, values)]
-    last = rng.integers(facts)
-    asked = rng.choice(np.delete(np.arange(facts), last), asks - 1)
+    asked = _asked(rng, facts, asks)
     q = "".join(LETTERS[keys[i] // len(LETTERS)] + LETTERS[keys[i] % len(LETTERS)] + VALUES[values[i]]
-                for i in [*asked, last])
+                for i in asked)
     return "".join(text) + SEP + q
 
 
@@ -125,9 +131,8 @@ def _pair_line(rng: np.random.Generator, length: int, facts: int, asks: int, mar
     text = np.array(filler(rng, hay, markov))
     at = 2 * np.sort(rng.choice(hay // 2, facts, replace=False))           # non-overlapping pairs
     text[at], text[at + 1] = [KEYCHARS[k] for k in keys], [VALUES[v] for v in values]
-    last = rng.integers(facts)
-    asked = rng.choice(np.delete(np.arange(facts), last), asks - 1)
-    return "".join(text) + SEP + "".join(KEYCHARS[keys[i]] + VALUES[values[i]] for i in [*asked, last])
+    asked = _asked(rng, facts, asks)
+    return "".join(text) + SEP + "".join(KEYCHARS[keys[i]] + VALUES[values[i]] for i in asked)
 
 
 def answer_weights(rows: np.ndarray, tok, filler_weight: float = 0.0) -> np.ndarray:
@@ -187,10 +192,10 @@ def train(args) -> None:
     filler_weight = FILLER_WEIGHT if markov else 0.0
     for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
         check = heldout(tok, 64, T + 1, facts, asks, markov, args.form)
+        last = s == len(stages) - 1 and args.stages == len(STAGES)
         for i in range(steps):
             rows = np.array([tok.encode(line(rng, T + 1, facts, asks, markov, args.form)) for _ in range(lines)])
             warm = min(1.0, (i + 1) / 100)
-            last = s == len(stages) - 1 and args.stages == len(STAGES)
             rate = lr * warm * (1 - 0.9 * i / steps if last else 1.0)  # the last stage anneals to a tenth
             model.zero_grad()
             loss = model.accumulate(rows[:, :-1], rows[:, 1:], weights=answer_weights(rows, tok, filler_weight))
@@ -205,18 +210,15 @@ def train(args) -> None:
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
     # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
+    study = {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log, "form": args.form,
+             "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
+             **({"init_from": args.init_from} if args.init_from else {})}
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
-              "study": {"script": "benchmarks/retrieval.py", "seed": args.seed, "stages": log,
-                        "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
-                        "form": args.form}, "step": step}
-    if args.init_from:
-        record["study"]["init_from"] = args.init_from
+              "study": study, "step": step}
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
-    records.append("retrieval_train", {"commit": records.commit(), "seed": args.seed, "run": args.out,
-                                       "n_layer": cfg.n_layer, "config": cfg.to_dict(), "steps": step,
-                                       "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
-                                       "form": args.form,
-                                       "wall_s": round(time.time() - t0, 1), "stages": log})
+    records.append("retrieval_train", {"commit": records.commit(), "run": args.out, "n_layer": cfg.n_layer,
+                                       "config": cfg.to_dict(), "steps": step,
+                                       "wall_s": round(time.time() - t0, 1), **study})
     print(f"saved {args.out} after {step} steps, {time.time() - t0:.0f} s")
 
 
@@ -295,7 +297,8 @@ def evaluate(args) -> None:
     hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
     seed = study.get("seed")
     lines = [tok.decode(r) for r in ids]
-    reference = {k: float(np.mean([readers(t, form)[k] for t in lines])) for k in readers(lines[0], form)}
+    per_line = [readers(t, form) for t in lines]
+    reference = {k: float(np.mean([r[k] for r in per_line])) for k in per_line[0]}
     print("readers that do not match the whole key: " + ", ".join(f"{k} {v:.3f}" for k, v in reference.items()))
     for rule, hit in zip(rules, hits):
         lo, hi = binomial_ci(hit, S)

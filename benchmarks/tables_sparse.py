@@ -37,8 +37,9 @@ def latest_points(rows: list[dict]) -> dict[str, list[dict]]:
 def sparse_crossover(rows: list[dict]) -> str:
     """Sparse over dense tokens/s (paired in one process) against the cache, per depth and rule,
     on each CPU measured (the newest record of each point)."""
+    points = latest_points(rows)
     out = []
-    for cpu, at_cpu in latest_points(rows).items():
+    for cpu, at_cpu in points.items():
         out += [f"**{cpu}**:", "", _crossover_table(at_cpu), ""]
     r0 = rows[-1]
     out += [f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
@@ -46,7 +47,7 @@ def sparse_crossover(rows: list[dict]) -> str:
             f"batch 1; each ratio is sparse over dense tokens/s, the median over {r0['decode_rounds']} rounds of "
             f"{r0['decode_steps']} steps each way, interleaved in one process; dense: the median of its "
             f"three pairings. Commits: "
-            f"{', '.join(sorted({r['commit'] for pts in latest_points(rows).values() for r in pts}))}."]
+            f"{', '.join(sorted({r['commit'] for pts in points.values() for r in pts}))}."]
     return "\n".join(out)
 
 

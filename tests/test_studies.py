@@ -1,6 +1,6 @@
 """The sparse-decoding studies measure what they say: a retrieval line's last question is
-answered only by its record, far back; decoding every rule from one dense prefill gives what a fresh decoder
-gives; the fixed-cache text study scores the tokens after the window's last positions. The
+answered only by its fact, far back; decoding every rule from one dense prefill gives what a
+fresh decoder gives; the fixed-cache text study scores the tokens after the window's last positions. The
 Ghost Attention study's checker accepts exactly the replies that keep an instruction, and its
 arms differ where they say they do."""
 import random
