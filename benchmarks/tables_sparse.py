@@ -24,14 +24,22 @@ def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
 
 
 def latest_points(rows: list[dict]) -> dict[str, list[dict]]:
-    """Per CPU (in the order each was last measured), the newest record of every point (depth,
-    cache length, rule): a sweep that ran across a commit of unrelated files stays whole."""
-    by_cpu: dict[str, dict] = {}
+    """Per machine -- the CPU, and NumPy's BLAS threads where the record names them -- in the
+    order each was last measured, the newest record of every point (depth, cache length, rule):
+    a sweep that ran across a commit of unrelated files stays whole."""
+    by_machine: dict[str, dict] = {}
     for r in rows:
-        cpu = by_cpu.pop(r["cpu"], {})               # re-inserted: the newest CPU last
-        cpu[(r["n_layer"], r["n_ctx"], r["sparse"]["kind"])] = r
-        by_cpu[r["cpu"]] = cpu
-    return {cpu: list(points.values()) for cpu, points in by_cpu.items()}
+        where = machine_of(r)
+        points = by_machine.pop(where, {})           # re-inserted: the newest machine last
+        points[(r["n_layer"], r["n_ctx"], r["sparse"]["kind"])] = r
+        by_machine[where] = points
+    return {where: list(points.values()) for where, points in by_machine.items()}
+
+
+def machine_of(r: dict) -> str:
+    """The CPU a record ran on, with its BLAS threads if it names them."""
+    threads = r.get("blas_threads")
+    return r["cpu"] + (f", BLAS {threads} thread{'s' * (threads != 1)}" if threads else "")
 
 
 def sparse_crossover(rows: list[dict]) -> str:
@@ -39,8 +47,8 @@ def sparse_crossover(rows: list[dict]) -> str:
     on each CPU measured (the newest record of each point)."""
     points = latest_points(rows)
     out = []
-    for cpu, at_cpu in points.items():
-        out += [f"**{cpu}**:", "", _crossover_table(at_cpu), ""]
+    for where, at in points.items():
+        out += [f"**{where}**:", "", _crossover_table(at), ""]
     r0 = rows[-1]
     out += [f"One-token steps at the end of a cache of n tokens, K = n/16, selection at layer(s) "
             f"{', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, random weights, "

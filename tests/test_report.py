@@ -33,3 +33,13 @@ def test_the_crossover_keeps_each_points_newest_record_per_cpu():
     assert list(got) == ["B", "A"]                                  # the CPU measured last comes last
     assert sorted(r["x"] for r in got["A"]) == [2, 3]               # 1024 re-measured; 2048 kept across commits
     assert [r["x"] for r in got["B"]] == [0]
+
+
+def test_the_crossover_tells_blas_thread_counts_apart():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tables_sparse
+    point = lambda threads, x: {"cpu": "A", "n_layer": 4, "n_ctx": 1024, "sparse": {"kind": "window"},
+                                "commit": "c", "x": x, **({"blas_threads": threads} if threads else {})}
+    got = tables_sparse.latest_points([point(None, 0), point(2, 1), point(1, 2), point(1, 3)])
+    assert list(got) == ["A", "A, BLAS 2 threads", "A, BLAS 1 thread"]   # old records name no count
+    assert [r["x"] for r in got["A, BLAS 1 thread"]] == [3]
