@@ -33,7 +33,9 @@ without its last character is prefilled densely once; then, for dense decoding a
 rule x budget, that character and the answer are decoded one token at a time under the rule
 (greedy), and the generated answer is compared with the fact's value. One record per rule x
 budget in benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the
-hits, Wilson's 95 % interval and what readers of part of the key would get (``readers``).
+hits, Wilson's 95 % interval, which lines it got right (``hit_lines``, so that a rule is
+compared with dense on the same lines) and what readers of part of the key would get
+(``readers``).
 
     python benchmarks/retrieval.py train --out runs/retrieval --form pair   # about 30 minutes on one core
     python benchmarks/retrieval.py eval --run runs/retrieval --layers 0
@@ -294,18 +296,20 @@ def evaluate(args) -> None:
     rules = [None] + [Sparsity(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
-    hits = [int((g == ids[:, L - ANSWER:]).all(1).sum()) for g in got]
+    right = [(g == ids[:, L - ANSWER:]).all(1) for g in got]          # per rule, per line
+    hits = [int(r.sum()) for r in right]
     seed = study.get("seed")
     lines = [tok.decode(r) for r in ids]
     per_line = [readers(t, form) for t in lines]
     reference = {k: float(np.mean([r[k] for r in per_line])) for k in per_line[0]}
     print("readers that do not match the whole key: " + ", ".join(f"{k} {v:.3f}" for k, v in reference.items()))
-    for rule, hit in zip(rules, hits):
+    for rule, hit, line_hits in zip(rules, hits, right):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
                "config": model.config.to_dict(), "n_cache": n, "facts": args.facts,
                "filler": study.get("filler", "uniform"), "form": form, "kind": rule.kind if rule else "dense",
-               "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi], "readers": reference}
+               "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi], "readers": reference,
+               "hit_lines": "".join("01"[int(h)] for h in line_hits)}   # line by line: paired against dense
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
         records.append("retrieval", rec)

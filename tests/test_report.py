@@ -43,3 +43,14 @@ def test_the_crossover_tells_blas_thread_counts_apart():
     got = tables_sparse.latest_points([point(None, 0), point(2, 1), point(1, 2), point(1, 3)])
     assert list(got) == ["A", "A, BLAS 2 threads", "A, BLAS 1 thread"]   # old records name no count
     assert [r["x"] for r in got["A, BLAS 1 thread"]] == [3]
+
+
+def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tables_sparse
+    dense = {"hit_lines": "1100" * 25}
+    same = tables_sparse._against({"hit_lines": "1100" * 25}, dense)
+    assert same == "; Δ +0.0 ± 0.0"                      # the same lines right: no difference, no spread
+    worse = tables_sparse._against({"hit_lines": "1000" * 25}, dense)
+    assert worse.startswith("; Δ -25.0 ± ") and float(worse.split("± ")[1]) > 0
+    assert tables_sparse._against({"hits": 3}, dense) == ""   # an older record, not line by line
