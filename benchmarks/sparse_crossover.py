@@ -67,7 +67,7 @@ def plot_curves(a) -> None:
                 ax.plot(*zip(*pts), marker="o", color=colour, ls=style, label=f"{kind}, {depth} layers")
     ax.axhline(1.0, color="black", lw=1, ls="--", label="dense")
     ax.set(xscale="log", xlabel="cached tokens n", ylabel="tokens/s, sparse / dense (paired)",
-           title=f"sparse decoding, K = n/16 (width 128, selection at layer {a.layers}; {where})")
+           title=f"sparse decoding, K = n/16, width 128, selection at layer {a.layers}\n{where}")
     from matplotlib.ticker import NullLocator
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticks(sorted({r["n_ctx"] for r in rows}), [f"{n:,}" for n in sorted({r["n_ctx"] for r in rows})])

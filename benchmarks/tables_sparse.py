@@ -27,14 +27,18 @@ def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
 def latest_points(rows: list[dict]) -> dict[str, list[dict]]:
     """Per machine -- the CPU, and NumPy's BLAS threads where the record names them -- in the
     order each was last measured, the newest record of every point (depth, cache length, rule):
-    a sweep that ran across a commit of unrelated files stays whole."""
+    a sweep that ran across a commit of unrelated files stays whole. Where a CPU has records
+    that name their BLAS threads, its records that do not are left out."""
     by_machine: dict[str, dict] = {}
     for r in rows:
         where = machine_of(r)
         points = by_machine.pop(where, {})           # re-inserted: the newest machine last
         points[(r["n_layer"], r["n_ctx"], r["sparse"]["kind"])] = r
         by_machine[where] = points
-    return {where: list(points.values()) for where, points in by_machine.items()}
+    # a CPU measured with its BLAS threads named: its earlier records that do not name them
+    # are superseded (what they ran beside is not known)
+    named = {r["cpu"] for r in rows if r.get("blas_threads")}
+    return {where: list(points.values()) for where, points in by_machine.items() if where not in named}
 
 
 def machine_of(r: dict) -> str:

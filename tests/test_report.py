@@ -41,8 +41,9 @@ def test_the_crossover_tells_blas_thread_counts_apart():
     point = lambda threads, x: {"cpu": "A", "n_layer": 4, "n_ctx": 1024, "sparse": {"kind": "window"},
                                 "commit": "c", "x": x, **({"blas_threads": threads} if threads else {})}
     got = tables_sparse.latest_points([point(None, 0), point(2, 1), point(1, 2), point(1, 3)])
-    assert list(got) == ["A", "A, BLAS 2 threads", "A, BLAS 1 thread"]   # old records name no count
+    assert list(got) == ["A, BLAS 2 threads", "A, BLAS 1 thread"]   # the CPU's records without a count: superseded
     assert [r["x"] for r in got["A, BLAS 1 thread"]] == [3]
+    assert list(tables_sparse.latest_points([point(None, 0)])) == ["A"]   # kept while nothing supersedes them
 
 
 def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
