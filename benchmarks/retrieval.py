@@ -22,7 +22,8 @@ Training (``train``): a rotary GPT learns the task from freshly generated lines 
 twice; the held-out lines come from another seed), in stages of growing context, up to the
 measured length; the loss is on the questions' values (and the Markov filler). The checkpoint
 is an ordinary tbp run (``tbp generate`` reads it), and a record of the training (config,
-seed, form, stages, wall time, teacher-forced accuracy on held-out lines per stage) goes to
+seed, form, stages, wall time, teacher-forced accuracy on held-out lines and the training
+loss every 100 steps, per stage) goes to
 benchmarks/results/retrieval_train.jsonl.
 
 The measurement (``eval``): for each held-out line of ``--length`` characters, the prompt is
@@ -194,6 +195,7 @@ def train(args) -> None:
     filler_weight = FILLER_WEIGHT if markov else 0.0
     for s, (T, facts, asks, steps, lines, lr) in enumerate(stages):
         check = heldout(tok, 64, T + 1, facts, asks, markov, args.form)
+        trace = []                           # the loss every 100 steps: where a lookup is learned
         last = s == len(stages) - 1 and args.stages == len(STAGES)
         for i in range(steps):
             rows = np.array([tok.encode(line(rng, T + 1, facts, asks, markov, args.form)) for _ in range(lines)])
@@ -205,10 +207,12 @@ def train(args) -> None:
             opt.step(rate)
             step += 1
             if i % 100 == 0:
+                trace.append(round(float(loss), 4))
                 print(f"context {T} step {step}: loss {loss:.3f} ({time.time() - t0:.0f} s)", flush=True)
         acc = teacher_forced(model, check, tok)
         log.append({"n_ctx": T, "facts": facts, "questions": questions(T + 1, asks), "steps": steps, "lines": lines,
-                    "lr": lr, "loss": float(loss), "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1)})
+                    "lr": lr, "loss": float(loss), "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1),
+                    "loss_every_100": trace})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
     # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
