@@ -36,7 +36,8 @@ rule x budget, that character and the answer are decoded one token at a time und
 budget in benchmarks/results/retrieval.jsonl, with the number of held-out ``sequences``, the
 hits, Wilson's 95 % interval, which lines it got right (``hit_lines``, so that a rule is
 compared with dense on the same lines) and what readers of part of the key would get
-(``readers``).
+(``readers``); the dense record of a pair-form model also says where each layer's scores put
+the fact (``fact_ranks``): a score-chosen set can keep it only where its layer ranks it high.
 
     python benchmarks/retrieval.py train --out runs/retrieval --form pair   # about 30 minutes on one core
     python benchmarks/retrieval.py eval --run runs/retrieval --layers 0
@@ -287,6 +288,23 @@ def readers(text: str, form: str) -> dict[str, float]:
     return out
 
 
+def fact_ranks(model, ids: np.ndarray, tok, budgets: list[int], lines: int = 64) -> dict:
+    """Where each layer's scores put the last question's fact (form "pair"), for the first
+    ``lines`` lines of ids (S, L): the rank (0 = best) of the fact's value position -- the
+    position an induction reads -- in the last key's attention row, the best over heads. Per
+    layer: the median rank and the share of lines where it is within each budget's best. A
+    score-chosen set can keep the fact only where some layer ranks it high."""
+    ranks = [[] for _ in range(model.config.n_layer)]
+    for row in ids[:lines]:
+        hay = tok.decode(row).split(SEP)[0]
+        value_at = hay.index(tok.decode(row[-2:-1])) + 1                      # the fact's value
+        for layer, w in enumerate(model.attention_weights(row[None, :-1])):
+            last = w[0, :, -1, :]                                             # (H, T), the last key's row
+            ranks[layer].append(int((last > last[:, value_at:value_at + 1]).sum(-1).min()))
+    return {"lines": len(ranks[0]), "median": [float(np.median(r)) for r in ranks],
+            "within": {str(K): [float(np.mean(np.array(r) < K)) for r in ranks] for K in budgets}}
+
+
 def evaluate(args) -> None:
     model, tok, cfg = checkpoint.load_model(args.run)
     study = cfg.get("study") or {}
@@ -307,6 +325,9 @@ def evaluate(args) -> None:
     per_line = [readers(t, form) for t in lines]
     reference = {k: float(np.mean([r[k] for r in per_line])) for k in per_line[0]}
     print("readers that do not match the whole key: " + ", ".join(f"{k} {v:.3f}" for k, v in reference.items()))
+    ranked = fact_ranks(model, ids, tok, budgets) if form == "pair" else None
+    if ranked:
+        print(f"the fact's rank in each layer's scores (median over {ranked['lines']} lines): {ranked['median']}")
     for rule, hit, line_hits in zip(rules, hits, right):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
@@ -316,6 +337,8 @@ def evaluate(args) -> None:
                "hit_lines": "".join("01"[int(h)] for h in line_hits)}   # line by line: paired against dense
         if rule is not None:
             rec["budget"], rec["layers"] = rule.budget, list(rule.layers)
+        elif ranked:
+            rec["fact_ranks"] = ranked
         records.append("retrieval", rec)
         print(f"{rec['kind']:10s} K {rec.get('budget', n):5d} layers {rec.get('layers', '-')}: "
               f"{hit}/{S} = {hit / S:.3f} [{lo:.3f}, {hi:.3f}]")

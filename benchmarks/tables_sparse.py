@@ -106,6 +106,7 @@ def retrieval(rows: list[dict]) -> str:
         named = {"in_context": "a told fact at random", "second_letter": "a record sharing the second letter"}
         ref = "; ".join(f"{named[k]} {100 * v:.1f} %" for k, v in readers.items())
         ref = f"; readers that match less than the whole key: {ref}" if ref else ""
+        ref += _ranks(dense.get("fact_ranks"))
         out += [f"**`{Path(run).name}`** ({_describe(dense)}): {c['n_layer']} × {c['d_model']}, {c['n_head']} "
                 f"heads, context {c['n_ctx']}, seed {dense['seed']}; dense decoding: **{cell(dense)}**, "
                 f"{dense['sequences']} held-out lines, cache {dense['n_cache']:,} tokens at the last step{ref}; "
@@ -122,6 +123,18 @@ def retrieval(rows: list[dict]) -> str:
                f"interval over the lines. The readers are expectations over the same lines. CPU: "
                f"{records.cpus(rows)}.")
     return "\n".join(out)
+
+
+def _ranks(ranked: dict | None) -> str:
+    """"; the fact's value position ...": where each layer's scores put it (retrieval.fact_ranks)."""
+    if not ranked:
+        return ""
+    small, large = min(ranked["within"], key=int), max(ranked["within"], key=int)
+    per_layer = [f"layer {i}: median rank {m:,.0f}, within the best {small} on {100 * ranked['within'][small][i]:.0f} % "
+                 f"of lines and the best {large} on {100 * ranked['within'][large][i]:.0f} %"
+                 for i, m in enumerate(ranked["median"])]
+    return (f"; the fact's value among the last key's scores (best over heads, {ranked['lines']} lines): "
+            + "; ".join(per_layer))
 
 
 def _against(r: dict, dense: dict) -> str:

@@ -167,3 +167,24 @@ def test_a_pair_line_tells_each_key_once_and_the_readers_are_probabilities():
         assert all(0 <= v <= 1 for v in r.values()) and r["in_context"] >= 1 / 16
         if form == "record":
             assert r["second_letter"] >= r["in_context"] * 0.5 and r["second_letter"] > 0
+
+
+def test_the_facts_rank_is_where_each_layers_scores_put_it():
+    tok = retrieval.tokenizer()
+    rng = np.random.default_rng(5)
+    n = 97
+    ids = np.array([tok.encode(retrieval.line(rng, n, 6, form="pair")) for _ in range(3)])
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=n, n_layer=2, n_head=2, d_model=16,
+                            positions="rope"), seed=0, dtype=np.float64)
+    got = retrieval.fact_ranks(model, ids, tok, budgets=[4, n - 1], lines=3)
+    assert got["lines"] == 3 and len(got["median"]) == 2
+    assert got["within"][str(n - 1)] == [1.0, 1.0]            # every position is within the best n - 1
+    for layer in range(2):                                     # the same rank, found by sorting
+        ranks = []
+        for row in ids:
+            value_at = tok.decode(row).split(retrieval.SEP)[0].index(tok.decode(row[-2:-1])) + 1
+            assert row[value_at] == row[-1] and row[value_at - 1] == row[-2]   # the asked key's told value
+            w = model.attention_weights(row[None, :-1])[layer][0, :, -1, :]
+            ranks.append(min(int(np.where(np.argsort(-w[h], kind="stable") == value_at)[0][0]) for h in range(2)))
+        assert got["median"][layer] == np.median(ranks)
+        assert got["within"]["4"][layer] == np.mean(np.array(ranks) < 4)
