@@ -39,7 +39,7 @@ compared with dense on the same lines) and what readers of part of the key would
 (``readers``); the dense record of a pair-form model also says where each layer's scores put
 the fact (``fact_ranks``): a score-chosen set can keep it only where its layer ranks it high.
 
-    # the recipe that learned the pair-form lookup (2 seeds of 3), about 33 minutes on one core:
+    # the recipe that learned the pair-form lookup (2 seeds of 5), about 35 minutes on one core:
     python benchmarks/retrieval.py train --out runs/retrieval --form pair --steps 12000 2000 600 400 --lr-scale 2 --seed 2
     python benchmarks/retrieval.py eval --run runs/retrieval --layers 0
 """

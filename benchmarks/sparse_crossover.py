@@ -1,9 +1,9 @@
 """Where sparse decoding starts to pay: tokens/s of one-token steps against the cache length,
 dense and each rule paired in one process (tbp.bench.bench_sparse_decode), at K = n / 16, for
 models of each depth of --n-layers (width 128, 4 heads, rotary positions), with NumPy's BLAS
-at --blas-threads threads (default: as it is; one token's products are small, and a second
-thread can cost more than it saves). One record per length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the
-curves from the records (speed needs the architecture only: random weights).
+at --blas-threads threads (default: as it is; each record names the count). One record per
+length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the curves from the
+records (speed needs the architecture only: random weights).
 
     python benchmarks/sparse_crossover.py --lengths 1024 2048 4096 8192 --plot docs/images/sparse_crossover.png
 """
