@@ -20,6 +20,15 @@ against that.
 without it), ``mkl`` (always, an error if it cannot be loaded), ``auto`` (the default).
 Results equal NumPy's to float32 rounding, not bit for bit, so a run is repeatable bit for
 bit given the same choice; set ``TBP_GEMM`` to pin it.
+
+**bf16** (``tbp train --precision bf16``): the linear layers' and the head's products take
+bfloat16 operands and accumulate in float32. MKL's ``cblas_gemm_bf16bf16f32`` does them where it
+loads (converting each float32 operand to bf16 first, round to nearest even); elsewhere, or with
+``TBP_GEMM=numpy``, the engine's plain twin (``gemm.BF16``: round, then a float32 product) does
+the same arithmetic. Whether bf16 is *faster* is measured like MKL's sgemm, against the fp32
+choice, on the model's shapes: it depends on the CPU (MKL runs bf16 on Intel's AMX and
+AVX512-BF16 units; on an AMD EPYC with AVX512-BF16 it measured slower than fp32, see
+docs/how-to/precision.md), and the choice says so in one line.
 """
 from __future__ import annotations
 
@@ -63,15 +72,28 @@ def _candidates() -> list[str]:
 
 
 def _layout(a: np.ndarray) -> tuple[int, int] | None:
-    """(transpose flag, leading dimension) of a float32 matrix as cblas reads it, or None
-    if it is neither row- nor column-contiguous (NumPy then does the product)."""
+    """(transpose flag, leading dimension) of a matrix as cblas reads it, or None if it is
+    neither row- nor column-contiguous (NumPy then does the product)."""
     s0, s1 = a.strides
     rows, cols = a.shape
-    if s1 == 4 and s0 % 4 == 0 and s0 >= 4 * cols:
-        return NO_TRANS, s0 // 4
-    if s0 == 4 and s1 % 4 == 0 and s1 >= 4 * rows:     # a transposed view, x.T or W.T
-        return TRANS, s1 // 4
+    size = a.itemsize
+    if s1 == size and s0 % size == 0 and s0 >= size * cols:
+        return NO_TRANS, s0 // size
+    if s0 == size and s1 % size == 0 and s1 >= size * rows:     # a transposed view, x.T or W.T
+        return TRANS, s1 // size
     return None
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to the nearest bfloat16 (ties to even), as the uint16 bit patterns
+    MKL's bf16 products read; x's layout is kept (a transposed view stays one). ml_dtypes does
+    it in one pass where installed (the mkl extra brings it); otherwise the engine's
+    ``gemm.round_bf16`` and a shift, the same numbers in three passes."""
+    try:
+        import ml_dtypes
+    except ImportError:                                   # optional: the same bits, slower
+        return (gemm.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+    return x.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
 class MKL:
@@ -87,24 +109,38 @@ class MKL:
         self._sgemm.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_float, ptr, c_int,
                                 ptr, c_int, c_float, ptr, c_int]
         self._sgemm.restype = None
+        self._bf16 = getattr(lib, "cblas_gemm_bf16bf16f32", None)       # MKL 2020 and later
+        if self._bf16 is not None:
+            self._bf16.argtypes = self._sgemm.argtypes
+            self._bf16.restype = None
         buf = ctypes.create_string_buffer(256)
         lib.MKL_Get_Version_String(buf, len(buf))
         text = buf.value.decode(errors="replace")
         self.version = next((w.split("-")[0] for w in text.split() if w[:1].isdigit()), "?")
         self.path = path
 
-    def _call(self, a, b, out, beta: float) -> bool:
+    @property
+    def has_bf16(self) -> bool:
+        return self._bf16 is not None
+
+    def _call(self, a, b, out, beta: float, bf16: bool = False) -> bool:
+        """out = a @ b + beta out by sgemm (or, with ``bf16``, by gemm_bf16bf16f32 on a and b
+        rounded to bf16); False, touching nothing, where the product is small or a layout is not
+        one cblas reads."""
         if not (a.dtype == b.dtype == out.dtype == np.float32):
             return False
         m, k = a.shape
         n = b.shape[1]
         if m * k * n < MIN_WORK or min(m, k, n) < 2:
             return False
-        la, lb = _layout(a), _layout(b)
-        if la is None or lb is None or out.strides != (4 * n, 4):
+        if _layout(a) is None or _layout(b) is None or out.strides != (4 * n, 4):
             return False
-        self._sgemm(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1],
-                    b.ctypes.data, lb[1], beta, out.ctypes.data, n)
+        fn = self._sgemm
+        if bf16:
+            a, b, fn = bf16_bits(a), bf16_bits(b), self._bf16
+        la, lb = _layout(a), _layout(b)
+        fn(ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
+           beta, out.ctypes.data, n)
         return True
 
     @staticmethod
@@ -127,6 +163,30 @@ class MKL:
             out += np.dot(a, b)
 
 
+class MKLBF16(gemm.BF16):
+    """bf16 products by MKL's cblas_gemm_bf16bf16f32: each float32 operand rounded to bf16
+    (:func:`bf16_bits`), products accumulated in float32. What MKL does not take (small
+    products, odd layouts) the plain twin ``gemm.BF16`` does, so every product of a bf16 run is
+    a bf16 product whatever its size. Attention's batched products stay float32 (the twin's
+    ``batched_matmul``)."""
+
+    def __init__(self, lib: MKL):
+        if not lib.has_bf16:
+            raise TbpError(f"MKL {lib.version} has no cblas_gemm_bf16bf16f32 (MKL 2020 or later has)")
+        self.lib = lib
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if a.ndim == b.ndim == 2 and a.dtype == np.float32:
+            out = np.empty((a.shape[0], b.shape[1]), np.float32)
+            if self.lib._call(a, b, out, 0.0, bf16=True):
+                return out
+        return gemm.BF16.matmul(a, b)
+
+    def matmul_add(self, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        if not (a.ndim == b.ndim == out.ndim == 2 and self.lib._call(a, b, out, 1.0, bf16=True)):
+            out += gemm.BF16.matmul(a, b)
+
+
 @functools.cache
 def mkl() -> MKL | None:
     """The MKL found beside this Python (the ``mkl`` wheel), loaded once; None if none."""
@@ -147,12 +207,28 @@ def numpy_blas() -> str:
         return "unknown"
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The library chosen for the engine's products, and why."""
-    name: str                  # "numpy" or "mkl"
+    name: str                  # "numpy" or "mkl" (fp32); "numpy-bf16" or "mkl-bf16" (bf16)
     reason: str                # one line for a person
-    ratio: float | None = None  # MKL's time / NumPy's on the model's products, when measured
+    ratio: float | None = None  # its time / the alternative's on the model's products, when measured
+    precision: str = "fp32"
+    slower: bool = False       # bf16 measured (or known) slower than fp32 here: the front end says so
+
+
+def bf16_hardware() -> str | None:
+    """The CPU's bf16 matrix units as Linux reports them ('AMX-BF16', 'AVX512-BF16'), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:                                       # not Linux: unknown, said as none
+        return None
+    found = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16")) if flag in flags]
+    return " + ".join(found) or None
 
 
 def products(d_model: int, rows: int, hidden: int | None = None) -> tuple:
@@ -169,33 +245,45 @@ def _operands(shape, rng) -> tuple[np.ndarray, np.ndarray]:
     return (a.T if ta else a), (b.T if tb else b)
 
 
-def measure(lib: MKL, shapes, rounds: int = 5) -> float:
-    """MKL's time / NumPy's for these products: each round times every product both ways, one
-    after the other, so that the machine's drift falls on both; the median round's ratio."""
+def measure(lib, shapes, rounds: int = 5, against=None) -> float:
+    """``lib``'s time / ``against``'s (default NumPy's) for these products: each round times every
+    product both ways, one after the other, so that the machine's drift falls on both; the
+    median round's ratio."""
+    base = against or gemm.NumPy()
     rng = np.random.default_rng(0)
     pairs = [_operands(s, rng) for s in shapes]
     for a, b in pairs:                                    # warm both: first calls load code
-        np.dot(a, b), lib.matmul(a, b)
+        base.matmul(a, b), lib.matmul(a, b)
     ratios = []
     for _ in range(rounds):
-        t_np = t_mkl = 0.0
+        t_base = t_lib = 0.0
         for a, b in pairs:
             t = time.perf_counter()
-            np.dot(a, b)
-            t_np += time.perf_counter() - t
+            base.matmul(a, b)
+            t_base += time.perf_counter() - t
             t = time.perf_counter()
             lib.matmul(a, b)
-            t_mkl += time.perf_counter() - t
-        ratios.append(t_mkl / t_np)
+            t_lib += time.perf_counter() - t
+        ratios.append(t_lib / t_base)
     return statistics.median(ratios)
 
 
-def choose(shapes: tuple, blas_threads: int | None = None) -> Choice:
-    """What this run's products should use. ``blas_threads``: NumPy's BLAS thread count, which
-    the caller has set (NumPy is measured at it; a measurement is made once per shapes and count)."""
+def _mode() -> str:
     mode = os.environ.get("TBP_GEMM", "auto").strip().lower() or "auto"
     if mode not in ("auto", "numpy", "mkl"):
         raise TbpError(f"TBP_GEMM must be auto, numpy or mkl, got {mode!r}")
+    return mode
+
+
+def choose(shapes: tuple, blas_threads: int | None = None, precision: str = "fp32") -> Choice:
+    """What this run's products should use. ``blas_threads``: NumPy's BLAS thread count, which
+    the caller has set (NumPy is measured at it; a measurement is made once per shapes and count).
+    ``precision``: "fp32", or "bf16" (see :func:`choose_bf16`)."""
+    if precision == "bf16":
+        return choose_bf16(shapes, blas_threads)
+    if precision != "fp32":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    mode = _mode()
     if mode == "numpy":
         return Choice("numpy", "TBP_GEMM=numpy")
     own, lib = numpy_blas(), mkl()
@@ -213,14 +301,49 @@ def choose(shapes: tuple, blas_threads: int | None = None) -> Choice:
     return Choice("numpy", f"{own}; MKL {lib.version} measured at {ratio:.2f}x its time", ratio)
 
 
+def choose_bf16(shapes: tuple, blas_threads: int | None = None) -> Choice:
+    """bf16 products: MKL's where it loads, else the NumPy twin -- the same arithmetic either way,
+    so a bf16 run is a bf16 run on any machine. Whether it is faster than fp32 is measured
+    here (against the fp32 choice, on these shapes, paired round by round) and said, never
+    assumed: the run goes on in bf16 as asked either way."""
+    hw = bf16_hardware()
+    units = f"this CPU's bf16 units: {hw}" if hw else "this CPU reports no bf16 units"
+    mode, lib = _mode(), mkl()
+    if mode == "numpy" or lib is None or not lib.has_bf16:
+        why = "TBP_GEMM=numpy" if mode == "numpy" else \
+            "MKL not installed: pip install 'tbp[mkl]'" if lib is None else f"MKL {lib.version} has no bf16 product"
+        if mode == "mkl":
+            raise TbpError(f"TBP_GEMM=mkl, but {why}")
+        return Choice("numpy-bf16", f"bf16 rounding emulated in NumPy ({why}): the numbers of bf16, slower than "
+                                    f"fp32", precision="bf16", slower=True)
+    if mode == "mkl":
+        return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, TBP_GEMM=mkl ({units})", precision="bf16")
+    fp32 = choose(shapes, blas_threads, "fp32")
+    ratio = _measured_bf16(tuple(shapes), blas_threads, fp32.name)
+    slower = ratio > 1.0
+    verdict = f"{ratio:.2f}x the time of fp32's ({fp32.name})" + ("; fp32 is faster here" if slower else "")
+    return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, measured at {verdict} ({units})", ratio,
+                  precision="bf16", slower=slower)
+
+
 @functools.cache
 def _measured(shapes: tuple, blas_threads: int | None) -> float:
     return measure(mkl(), shapes)
 
 
+@functools.cache
+def _measured_bf16(shapes: tuple, blas_threads: int | None, fp32: str) -> float:
+    return measure(MKLBF16(mkl()), shapes, against=mkl() if fp32 == "mkl" else None)
+
+
+def library(choice: Choice):
+    """The object the engine's seam runs ``choice``'s products with (None: NumPy's own)."""
+    return {"numpy": lambda: None, "mkl": mkl, "numpy-bf16": gemm.BF16,
+            "mkl-bf16": lambda: MKLBF16(mkl())}[choice.name]()
+
+
 @contextlib.contextmanager
 def engaged(choice: Choice):
     """Install ``choice`` in the engine's seam for the block."""
-    lib = mkl() if choice.name == "mkl" else None
-    with gemm.using(lib):
+    with gemm.using(library(choice)):
         yield

@@ -76,7 +76,8 @@ def _engage_gemm(worker) -> contextlib.AbstractContextManager:
     for the rows each thread multiplies, and install it: one measurement per shape, process-wide."""
     cfg = worker.model.config
     get = _openblas()
-    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows), int(get[0]()) if get else None)
+    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows), int(get[0]()) if get else None,
+                                 worker.precision)
     return blaslib.engaged(worker.gemm)
 
 
@@ -90,12 +91,14 @@ class Serial:
 
     ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
     None leaves it as it is. ``rows``: tokens per batch (the products' size, for choosing
-    their library on entering); by default one context's worth."""
+    their library on entering); by default one context's worth. ``precision``: the products'
+    ("fp32" or "bf16", blas.choose)."""
 
     workers = 1
 
-    def __init__(self, model: LanguageModel, blas: int | None = None, rows: int | None = None):
-        self.model, self.blas = model, blas
+    def __init__(self, model: LanguageModel, blas: int | None = None, rows: int | None = None,
+                 precision: str = "fp32"):
+        self.model, self.blas, self.precision = model, blas, precision
         self.rows = rows or model.config.n_ctx
         self.gemm = None                 # blas.Choice, made on entering
 
@@ -143,10 +146,10 @@ class DataParallel:
     worker's ``rows`` tokens (blas.py); on leaving, both are restored and the worker threads stop.
     """
 
-    def __init__(self, model: LanguageModel, workers: int, rows: int | None = None):
+    def __init__(self, model: LanguageModel, workers: int, rows: int | None = None, precision: str = "fp32"):
         if workers < 2:
             raise ValueError(f"data parallelism needs 2 or more workers, got {workers}")
-        self.model, self.workers = model, workers
+        self.model, self.workers, self.precision = model, workers, precision
         self.rows = rows or model.config.n_ctx
         self.replicas = [model] + [model.replica() for _ in range(workers - 1)]
         self.pool = None
@@ -270,10 +273,12 @@ class DataParallel:
 
 
 def data_parallel(model: LanguageModel, threads: int, batch_size: int,
-                  blas: int | None = None) -> Serial | DataParallel:
+                  blas: int | None = None, precision: str = "fp32") -> Serial | DataParallel:
     """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
     with: a DataParallel over that many workers (at most one per row), or Serial for one (with
-    BLAS held to ``blas`` threads, if given)."""
+    BLAS held to ``blas`` threads, if given); products in ``precision``."""
     workers = min(threads or available_cores(), batch_size)
     rows = -(-batch_size // workers) * model.config.n_ctx            # tokens each thread multiplies
-    return DataParallel(model, workers, rows) if workers > 1 else Serial(model, blas, rows)
+    if workers > 1:
+        return DataParallel(model, workers, rows, precision)
+    return Serial(model, blas, rows, precision)

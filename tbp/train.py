@@ -102,7 +102,7 @@ class Trainer:
         self.cb = callbacks or Callbacks()
         self.batches = batches_for(dataset, model.config)       # checks the data fits the model
         self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
-        self.workers = data_parallel(model, cfg.threads, cfg.batch_size)
+        self.workers = data_parallel(model, cfg.threads, cfg.batch_size, precision=cfg.precision)
         self.opt.workers = self.workers
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
         self.data_rng = np.random.default_rng(cfg.seed)
@@ -129,7 +129,7 @@ class Trainer:
         self.world = world
         if world.size == 1:
             return
-        self.workers = rank_workers(self.model, world, self.cfg.threads, self.cfg.batch_size)
+        self.workers = rank_workers(self.model, world, self.cfg.threads, self.cfg.batch_size, self.cfg.precision)
         self.opt.workers = self.workers.local
         layout = self.model.layout
         world.bcast_(layout.params)
@@ -305,12 +305,13 @@ class Trainer:
         return total, gnorm, tokens
 
 
-def rank_workers(model: LanguageModel, world, threads: int, batch_size: int) -> Ranks:
+def rank_workers(model: LanguageModel, world, threads: int, batch_size: int, precision: str = "fp32") -> Ranks:
     """What one rank of ``world`` computes its share of a batch with: its rows over ``threads``
     threads (0: this machine's cores shared equally among the ranks on it)."""
     threads = threads or max(1, available_cores() // world.local_size)
     # one thread: BLAS held to the rank's share, so the ranks on a machine do not oversubscribe it
-    return Ranks(data_parallel(model, threads, -(-batch_size // world.size), blas=threads), world)
+    return Ranks(data_parallel(model, threads, -(-batch_size // world.size), blas=threads, precision=precision),
+                 world)
 
 
 def trim_metrics(run: Path, step: int) -> None:

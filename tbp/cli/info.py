@@ -135,7 +135,8 @@ def info(path, as_json):
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")
     t.add_row("options", " · ".join(changed) or "GPT-2's (every other option at its default)")
-    t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']})")
+    trained = f" · trained with {d['train'].get('precision', 'fp32')} products" if d["train"] else ""
+    t.add_row("weights", f"{d['parameters']:,} parameters ({d['dtype']}){trained}")
     if d["lora"]:
         t.add_row("LoRA", f"rank {d['lora']['rank']} · alpha {d['lora']['alpha']:g} · "
                           f"{', '.join(d['lora']['targets'])}")

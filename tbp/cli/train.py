@@ -52,6 +52,8 @@ class Progress(Callbacks):
         where = f"{world.size} ranks × {workers.workers} thread(s)" if world.size > 1 else f"{workers.workers} thread(s)"
         tqdm.write(f"{what} · vocabulary {V} · {where}, products by {workers.gemm.name} · run {trainer.run}",
                    file=sys.stderr)
+        if workers.gemm.precision != "fp32":             # what bf16 costs or saves here, measured
+            tqdm.write(f"precision {workers.gemm.precision}: {workers.gemm.reason}", file=sys.stderr)
         if trainer.state.step:
             tqdm.write(f"resuming from step {trainer.state.step:,} of {trainer.cfg.max_iters:,}", file=sys.stderr)
         # the loss a fresh model starts at; a fine-tuned or resumed one starts wherever it was

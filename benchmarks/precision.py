@@ -1,0 +1,76 @@
+"""bf16 products against fp32: what they cost in quality, at equal steps, on held-out text.
+
+`quality` trains the default run (`tbp train` with no model options: 4 x 128, context 128,
+1,500 steps on the built-in corpus) once per precision and seed, and records the final
+validation loss over the whole validation split -- not the fixed batches' estimate -- with the
+run's wall time. Seeds pair the arms: the same initialisation and batch order, so the paired
+difference bf16 - fp32 isolates the products' rounding. Records: results/precision_quality.jsonl.
+
+    python benchmarks/precision.py quality --seeds 1 2 3
+    python benchmarks/precision.py quality --seeds 1 2 3 --jobs 2      # two runs at once, a thread each
+
+`--jobs 2` runs two trainings side by side with --threads 1 each: the losses are those of
+one-thread runs (a run repeats bit for bit at a given thread count); its wall times are then
+not speeds to compare with anything but each other. The table is `report.py`'s `precision_quality`.
+"""
+import argparse
+import concurrent.futures
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import records                                            # noqa: E402
+
+NAME = "precision_quality"
+
+
+def train_once(precision: str, seed: int, threads: int, extra: list[str]) -> dict:
+    """One default run at ``precision`` and ``seed``: its final whole-split validation loss."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "tbp", "train", "--out", str(out), "--precision", precision,
+               "--seed", str(seed), "--threads", str(threads), "--quiet", *extra]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        final = [m for m in metrics if "val_split_loss" in m][-1]
+        state = json.loads((out / "state.json").read_text())
+        config = json.loads((out / "config.json").read_text())
+        products = next((line.split(": ", 1)[1] for line in done.stderr.splitlines()
+                         if line.startswith("precision ")), "fp32")
+    return {"precision": precision, "seed": seed, "threads": threads, "steps": final["step"],
+            "val_split_loss": final["val_split_loss"], "val_split_tokens": final["val_split_tokens"],
+            "val_estimate": final["val_loss"], "elapsed_s": state["elapsed_s"], "products": products,
+            "model": config["model"], "train": config["train"], "commit": records.commit()}
+
+
+def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
+    done = {(r["precision"], r["seed"], tuple(r.get("extra", []))) for r in records.read(NAME)}
+    todo = [(p, s) for s in seeds for p in ("fp32", "bf16") if (p, s, tuple(extra)) not in done]
+    threads = 1 if jobs > 1 else 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(train_once, p, s, threads, extra): (p, s) for p, s in todo}
+        for f in concurrent.futures.as_completed(futures):
+            rec = {**f.result(), "extra": extra}
+            records.append(NAME, rec)
+            print(f"{rec['precision']} seed {rec['seed']}: val {rec['val_split_loss']:.4f} "
+                  f"({rec['elapsed_s']:.0f} s)", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quality", help="fp32 and bf16 default runs, paired by seed")
+    q.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    q.add_argument("--jobs", type=int, default=1, help="runs at once (each then at one thread)")
+    q.add_argument("extra", nargs="*", help="further tbp train options, after --")
+    a = p.parse_args()
+    quality(a.seeds, a.jobs, a.extra)
+
+
+if __name__ == "__main__":
+    main()
