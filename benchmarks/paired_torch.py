@@ -20,6 +20,17 @@ Run it with an interpreter that has torch, and tbp on the path; --mkl names libm
 mkl wheel's, from tbp's own environment):
 
     PYTHONPATH=. .torchenv/bin/python benchmarks/paired_torch.py --mkl .venv/lib/libmkl_rt.so.3
+
+--bf16 adds the mixed-precision arms to the training cases: tbp with --precision bf16's
+products (MKL's bf16 GEMM with --mkl, else the NumPy twin) and PyTorch under
+torch.autocast("cpu", dtype=torch.bfloat16). The case gpt2 is GPT-2 124M's shape (12 x 768,
+12 heads, vocabulary 50,257) at B 4, T 64. PyTorch's model is initialised as GPT-2 is
+(normal 0.02, zero biases) and flushes subnormals: with PyTorch's default initialisation its
+fp32 steps on random tokens slow down several-fold on subnormal arithmetic. --record appends
+each row to results/precision_speed.jsonl with the CPU and the commit.
+
+    PYTHONPATH=. .torchenv/bin/python benchmarks/paired_torch.py --bf16 --mkl .venv/lib/libmkl_rt.so.3 \
+        --cases wide,gpt2 --threads 1,2 --record
 """
 import argparse
 import contextlib
@@ -30,20 +41,27 @@ import time
 
 os.environ.setdefault("TBP_GEMM", "numpy")      # the products' library is switched here, per sample
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tbp.bench import machine, train_step
-from tbp.blas import MKL
+from tbp.blas import MKL, MKLBF16
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import GPT, ModelConfig, gemm
 from tbp.optim import AdamW
 from tbp.parallel import data_parallel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import records                                            # noqa: E402
+
 V = 65
-TRAIN = {"small": ((4, 4, 128, 64), 12, 5), "wide": ((6, 6, 384, 256), 8, 1)}   # model, batch, steps a sample
+TRAIN = {"small": ((4, 4, 128, 64), 12, 5, V), "wide": ((6, 6, 384, 256), 8, 1, V),   # model, batch, steps a
+         "gpt2": ((12, 12, 768, 64), 4, 1, 50257)}                                      # sample, vocabulary
 GENERATE = (4, 4, 128, 1024)
 
 
@@ -69,11 +87,16 @@ class Block(nn.Module):
 
 
 class TorchGPT(nn.Module):
-    def __init__(self, L, H, C, T):
+    def __init__(self, L, H, C, T, vocab=V):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.wte, self.wpe = nn.Embedding(vocab, C), nn.Embedding(T, C)
         self.h = nn.ModuleList([Block(C, H) for _ in range(L)])
         self.ln_f = nn.LayerNorm(C)
+        for m in self.modules():                    # GPT-2's initialisation, as tbp's
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, pos0=0, caches=None):
         x = self.wte(idx) + self.wpe(torch.arange(pos0, pos0 + idx.shape[1]))
@@ -82,8 +105,8 @@ class TorchGPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.T
 
 
-def torch_trainer(model_shape, batch, rng):
-    m = TorchGPT(*model_shape)
+def torch_trainer(model_shape, batch, rng, vocab=V, bf16=False):
+    m = TorchGPT(*model_shape, vocab)
     decay = [p for p in m.parameters() if p.dim() >= 2]
     other = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
@@ -91,10 +114,11 @@ def torch_trainer(model_shape, batch, rng):
     T = model_shape[3]
 
     def step() -> float:
-        x = torch.from_numpy(rng.integers(0, V, (batch, T)))
-        y = torch.from_numpy(rng.integers(0, V, (batch, T)))
+        x = torch.from_numpy(rng.integers(0, vocab, (batch, T)))
+        y = torch.from_numpy(rng.integers(0, vocab, (batch, T)))
         t = time.perf_counter()
-        loss = F.cross_entropy(m(x).view(-1, V), y.view(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(m(x).view(-1, vocab).float(), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -103,15 +127,15 @@ def torch_trainer(model_shape, batch, rng):
     return step
 
 
-def tbp_trainer(model_shape, batch, rng, threads, stack):
+def tbp_trainer(model_shape, batch, rng, threads, stack, vocab=V):
     L, H, C, T = model_shape
-    model = GPT(ModelConfig(n_layer=L, n_head=H, d_model=C, n_ctx=T, vocab_size=V), seed=0)
+    model = GPT(ModelConfig(n_layer=L, n_head=H, d_model=C, n_ctx=T, vocab_size=vocab), seed=0)
     opt = AdamW(model.layout)
     workers = opt.workers = data_parallel(model, threads, batch, blas=threads)
     stack.enter_context(workers)
 
     def step() -> float:
-        x, y = rng.integers(0, V, (batch, T)), rng.integers(0, V, (batch, T))
+        x, y = rng.integers(0, vocab, (batch, T)), rng.integers(0, vocab, (batch, T))
         t = time.perf_counter()
         train_step(model, opt, workers, x, y)
         return time.perf_counter() - t
@@ -179,6 +203,8 @@ def summary(times: dict, tokens: int) -> dict:
             r = [b / a for a, b in zip(t, times["torch"])]       # > 1: tbp faster
             q1, med, q3 = np.percentile(r, [25, 50, 75])
             res[name].update(ratio=float(med), quartiles=[float(q1), float(q3)])
+        if "torch-bf16" in times and name not in ("torch", "torch-bf16"):
+            res[name]["ratio_torch_bf16"] = float(np.median([b / a for a, b in zip(t, times["torch-bf16"])]))
     return res
 
 
@@ -189,13 +215,18 @@ def main():
     p.add_argument("--cases", default="small,wide,generate")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--json", action="store_true", help="also print one JSON line of everything")
+    p.add_argument("--bf16", action="store_true", help="add tbp bf16 and PyTorch bf16-autocast arms to training")
+    p.add_argument("--record", action="store_true", help="append each row to results/precision_speed.jsonl")
     a = p.parse_args()
+    torch.set_flush_denormal(True)
     lib = MKL(a.mkl) if a.mkl else None
     info = machine()
     print(f"{info['cpu']} · {info['cores']} cores · SIMD {info['simd']} · NumPy BLAS {info['blas']}"
           f"{' · MKL ' + lib.version if lib else ''} · torch {torch.__version__}")
     report = {"machine": info, "torch": torch.__version__, "mkl": lib and lib.version, "rows": []}
     libs = {"tbp": None, **({"tbp+mkl": lib} if lib else {})}
+    if a.bf16:
+        libs["tbp-bf16"] = MKLBF16(lib) if lib else gemm.BF16()
     for case in a.cases.split(","):
         for threads in ([None] if case == "generate" else [int(t) for t in a.threads.split(",")]):
             rng = np.random.default_rng(0)
@@ -205,21 +236,29 @@ def main():
                     ours, theirs, tokens, per = tbp_generator(GENERATE), torch_generator(GENERATE), 1, 1
                     label = f"generate {GENERATE[0]}L-{GENERATE[2]} T{GENERATE[3]} B1"
                 else:
-                    shape, batch, per = TRAIN[case]
+                    shape, batch, per, vocab = TRAIN[case]
                     torch.set_num_threads(threads)
-                    ours = tbp_trainer(shape, batch, rng, threads, stack)
-                    theirs, tokens = torch_trainer(shape, batch, rng), batch * shape[3]
-                    label = f"train {shape[0]}L-{shape[2]} T{shape[3]} B{batch}, {threads} thread(s)"
+                    ours = tbp_trainer(shape, batch, rng, threads, stack, vocab)
+                    theirs, tokens = torch_trainer(shape, batch, rng, vocab), batch * shape[3]
+                    label = f"train {shape[0]}L-{shape[2]} V{vocab} T{shape[3]} B{batch}, {threads} thread(s)"
                 # the decoder's products are a row or a few: NumPy's, whichever library is installed
                 chosen_libs = {"tbp": None} if case == "generate" else libs
                 engines = {name: with_products(ours, chosen) for name, chosen in chosen_libs.items()}
                 engines["torch"] = theirs
+                if a.bf16 and case != "generate":
+                    engines["torch-bf16"] = torch_trainer(shape, batch, rng, vocab, bf16=True)
                 res = summary(paired(engines, a.rounds, per), tokens)
             line = " · ".join(f"{name} {r['tokens_per_s']:,.0f}" for name, r in res.items())
             ratios = " · ".join(f"{name}/torch {r['ratio']:.2f}x ({r['quartiles'][0]:.2f}-{r['quartiles'][1]:.2f})"
+                                + (f", /torch-bf16 {r['ratio_torch_bf16']:.2f}x" if "ratio_torch_bf16" in r else "")
                                 for name, r in res.items() if "ratio" in r)
             print(f"{label}: tokens/s {line} · {ratios}", flush=True)
             report["rows"].append({"case": label, **res})
+            if a.record:
+                records.append("precision_speed", {"case": case, "label": label, "threads": threads,
+                                                   "rounds": a.rounds, "torch": torch.__version__,
+                                                   "mkl": lib and lib.version, "bf16_units": info["bf16_units"],
+                                                   "commit": records.commit(), "arms": res})
     if a.json:
         print(json.dumps(report))
 

@@ -12,6 +12,14 @@ difference bf16 - fp32 isolates the products' rounding. Records: results/precisi
 `--jobs 2` runs two trainings side by side with --threads 1 each: the losses are those of
 one-thread runs (a run repeats bit for bit at a given thread count); its wall times are then
 not speeds to compare with anything but each other. The table is `report.py`'s `precision_quality`.
+
+`products` times each training product of a model alone, one BLAS thread, on a quiet machine:
+NumPy's sgemm, MKL's sgemm, MKL's bf16 product with its operands converted first (what a bf16
+step pays) and without (the product alone), and the conversion alone; medians of paired
+rounds, as GFLOP/s beside the machine's measured float32 peak. Records:
+results/precision_products.jsonl; the table `precision_products`.
+
+    python benchmarks/precision.py products --shape gpt2 --shape wide
 """
 import argparse
 import concurrent.futures
@@ -61,6 +69,58 @@ def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
                   f"({rec['elapsed_s']:.0f} s)", flush=True)
 
 
+SHAPES = {"gpt2": (768, 4 * 64, 50257), "wide": (384, 8 * 256, 65)}     # d_model, rows (B T), vocabulary
+
+
+def products(shapes: list[str], rounds: int) -> None:
+    import statistics
+    import time
+
+    import numpy as np
+
+    from tbp import blas
+    from tbp.bench import machine, matmul_peak_gflops
+    from tbp.parallel import blas_threads
+    lib = blas.mkl()
+    if lib is None or not lib.has_bf16:
+        sys.exit("products: needs MKL with its bf16 product (pip install -e '.[mkl]')")
+    bf16 = blas.MKLBF16(lib)
+    with blas_threads(1):
+        peak = matmul_peak_gflops()
+        for name in shapes:
+            C, N, V = SHAPES[name]
+            cases = [*blas.products(C, N), (N, C, V, False, True), (V, N, C, True, False), (N, V, C, False, False)]
+            rng = np.random.default_rng(0)
+            for shape in cases:
+                m, k, n = shape[:3]
+                a, b = blas._operands(shape, rng)
+                ab, bb = blas.bf16_bits(a), blas.bf16_bits(b)
+                out = np.empty((m, n), np.float32)
+                la, lb = blas._layout(ab), blas._layout(bb)
+                arms = {"numpy sgemm": lambda: np.dot(a, b), "mkl sgemm": lambda: lib.matmul(a, b),
+                        "mkl bf16 with conversion": lambda: bf16.matmul(a, b),
+                        "mkl bf16 product alone": lambda: lib._bf16(blas.ROW_MAJOR, la[0], lb[0], m, n, k, 1.0,
+                                                                    ab.ctypes.data, la[1], bb.ctypes.data, lb[1],
+                                                                    0.0, out.ctypes.data, n),
+                        "conversion alone": lambda: (blas.bf16_bits(a), blas.bf16_bits(b))}
+                times = {arm: [] for arm in arms}
+                for fn in arms.values():
+                    fn()
+                for r in range(rounds):
+                    for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                        t = time.perf_counter()
+                        arms[arm]()
+                        times[arm].append(time.perf_counter() - t)
+                ms = {arm: statistics.median(t) * 1e3 for arm, t in times.items()}
+                gflops = {arm: 2 * m * k * n / (t / 1e3) / 1e9 for arm, t in ms.items() if arm != "conversion alone"}
+                rec = {"model": name, "m": m, "k": k, "n": n, "transposed": list(shape[3:]), "ms": ms, "gflops": gflops,
+                       "peak_fp32_gflops": peak, "rounds": rounds, "mkl": lib.version,
+                       "bf16_units": machine()["bf16_units"], "commit": records.commit()}
+                records.append("precision_products", rec)
+                print(f"{name} {m}x{k}x{n}: " + " · ".join(f"{arm} {g:.0f}" for arm, g in gflops.items())
+                      + f" GFLOP/s (fp32 peak {peak:.0f})", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -68,8 +128,14 @@ def main():
     q.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     q.add_argument("--jobs", type=int, default=1, help="runs at once (each then at one thread)")
     q.add_argument("extra", nargs="*", help="further tbp train options, after --")
+    pr = sub.add_parser("products", help="each training product alone: fp32, bf16, conversion")
+    pr.add_argument("--shape", action="append", choices=sorted(SHAPES), help="model shapes (default: all)")
+    pr.add_argument("--rounds", type=int, default=9)
     a = p.parse_args()
-    quality(a.seeds, a.jobs, a.extra)
+    if a.cmd == "quality":
+        quality(a.seeds, a.jobs, a.extra)
+    else:
+        products(a.shape or sorted(SHAPES), a.rounds)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 import records
 import tables_gatt
 import tables_mta
+import tables_precision
 import tables_sparse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +272,10 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "mta_seeds": (tables_mta.seeds, "mta_find_block"),
           "gatt_keeps": (tables_gatt.keeps, "ghost_attention"), "gatt_paired": (tables_gatt.paired, "ghost_attention"),
           "gatt_parts": (tables_gatt.parts, "ghost_attention"),
-          "gatt_attention": (tables_gatt.attention, "ghost_attention")}
+          "gatt_attention": (tables_gatt.attention, "ghost_attention"),
+          "precision_quality": (tables_precision.quality, "precision_quality"),
+          "precision_speed": (tables_precision.speed, "precision_speed"),
+          "precision_products": (tables_precision.products, "precision_products")}
 
 
 def render(text: str) -> str:

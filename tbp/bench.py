@@ -43,7 +43,8 @@ def machine() -> dict:
     except Exception:                                       # the config format is NumPy's, not ours
         blas = "unknown"
     fns = _openblas()
-    return {"cpu": cpu, "cores": available_cores(), "simd": simd, "blas": blas,
+    from .blas import bf16_hardware
+    return {"cpu": cpu, "cores": available_cores(), "simd": simd, "blas": blas, "bf16_units": bf16_hardware(),
             "blas_threads": int(fns[0]()) if fns else None, "python": platform.python_version(),
             "numpy": np.__version__, "tbp": __version__}
 
@@ -89,13 +90,14 @@ def train_step(model: GPT, opt: AdamW, workers, x: np.ndarray, y: np.ndarray, lr
 
 
 def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int = 3,
-                seed: int = 0, dtype=np.float32, threads: int = 0) -> dict:
+                seed: int = 0, dtype=np.float32, threads: int = 0, precision: str = "fp32") -> dict:
     """Median time of a full training step on random tokens, as `tbp train` runs it
-    (``threads`` as its --threads: 0 is one thread per core, sharing the batch)."""
+    (``threads`` as its --threads: 0 is one thread per core, sharing the batch; ``precision``
+    as its --precision)."""
     model = GPT(cfg, seed=seed, dtype=dtype)
     opt = AdamW(model.layout)
     rng = np.random.default_rng(seed)
-    workers = opt.workers = data_parallel(model, threads, batch_size)
+    workers = opt.workers = data_parallel(model, threads, batch_size, precision=precision)
     times = []
     with workers:
         for i in range(warmup + iters):
@@ -109,7 +111,50 @@ def bench_train(cfg: ModelConfig, batch_size: int, iters: int = 20, warmup: int 
     tokens = batch_size * cfg.n_ctx
     return {"train_ms_per_iter": med * 1e3, "train_tokens_per_s": tokens / med,
             "gflops": train_flops_per_token(cfg) * tokens / med / 1e9, "train_iters": iters,
-            "train_threads": workers.workers, "train_gemm": workers.gemm.name, "train_gemm_reason": workers.gemm.reason}
+            "train_threads": workers.workers, "train_gemm": workers.gemm.name, "train_gemm_reason": workers.gemm.reason,
+            "train_precision": precision}
+
+
+def bench_precisions(cfg: ModelConfig, batch_size: int, rounds: int = 5, steps: int = 4, seed: int = 0,
+                     threads: int = 0) -> dict:
+    """fp32 and bf16 training steps paired in one process: ``rounds`` rounds, each timing
+    ``steps`` steps of one precision and then of the other (the order reversing every round,
+    AB BA ...), after one untimed step on entering each, so that the machine's drift falls on
+    both. Per precision: the median step's time; bf16's speed-up: the median of the rounds'
+    ratios fp32 time / bf16 time (> 1: bf16 faster)."""
+    arms = {}
+    for precision in ("fp32", "bf16"):
+        model = GPT(cfg, seed=seed)
+        opt = AdamW(model.layout)
+        opt.workers = data_parallel(model, threads, batch_size, precision=precision)
+        arms[precision] = model, opt
+    rng = np.random.default_rng(seed)
+    batches = [(rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx)),
+                rng.integers(0, cfg.vocab_size, (batch_size, cfg.n_ctx))) for _ in range(steps + 1)]
+    times: dict = {p: [] for p in arms}
+    per_round: dict = {p: [] for p in arms}
+    choice = {}
+    for r in range(rounds):
+        for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
+            model, opt = arms[precision]
+            with opt.workers as workers:
+                train_step(model, opt, workers, *batches[-1])          # warm: threads, the library
+                choice[precision] = workers.gemm
+                spent = []
+                for x, y in batches[:steps]:
+                    t = time.perf_counter()
+                    train_step(model, opt, workers, x, y)
+                    spent.append(time.perf_counter() - t)
+            times[precision] += spent
+            per_round[precision].append(float(np.median(spent)))
+    tokens = batch_size * cfg.n_ctx
+    out = {"precision_rounds": rounds, "precision_steps": steps, "threads": arms["fp32"][1].workers.workers,
+           "bf16_speedup": float(np.median([a / b for a, b in zip(per_round["fp32"], per_round["bf16"])]))}
+    for precision, spent in times.items():
+        med = float(np.median(spent))
+        out[precision] = {"ms_per_iter": med * 1e3, "tokens_per_s": tokens / med, "gemm": choice[precision].name,
+                          "gemm_reason": choice[precision].reason}
+    return out
 
 
 def bench_sparse_decode(cfg: ModelConfig, rule, steps: int = 32, repeats: int = 5, seed: int = 0,

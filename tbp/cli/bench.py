@@ -6,7 +6,8 @@ import json
 
 import click
 
-from ..bench import bench_generate, bench_sparse_decode, bench_train, machine, matmul_peak_gflops
+from ..bench import (bench_generate, bench_precisions, bench_sparse_decode, bench_train, machine, matmul_peak_gflops,
+                     train_flops_per_token)
 from ..config import ModelConfig
 from ..nn import build
 from .common import console, fmt_count, kv_table
@@ -25,18 +26,22 @@ from .options import check_sparse, config_options, sparse_options, sparse_rule
 @click.option("--no-kv-cache", is_flag=True, help="Time generation without the cache (the quadratic baseline).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="Training threads sharing each batch, as in tbp train (0: one per core).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "both"]), default="both", show_default=True,
+              help="The training products' precision, as tbp train's --precision; both: fp32 and bf16 steps "
+                   "paired in one process (5 rounds, the order reversing each round).")
 @sparse_options("Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
                 "nearly the whole context (decode_*_tokens_per_s in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, sparse, budget, sparse_layers, as_json,
-          **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, sparse, budget, sparse_layers,
+          as_json, **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
     --iters steps. Generation: batch-1 sampling from a one-token prompt. Also reports the
     achieved GFLOP/s (from the model's FLOP count) and this machine's float32 matmul peak,
     and which library did the products: NumPy's BLAS, or MKL where the `mkl` extra is
-    installed and measured faster for this model (TBP_GEMM=numpy|mkl|auto pins it).
+    installed and measured faster for this model (TBP_GEMM=numpy|mkl|auto pins it). By
+    default fp32 and bf16 training steps are timed paired, with the CPU's bf16 units.
 
     \b
     Examples:
@@ -55,7 +60,16 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, spars
             raise click.UsageError(f"--budget {budget}: a context of {cfg.n_ctx} leaves nothing to thin")
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
-        res.update(bench_train(cfg, batch_size, iters, threads=threads))
+        if precision == "both":
+            paired = bench_precisions(cfg, batch_size, rounds=5, steps=max(1, iters // 5), threads=threads)
+            fp32 = paired["fp32"]
+            res.update({"train_ms_per_iter": fp32["ms_per_iter"], "train_tokens_per_s": fp32["tokens_per_s"],
+                        "gflops": train_flops_per_token(cfg) * fp32["tokens_per_s"] / 1e9,
+                        "train_iters": paired["precision_rounds"] * paired["precision_steps"],
+                        "train_threads": paired["threads"], "train_gemm": fp32["gemm"], "train_gemm_reason": fp32["gemm_reason"],
+                        "train_precision": "fp32", "precisions": paired})
+        else:
+            res.update(bench_train(cfg, batch_size, iters, threads=threads, precision=precision))
     if gen_tokens != 0:
         with console.status("timing generation...") if not as_json else contextlib.nullcontext():
             res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
@@ -73,9 +87,19 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, spars
     t = kv_table(f"tbp bench: {cfg.n_layer}L · {cfg.n_head}H · d_model {cfg.d_model} · context {cfg.n_ctx} · "
                  f"batch {batch_size} · {attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
                  f"{cfg.positions} positions", "right")
-    t.add_row("train", f"{res['train_ms_per_iter']:.1f} ms/step · {fmt_count(res['train_tokens_per_s'])} tokens/s"
-                       f" · {res['train_threads']} thread(s)")
-    t.add_row("products", f"{res['train_gemm']}: {res['train_gemm_reason']}")
+    threads_used = f" · {res['train_threads']} thread(s)" if res["train_threads"] else ""
+    if "precisions" in res:
+        paired = res["precisions"]
+        for p in ("fp32", "bf16"):
+            t.add_row(f"train {p}", f"{paired[p]['ms_per_iter']:.1f} ms/step · "
+                                    f"{fmt_count(paired[p]['tokens_per_s'])} tokens/s")
+            t.add_row(f"{p} products", f"{paired[p]['gemm']}: {paired[p]['gemm_reason']}")
+        t.add_row("bf16 / fp32", f"{paired['bf16_speedup']:.2f}× the speed (median of {paired['precision_rounds']} "
+                                 f"paired rounds){threads_used}")
+    else:
+        t.add_row(f"train {res['train_precision']}", f"{res['train_ms_per_iter']:.1f} ms/step · "
+                                                     f"{fmt_count(res['train_tokens_per_s'])} tokens/s{threads_used}")
+        t.add_row("products", f"{res['train_gemm']}: {res['train_gemm_reason']}")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "
                           f"the matmul peak {res['peak_gflops']:.0f} GFLOP/s)")
     if res.get("generate_tokens_per_s"):
@@ -88,5 +112,6 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, spars
                                    f"({res['decode_sparse_speedup']:.2f}×, paired round by round)")
     m = res["machine"]
     t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
-                         + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else ""))
+                         + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else "")
+                         + f" · bf16 units: {m['bf16_units'] or 'none reported'}")
     console.print(t)

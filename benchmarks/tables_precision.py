@@ -1,0 +1,67 @@
+"""The tables of docs/how-to/precision.md, from results/precision_*.jsonl (see precision.py and
+paired_torch.py --bf16)."""
+import statistics
+
+import records
+import stats
+
+
+def quality(rows: list[dict]) -> str:
+    """Final whole-split validation loss per precision over the seeds, and bf16 - fp32 paired by seed."""
+    by = {p: {r["seed"]: r["val_split_loss"] for r in rows if r["precision"] == p and not r.get("extra")}
+          for p in ("fp32", "bf16")}
+    out = ["| precision | seeds | validation loss, whole split | wall time (s, one thread, two runs at once) |",
+           "| --- | ---: | ---: | ---: |"]
+    for p, losses in by.items():
+        m, h = stats.mean_ci(list(losses.values()))
+        times = [r["elapsed_s"] for r in rows if r["precision"] == p and not r.get("extra")]
+        out.append(f"| {p} | {len(losses)} | {m:.4f} ± {h:.4f} | {statistics.median(times):.0f} |")
+    d, h, n = stats.paired(by["bf16"], by["fp32"])
+    each = ", ".join(f"{by['bf16'][s] - by['fp32'][s]:+.4f}" for s in sorted(set(by["bf16"]) & set(by["fp32"])))
+    out += ["", f"bf16 − fp32, paired by seed (same initialisation and batches): **{d:+.4f} ± {h:.4f}** nats "
+                f"(95 % t interval, {n} seeds; each: {each}). The default run: 4 × 128, context 128, 1,500 steps, "
+                f"{rows[0]['val_split_tokens']:,} validation tokens. CPU: {records.cpus(rows)}; commits "
+                f"{', '.join(sorted({r['commit'] for r in rows}))}."]
+    return "\n".join(out)
+
+
+ARMS = ("tbp", "tbp+mkl", "tbp-bf16", "torch", "torch-bf16")
+
+
+def speed(rows: list[dict]) -> str:
+    """Training tokens/s of every arm, paired in one process, with bf16's gain over fp32 in each engine."""
+    out = ["| case | threads | " + " | ".join(ARMS) + " | tbp bf16 / tbp fp32 | PyTorch bf16 / fp32 | "
+           "tbp bf16 / PyTorch bf16 |", "| --- | ---: |" + " ---: |" * (len(ARMS) + 3)]
+    for r in rows:
+        arms = r["arms"]
+        best32 = max(arms[a]["tokens_per_s"] for a in ("tbp", "tbp+mkl") if a in arms)
+        cells = [f"{arms[a]['tokens_per_s']:,.0f}" if a in arms else "" for a in ARMS]
+        out.append(f"| {r['label'].split(',')[0].removeprefix('train ')} | {r['threads']} | " + " | ".join(cells)
+                   + f" | {arms['tbp-bf16']['tokens_per_s'] / best32:.2f}× | {arms['torch-bf16']['ratio']:.2f}× | "
+                   f"{arms['tbp-bf16']['ratio_torch_bf16']:.2f}× |")
+    out += ["", f"Tokens/s are medians over {', '.join(sorted({str(r['rounds']) for r in rows}))} rounds in which "
+                f"the arms take turns (`benchmarks/paired_torch.py --bf16`); the ratios are medians of the rounds' "
+                f"ratios, and tbp's fp32 is the faster of its two libraries. MKL {', '.join(sorted({str(r['mkl']) for r in rows}))}, "
+                f"PyTorch {', '.join(sorted({r['torch'] for r in rows}))}; bf16 units: "
+                f"{', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; commits "
+                f"{', '.join(sorted({r['commit'] for r in rows}))}."]
+    return "\n".join(out)
+
+
+PRODUCT_ARMS = ("numpy sgemm", "mkl sgemm", "mkl bf16 with conversion", "mkl bf16 product alone")
+
+
+def products(rows: list[dict]) -> str:
+    """GFLOP/s of each training product, one thread, fp32 and bf16, and the conversion's share."""
+    out = ["| model | m × k × n | " + " | ".join(PRODUCT_ARMS) + " | conversion, share of the bf16 product |",
+           "| --- | --- |" + " ---: |" * (len(PRODUCT_ARMS) + 1)]
+    for r in rows:
+        share = r["ms"]["conversion alone"] / r["ms"]["mkl bf16 with conversion"]
+        out.append(f"| {r['model']} | {r['m']} × {r['k']} × {r['n']} | "
+                   + " | ".join(f"{r['gflops'][a]:.0f}" for a in PRODUCT_ARMS) + f" | {100 * share:.0f} % |")
+    peak = statistics.median(r["peak_fp32_gflops"] for r in rows)
+    out += ["", f"GFLOP/s, one thread, medians of {rows[0]['rounds']} paired rounds; this machine's float32 "
+                f"matmul peak (1,024³, NumPy): {peak:.0f} GFLOP/s. MKL {', '.join(sorted({r['mkl'] for r in rows}))}; "
+                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
+                f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+    return "\n".join(out)
