@@ -34,7 +34,7 @@ from . import jsonio, memory, schema
 from .jsonio import read_json
 from .errors import TbpError
 from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, from_recorded,
-                     link_or_copy, staged_dir, sweep_temporaries)
+                     link_or_copy, RunLock, staged_dir, sweep_temporaries)
 from .nn import ModelConfig, add_lora, build_model, model_class
 from .tokenizer import Tokenizer
 
@@ -378,14 +378,44 @@ def latest_run(root: str | Path = "checkpoints") -> Path:
 
 def claim_run_output(out: Path, force: bool, inputs: tuple = ()) -> None:
     """--out for a command that writes a run (merge, import): new, or --force over a tbp run
-    that is none of the command's inputs."""
+    that is none of the command's inputs and that no live tbp process is writing (its lock is
+    tried, and let go: :func:`holding_run` holds it for the replacement itself)."""
     claim_output(out, force, RUN_FILES, "config.json", "a tbp run", inputs)
+    if Path(out).is_dir():                     # refused at once if a training holds it
+        lock = RunLock(out).acquire()
+        if lock.made_lock:
+            with contextlib.suppress(OSError):
+                (Path(out) / RunLock.NAME).unlink()
+        lock.release()
+
+
+@contextlib.contextmanager
+def holding_run(out: Path):
+    """The run lock of an existing folder ``out``, held for the block: a training writing ``out``
+    refuses the command (one line naming its pid), and no training can start on ``out`` until
+    the block ends. A lock file this took for a folder that then stays (the command failed)
+    is taken away again; a new ``out`` needs no lock (the staged folder appears whole)."""
+    out = Path(out)
+    if not out.is_dir():
+        yield
+        return
+    lock = RunLock(out).acquire()
+    try:
+        yield
+    except BaseException:
+        if lock.made_lock:                     # failed: out is still the folder the lock was made in
+            with contextlib.suppress(OSError):
+                (out / RunLock.NAME).unlink()
+        raise
+    finally:
+        lock.release()
 
 
 def save_plain(out: Path, model, tokenizer: Tokenizer, record: dict, force: bool = False,
                inputs: tuple = ()) -> None:
-    """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder."""
+    """A stand-alone checkpoint (config, tokenizer, weights), written as one atomic folder,
+    replacing (with ``force``) a run only while holding its lock."""
     claim_run_output(out, force, inputs)
-    with staged_dir(out, force) as tmp:
+    with holding_run(out), staged_dir(out, force) as tmp:
         write_run_header(tmp, record, tokenizer)
         save(tmp, model, None, {"step": record.get("step", 0)}, adapter=False, best=False)

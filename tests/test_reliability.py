@@ -462,3 +462,39 @@ def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
     assert json.loads((trained / "state.json").read_text())["files"]["best"] == "best-model.safetensors"
     assert (trained / "best-model.safetensors").read_bytes() == best
     assert not (trained / "model.safetensors").exists() and (trained / "model-000015.safetensors").is_file()
+
+
+# --- every command that replaces a run holds its lock ------------------------------------------
+
+
+def test_merge_and_import_force_never_replace_a_run_being_trained(tmp_path, corpus_file, monkeypatch):
+    from tbp.fsutil import RunLock
+    base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5, "--n-ctx", 16)
+    assert run(["train", "--data", corpus_file, "--init-from", base, "--out", "ft", "--lora-rank", 2,
+                "--max-iters", 5, *TINY]).exit_code == 0
+    assert run(["export", base, "--out", "hf"]).exit_code == 0
+    victim = train_tiny(tmp_path, corpus_file, monkeypatch, "victim", 5)
+    before = {p.name: p.read_bytes() for p in victim.iterdir() if p.is_file()}
+    lock = RunLock(victim).acquire()                # as a live tbp train holds it
+    try:
+        for args in (["merge", "ft", "--out", victim, "--force"], ["import", "hf", "--out", victim, "--force"]):
+            clean_fail(run(args), 1, f"another tbp process (pid {os.getpid()}) is writing this run")
+            assert {p.name: p.read_bytes() for p in victim.iterdir() if p.is_file()} == before
+    finally:
+        lock.release()
+    r = run(["merge", "ft", "--out", victim, "--force"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((victim / "config.json").read_text())["merged_from"]
+    assert not (victim / ".lock").exists()          # the replacement is whole; no lock left in it
+    r = run(["import", "hf", "--out", victim, "--force"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((victim / "config.json").read_text())["imported_from"]
+
+
+def test_a_failed_forced_replacement_leaves_no_lock_of_its_own(tmp_path, corpus_file, monkeypatch):
+    victim = train_tiny(tmp_path, corpus_file, monkeypatch, "victim", 5)
+    (victim / ".lock").unlink()                     # a run copied from elsewhere: no lock file
+    names = sorted(p.name for p in victim.iterdir())
+    (tmp_path / "hf").mkdir()                       # an import that fails after the claim: no config.json
+    clean_fail(run(["import", "hf", "--out", victim, "--force"]), 1, "missing config.json")
+    assert sorted(p.name for p in victim.iterdir()) == names

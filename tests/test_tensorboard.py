@@ -27,7 +27,7 @@ def scalars(folder) -> dict:
 
 def test_the_event_files_hold_the_metrics(tmp_path, corpus_file, monkeypatch):
     run = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10, "--tensorboard", tmp_path / "tb")
-    got = scalars(tmp_path / "tb")
+    got = scalars(tmp_path / "tb" / "r")                # a TensorBoard run per tbp run
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for m in lines:
         assert got["train_loss"][m["step"]] == pytest.approx(m["train_loss"], rel=1e-6)
@@ -51,3 +51,40 @@ def test_without_the_extra_one_line(tmp_path, corpus_file, monkeypatch):
     r = run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 2, *TINY, "--tensorboard", "tb"])
     clean_fail(r, 1, "pip install 'tbp[tensorboard]'")
     assert not (tmp_path / "r").exists()
+
+
+def test_two_trainings_at_once_never_share_a_file_or_a_run(tmp_path, corpus_file, monkeypatch):
+    """The second writer of a name takes NAME-2 while the first holds NAME; each folder holds
+    one training's points only, and a resume continues its own folder in a file of its own."""
+    from tbp.fsutil import RunLock
+    monkeypatch.chdir(tmp_path)
+    from helpers import TINY, run
+    held = RunLock(tmp_path / "tb" / "r").acquire()     # a training named r writing there now
+    try:
+        r = run(["train", "--data", corpus_file, "--out", "x/r", "--max-iters", 5, *TINY, "--tensorboard", "tb"])
+        assert r.exit_code == 0, r.output
+    finally:
+        held.release()
+    assert not list((tmp_path / "tb" / "r").glob("events.*"))
+    first = scalars(tmp_path / "tb" / "r-2")
+    assert sorted(first["train_loss"]) == [1, 2, 3, 4, 5]
+    r = run(["train", "--data", corpus_file, "--out", "y/r", "--max-iters", 5, *TINY, "--tensorboard", "tb"])
+    assert r.exit_code == 0, r.output
+    assert sorted(scalars(tmp_path / "tb" / "r")["train_loss"]) == [1, 2, 3, 4, 5]
+    r = run(["train", "--out", "y/r", "--resume", "--max-iters", 10, "-q", "--tensorboard", "tb"])
+    assert r.exit_code == 0, r.output
+    assert len(list((tmp_path / "tb" / "r").glob("events.*"))) == 2
+    assert sorted(scalars(tmp_path / "tb" / "r")["train_loss"]) == list(range(1, 11))
+    assert sorted(scalars(tmp_path / "tb" / "r-2")["train_loss"]) == [1, 2, 3, 4, 5]
+
+
+def test_a_refused_training_leaves_no_event_folder_and_tb_inside_the_run_is_refused(tmp_path, corpus_file,
+                                                                                   monkeypatch):
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 5)
+    from helpers import TINY, run
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", *TINY, "--tensorboard", "tb"]), 1, "already holds")
+    assert not (tmp_path / "tb").exists()
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r2", *TINY, "--tensorboard", "r2"]), 2, "inside --out")
+    clean_fail(run(["train", "--out", "r", "--resume", "--max-iters", 8, "-q", "--tensorboard", "r/tb"]), 2,
+               "inside --out")
+    assert not (run_dir / "tb").exists() and not (tmp_path / "r2").exists()

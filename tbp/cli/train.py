@@ -16,6 +16,7 @@ from ..nn import LORA_TARGETS
 from ..pieces import UNKNOWN
 from ..tokenizer import KINDS
 from ..tensorboard import TensorBoard
+from ..tensorboard import inside as tensorboard_inside
 from ..train import Callbacks, Several
 from .common import console, fmt_count, fmt_loss, kv_table, split_figure
 from .options import FiniteFloat, config_options, given, load_config_file
@@ -177,7 +178,8 @@ def _last_eval(run: Path):
               help=f"Comma-separated layers to adapt: {', '.join(LORA_TARGETS)}, or attn, mlp, all.")
 @click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write the run's scalars (losses, learning rate, per-layer statistics) as TensorBoard "
-                   "event files into this folder (pip install 'tbp[tensorboard]').")
+                   "event files into DIR/<run name>/ (pip install 'tbp[tensorboard]'); a second training of that "
+                   "name at the same time takes DIR/<run name>-2/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank, lora_alpha,
@@ -203,6 +205,9 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
     request = runs.RunRequest(out=out, data=data_arg, tokenizer=kind, vocab_size=vocab_size, resume=resume,
                               init_from=init_from, force=force, lora=lora, unknown_chars=unknown_chars,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
+    if tb_dir is not None and out is not None and tensorboard_inside(tb_dir, out):
+        raise click.UsageError(f"--tensorboard {tb_dir}: inside --out {out}, where only the run's own files may be; "
+                               f"choose a folder outside it")
     world = distributed.world()            # several ranks under mpiexec; else a world of one
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
     board = TensorBoard(tb_dir) if tb_dir is not None and world.is_root else None

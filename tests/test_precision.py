@@ -1,0 +1,203 @@
+"""bf16 products (tbp train --precision bf16): the rounding, the plain twin, MKL's product held to
+the twin, a training step held to fp32's, and the run's record of it.
+
+Tolerances come from bf16's 8 significant bits: rounding to nearest has a relative error of at
+most u = 2^-8 per operand, so each term a_i b_i of a product is off by at most ~2u of itself."""
+import json
+
+import numpy as np
+import pytest
+from helpers import TINY, clean_fail, run, train_tiny
+
+from tbp import blas
+from tbp.config import ConfigError, TrainConfig
+from tbp.errors import TbpError
+from tbp.nn import GPT, ModelConfig, gemm
+from tbp.parallel import data_parallel
+
+U = 2.0 ** -8                       # bf16's unit roundoff
+CFG = dict(vocab_size=29, n_ctx=32, n_layer=2, n_head=4, d_model=64)
+
+
+def _f32(*values):
+    return np.array(values, np.float32)
+
+
+def test_round_bf16_is_nearest_with_ties_to_even():
+    one = 1.0
+    # bf16 keeps 7 fraction bits: neighbours of 1 are 1 and 1 + 2^-7; 1 + 2^-8 is the midpoint
+    got = gemm.round_bf16(_f32(one + 2 ** -8, one + 3 * 2 ** -8, one + 2 ** -8 + 2 ** -20, one + 2 ** -9,
+                               -(one + 2 ** -8 + 2 ** -20)))
+    assert got.tolist() == [1.0, 1.0 + 2 ** -6, 1.0 + 2 ** -7, 1.0, -(1.0 + 2 ** -7)]
+    special = gemm.round_bf16(_f32(np.inf, -np.inf, -0.0, 3.4e38, 2.0 ** -130))
+    assert special[0] == np.inf and special[1] == -np.inf and np.signbit(special[2]) and special[2] == 0
+    assert special[3] == np.inf                               # past bf16's largest finite: rounds up to inf
+    assert special[4] == 2.0 ** -130                           # a subnormal bf16 represents exactly
+    nan = np.array([0x7FC00000, 0x7F800001, 0xFF80FFFF], np.uint32).view(np.float32)
+    assert np.isnan(gemm.round_bf16(nan)).all()               # a NaN whose payload is in the dropped bits too
+
+
+def test_round_bf16_matches_ml_dtypes_and_keeps_layout(rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = (rng.standard_normal((300, 70)) * np.exp(rng.uniform(-40, 40, (300, 70)))).astype(np.float32)
+    for view in (x, x.T, x[::3, 1::2]):
+        got = gemm.round_bf16(view)
+        assert got.shape == view.shape
+        np.testing.assert_array_equal(got, view.astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(blas.bf16_bits(view), view.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert gemm.round_bf16(x.T).flags.f_contiguous              # a transposed operand stays transposed
+    with pytest.raises(TypeError):
+        gemm.round_bf16(x.astype(np.float64))
+
+
+def test_bf16_bits_without_ml_dtypes_are_the_same(rng, monkeypatch):
+    import sys
+    x = rng.standard_normal((40, 30)).astype(np.float32)
+    with_ml = blas.bf16_bits(x)
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)        # import fails: the NumPy bits
+    np.testing.assert_array_equal(blas.bf16_bits(x), with_ml)
+    np.testing.assert_array_equal(blas.bf16_bits(x).astype(np.uint32) << 16, gemm.round_bf16(x).view(np.uint32))
+
+
+def test_the_twin_is_the_exact_product_of_rounded_operands(rng):
+    a = rng.standard_normal((50, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 30)).astype(np.float32)
+    exact = gemm.round_bf16(a).astype(np.float64) @ gemm.round_bf16(b).astype(np.float64)
+    got = gemm.BF16.matmul(a, b)
+    assert got.dtype == np.float32
+    # the only error left is float32 accumulation's
+    assert np.abs(got - exact).max() <= 200 * 2.0 ** -24 * (np.abs(a) @ np.abs(b)).max()
+    # and the rounding happened: the fp32 product is farther from it than accumulation explains
+    fp32 = np.dot(a, b)
+    assert np.abs(fp32 - exact).max() > 10 * np.abs(got - exact).max()
+    assert np.abs(fp32 - got).max() <= 4 * U * (np.abs(a) @ np.abs(b)).max()
+    out = np.ones((50, 30), np.float32)
+    gemm.BF16.matmul_add(out, a, b)
+    np.testing.assert_array_equal(out, np.float32(1) + got)
+    x64 = rng.standard_normal((5, 4))                           # float64 checks pass through unrounded
+    np.testing.assert_array_equal(gemm.BF16.matmul(x64, x64.T), x64 @ x64.T)
+
+
+@pytest.fixture
+def mkl():
+    lib = blas.mkl()
+    if lib is None or not lib.has_bf16:
+        pytest.skip("MKL with cblas_gemm_bf16bf16f32 cannot be loaded here (pip install -e '.[mkl]')")
+    return blas.MKLBF16(lib)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_mkl_bf16_products_equal_the_twin_to_float32_accumulation(mkl, rng, ta, tb):
+    m, k, n = 96, 160, 112
+    assert m * k * n >= blas.MIN_WORK                          # MKL's, not the twin's fallback
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    twin = gemm.BF16.matmul(a, b)
+    bound = k * 2.0 ** -24 * (np.abs(a) @ np.abs(b)).max()
+    assert np.abs(mkl.matmul(a, b) - twin).max() <= bound
+    out = np.full((m, n), 2.0, np.float32)
+    mkl.matmul_add(out, a, b)
+    assert np.abs(out - (2 + twin)).max() <= bound + 2 * 2.0 ** -24
+    assert np.abs(np.dot(a, b) - twin).max() > 10 * np.abs(mkl.matmul(a, b) - twin).max()   # bf16, not sgemm
+
+
+def test_mkl_bf16_leaves_small_products_to_the_twin_exactly(mkl, rng):
+    a, b = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    np.testing.assert_array_equal(mkl.matmul(a, b), gemm.BF16.matmul(a, b))
+
+
+def _step(precision: str, seed: int = 0):
+    model = GPT(ModelConfig(**CFG), seed=3)
+    rng = np.random.default_rng(seed)
+    x, y = rng.integers(0, CFG["vocab_size"], (2, 4, CFG["n_ctx"]))
+    with data_parallel(model, 1, 4, precision=precision) as workers:
+        model.zero_grad()
+        loss = workers.accumulate({"idx": x, "targets": y})
+        chosen = workers.gemm
+    return loss, model.layout.grads.copy(), chosen
+
+
+@pytest.mark.parametrize("gemm_env", ["numpy", "auto"])
+def test_a_bf16_training_step_is_fp32s_to_bf16_rounding(monkeypatch, gemm_env):
+    monkeypatch.setenv("TBP_GEMM", gemm_env)
+    loss32, g32, c32 = _step("fp32")
+    loss16, g16, c16 = _step("bf16")
+    assert c32.precision == "fp32" and c16.precision == "bf16" and c16.name.endswith("-bf16")
+    # the loss: each logit is off by ~u of its terms' size, the mean of the cross-entropy by less
+    assert abs(loss16 - loss32) <= U * loss32
+    # the gradient, over every parameter: a few u (layers compound it); and bf16 did act
+    rel = np.linalg.norm(g16 - g32) / np.linalg.norm(g32)
+    assert U / 64 < rel < 8 * U, rel
+    cos = g16 @ g32 / np.linalg.norm(g16) / np.linalg.norm(g32)
+    assert cos > 1 - 8 * U ** 2 * 64
+
+
+def test_fp32_is_untouched_by_the_precision_option(monkeypatch):
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    loss, g, choice = _step("fp32")
+    model = GPT(ModelConfig(**CFG), seed=3)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, CFG["vocab_size"], (2, 4, CFG["n_ctx"]))
+    model.zero_grad()
+    assert model.loss_and_backward(x, y) == loss
+    np.testing.assert_array_equal(model.layout.grads, g)
+    assert choice.name == "numpy"
+
+
+def test_the_bf16_choice_says_what_it_does(monkeypatch):
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    c = blas.choose(blas.products(64, 128), None, "bf16")
+    assert (c.name, c.precision, c.slower) == ("numpy-bf16", "bf16", True) and "emulated in NumPy" in c.reason
+    monkeypatch.setenv("TBP_GEMM", "auto")
+    monkeypatch.setattr(blas, "mkl", lambda: None)
+    c = blas.choose(blas.products(64, 128), None, "bf16")
+    assert c.name == "numpy-bf16" and "pip install 'tbp[mkl]'" in c.reason
+    monkeypatch.setenv("TBP_GEMM", "mkl")
+    with pytest.raises(TbpError, match="TBP_GEMM=mkl"):
+        blas.choose(blas.products(64, 128), None, "bf16")
+    with pytest.raises(ValueError, match="precision"):
+        blas.choose(blas.products(64, 128), None, "fp16")
+
+
+def test_a_measured_bf16_choice_names_its_ratio_and_the_cpu(mkl, monkeypatch):
+    monkeypatch.setenv("TBP_GEMM", "auto")
+    c = blas.choose(blas.products(64, 256), None, "bf16")
+    assert c.name == "mkl-bf16" and c.ratio is not None and f"{c.ratio:.2f}x" in c.reason
+    assert c.slower == (c.ratio > 1.0)
+    assert ("bf16 units" in c.reason)
+
+
+def test_bf16_with_float64_is_a_usage_error(tmp_path, corpus_file, monkeypatch):
+    with pytest.raises(ConfigError, match="precision bf16"):
+        TrainConfig(precision="bf16", dtype="float64")
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--precision", "bf16", "--dtype", "float64",
+                    *TINY]), 2, "precision bf16")
+    assert not (tmp_path / "r").exists()
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--precision", "fp16", *TINY]), 2, "fp16")
+
+
+def test_a_bf16_run_records_says_and_resumes_its_precision(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, "--precision", "bf16", *TINY])
+    assert r.exit_code == 0, r.output
+    assert "precision bf16: bf16 rounding emulated in NumPy" in r.output
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["train"]["precision"] == "bf16"
+    info = run(["info", tmp_path / "r"])
+    assert info.exit_code == 0 and "trained with bf16 products" in info.output
+    r = run(["train", "--out", "r", "--resume", "--max-iters", 10, "-q"])
+    assert r.exit_code == 0, r.output
+    assert "precision bf16" in r.output                        # the run's own precision, kept
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["train"]["precision"] == "bf16"
+
+
+def test_a_bf16_lora_run_trains(tmp_path, corpus_file, monkeypatch):
+    base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5)
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    r = run(["train", "--data", corpus_file, "--init-from", base, "--out", "lora", "--lora-rank", 2,
+             "--max-iters", 5, "--precision", "bf16", *TINY])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "lora" / "config.json").read_text())["train"]["precision"] == "bf16"
