@@ -37,6 +37,7 @@ NAME = "precision_quality"
 
 def train_once(precision: str, seed: int, threads: int, extra: list[str]) -> dict:
     """One default run at ``precision`` and ``seed``: its final whole-split validation loss."""
+    commit = records.commit()                      # the code the run starts with
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "tbp", "train", "--out", str(out), "--precision", precision,
@@ -53,7 +54,7 @@ def train_once(precision: str, seed: int, threads: int, extra: list[str]) -> dic
     return {"precision": precision, "seed": seed, "threads": threads, "steps": final["step"],
             "val_split_loss": final["val_split_loss"], "val_split_tokens": final["val_split_tokens"],
             "val_estimate": final["val_loss"], "elapsed_s": state["elapsed_s"], "products": products,
-            "model": config["model"], "train": config["train"], "commit": records.commit()}
+            "model": config["model"], "train": config["train"], "commit": commit}
 
 
 def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
