@@ -168,8 +168,21 @@ def read_metrics(run: Path) -> list[dict]:
             except TbpError:
                 continue
             if m["step"] >= 0 and len({k for k in schema.EVAL_KEYS if k in m}) in (0, len(schema.EVAL_KEYS)):
+                if "layers" in m and not _layer_stats_ok(m["layers"]):
+                    del m["layers"]               # the line's own numbers stand; its damaged statistics do not
                 out.append(m)
     return out
+
+
+def _layer_stats_ok(layers: dict) -> bool:
+    """A metrics line's per-layer statistics are as layerstats.py writes them: names to numbers."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    for key in ("grad_norm", "update_ratio"):
+        got = layers.get(key, {})
+        if not all(isinstance(k, str) and number(v) for k, v in got.items()):
+            return False
+    return all(number(v) for v in layers.get("stream_rms", []))
 
 
 def checkpoint_files(run: Path, state: dict | None = None) -> dict[str, Path | None]:
@@ -220,6 +233,21 @@ def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {k: shape for k, (shape, _) in read_header(path).items()}
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A weights file's shapes from its header, after checking its tensors are of one float
+    dtype tbp computes in (float32, or float64 from a check): float16, bfloat16 or integers
+    are refused here, naming the file, before anything is read or built."""
+    header = read_header(path)
+    kinds = {dtype for _, dtype in header.values()}
+    other = kinds - {"float32", "float64"}
+    if other:
+        raise TbpError(f"{path}: holds {', '.join(sorted(other))} tensors; tbp weights are float32 "
+                       f"(or float64): convert the file, or export it again from tbp")
+    if len(kinds) > 1:
+        raise TbpError(f"{path}: mixes float32 and float64 tensors; a tbp weights file has one dtype")
+    return {k: shape for k, (shape, _) in header.items()}
 
 
 def check_shapes(shapes: dict, want: dict, source: Path) -> None:
@@ -336,16 +364,21 @@ def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) 
     path = weights_path(run, best)
     want = model_class(mcfg).shapes(mcfg)
     if cfg.get("lora"):
-        base_weights = _base_weights(run, cfg.get("base") or {})
-        check_shapes(read_shapes(base_weights), want, base_weights)
+        base_weights = _base_weights(run, cfg.get("base"))
+        check_shapes(weight_shapes(base_weights), want, base_weights)
+        weight_shapes(path)                              # the adapters: their dtype
         return path, base_weights
-    check_shapes(read_shapes(path), want, path)
+    check_shapes(weight_shapes(path), want, path)
     return path, None
 
 
-def _base_weights(run: Path, base: dict) -> Path:
+def _base_weights(run: Path, base) -> Path:
     """The weights a LoRA run's adapters were trained on, proven unchanged by their SHA-256."""
+    if not (isinstance(base, dict) and isinstance(base.get("path"), str) and isinstance(base.get("sha256"), str)):
+        raise TbpError(f"{run / 'config.json'}: a LoRA run needs its base recorded (a 'base' object with "
+                       f"'path' and 'sha256'); this one has {json.dumps(base)[:60]}")
     base_run = from_recorded(run, base["path"])          # relative to the run (fsutil.portable_path)
+
     try:
         path = weights_path(base_run)
     except TbpError:

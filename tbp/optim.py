@@ -152,6 +152,10 @@ class AdamW:
             a = arrays[k]
             if a.shape != dst.shape:
                 raise ValueError(f"optimizer state {k} has shape {a.shape}, the model needs {dst.shape}")
+            if not np.isfinite(a).all():
+                raise ValueError(f"optimizer state {k} holds non-finite values")
+            if k.startswith("v.") and (a < 0).any():     # a mean of squares: a negative one is damage
+                raise ValueError(f"optimizer state {k} holds negative second moments")
         for k, dst in want.items():
             np.copyto(dst, arrays[k], casting="same_kind")
         self.t = t

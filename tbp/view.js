@@ -51,6 +51,8 @@ function current() {
 
 const strip = document.getElementById("tokens");
 function label(t) { return t.replace(/\n/g, "⏎").replace(/\t/g, "⇥") || "∅"; }
+// Plotly renders a subset of HTML in tick labels: a token is shown as text, its <, > and & as entities
+function plotText(t) { return label(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
 function makeStrip() {
   strip.innerHTML = "";
   const add = (tok, i, kind) => {
@@ -103,8 +105,8 @@ function drawMap() {
                            hovertemplate: "row %{y} → key %{x}: %{z}<extra></extra>"}],
                    layout: {title: {text: `${cross ? "cross-attention" : "attention"} · layer ${layerSel.value} · head ${headSel.value}`},
                             height: Math.max(360, 18 * rows.length + 160),
-                            xaxis: {tickvals: keys.map((_, i) => i), ticktext: keys.map(label), title: {text: "key"}},
-                            yaxis: {tickvals: rows.map((_, i) => i), ticktext: rows.map(label), autorange: "reversed",
+                            xaxis: {tickvals: keys.map((_, i) => i), ticktext: keys.map(plotText), title: {text: "key"}},
+                            yaxis: {tickvals: rows.map((_, i) => i), ticktext: rows.map(plotText), autorange: "reversed",
                                     title: {text: "query"}}}});
 }
 

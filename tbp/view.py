@@ -32,6 +32,19 @@ def _plotly():
     return plotly, go
 
 
+def _text(s: str) -> str:
+    """A name from the data (a run label, a layer name, a token) as Plotly text: Plotly renders
+    a subset of HTML in titles, legends, ticks and hover labels, so ``<``, ``>`` and ``&`` are
+    written as entities, which it shows as the characters themselves."""
+    return html.escape(str(s), quote=False)
+
+
+def _script_json(obj) -> str:
+    """``obj`` as JSON to inline in a <script>: ``<``, ``>`` and ``&`` as \\u escapes, so that no
+    string in the data can close the script, open a comment or start markup."""
+    return json.dumps(obj).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _r(a) -> list:
     """Rounded in the array's own dtype, as tbp attention --json does: the same numbers."""
     return np.asarray(a).round(ROUND).tolist()
@@ -44,10 +57,10 @@ def curves_figure(go, runs: list[dict]) -> dict:
         ms = run["metrics"]
         colour = f"hsl({(i * 67) % 360}, 65%, 45%)"
         fig.add_scatter(x=[m["step"] for m in ms], y=[m["train_loss"] for m in ms], mode="lines",
-                        name=f"{run['label']}: train", line={"color": colour, "width": 1}, opacity=0.6)
+                        name=f"{_text(run['label'])}: train", line={"color": colour, "width": 1}, opacity=0.6)
         ev = [m for m in ms if "val_loss" in m]
         fig.add_scatter(x=[m["step"] for m in ev], y=[m["val_loss"] for m in ev], mode="lines+markers",
-                        name=f"{run['label']}: validation", line={"color": colour, "width": 3})
+                        name=f"{_text(run['label'])}: validation", line={"color": colour, "width": 3})
     fig.update_layout(xaxis_title="step", yaxis_title="loss (nats per token)", height=420,
                       margin={"t": 30}, legend={"orientation": "h"})
     return fig
@@ -67,7 +80,8 @@ def layers_figures(go, metrics: list[dict]) -> dict[str, object]:
         if not groups:
             continue
         z = [[np.log10(max(m["layers"][key].get(g, 0.0), 1e-30)) for m in evals] for g in groups]
-        fig = go.Figure(go.Heatmap(z=_r(z), x=steps, y=groups, colorscale="Viridis", colorbar={"title": "log10"}))
+        fig = go.Figure(go.Heatmap(z=_r(z), x=steps, y=[_text(g) for g in groups], colorscale="Viridis",
+                                   colorbar={"title": "log10"}))
         fig.update_layout(title=title, xaxis_title="step", height=max(320, 16 * len(groups)), margin={"t": 40},
                           yaxis={"autorange": "reversed"})
         out[key] = fig
@@ -86,10 +100,13 @@ def layers_figures(go, metrics: list[dict]) -> dict[str, object]:
 
 def heatmap(go, z, x, y, title: str, xlabel: str, ylabel: str):
     fig = go.Figure(go.Heatmap(z=_r(z), x=list(range(len(x))), y=list(range(len(y))), colorscale="Blues", reversescale=True,
-                               customdata=[[f"{y[r]!r} → {x[c]!r}" for c in range(len(x))] for r in range(len(y))],
+                               customdata=[[_text(f"{y[r]!r} → {x[c]!r}") for c in range(len(x))]
+                                           for r in range(len(y))],
                                hovertemplate="%{customdata}: %{z}<extra></extra>"))
-    fig.update_layout(title=title, xaxis={"title": xlabel, "tickvals": list(range(len(x))), "ticktext": x},
-                      yaxis={"title": ylabel, "tickvals": list(range(len(y))), "ticktext": y, "autorange": "reversed"},
+    fig.update_layout(title=title, xaxis={"title": xlabel, "tickvals": list(range(len(x))),
+                                          "ticktext": [_text(t) for t in x]},
+                      yaxis={"title": ylabel, "tickvals": list(range(len(y))), "ticktext": [_text(t) for t in y],
+                             "autorange": "reversed"},
                       height=max(360, 18 * len(y) + 160), margin={"t": 40})
     return fig
 
@@ -149,8 +166,8 @@ def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "
     return TEMPLATE.format(
         marker=MARKER, title=html.escape(title), plotly=plotly.offline.get_plotlyjs(),
         about=html.escape(json.dumps(about)),
-        data=json.dumps({"about": about, "prompt": data,
-                         "figures": {k: json.loads(f.to_json()) for k, f in figs.items()}}).replace("</", "<\\/"),
+        data=_script_json({"about": about, "prompt": data,
+                           "figures": {k: json.loads(f.to_json()) for k, f in figs.items()}}),
         script=(Path(__file__).with_name("view.js")).read_text(encoding="utf-8"))
 
 

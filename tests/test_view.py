@@ -185,3 +185,37 @@ def test_an_encoder_decoder_page_holds_its_cross_attention(tmp_path, monkeypatch
     assert {str(i): m for i, m in enumerate(shown["prompt"]["cross"]["maps"])} == want["layers"]
     last = [m for m in checkpoint.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
     assert "grad_norm" in last and "stream_rms" not in last          # no one residual stream to read
+
+
+class _HostileTok:
+    PIECES = ["<!--<script", "<b>bold</b>", "&amp;", "</script><script>alert(1)</script>"]
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i % 4] for i in ids)
+
+
+def test_data_in_the_page_is_only_ever_text():
+    """Run names, layer names and tokens that look like markup: the embedded JSON carries no <, >
+    or & (so nothing closes the script or opens a comment), and every Plotly label holds them as
+    entities (Plotly renders a subset of HTML in labels), yet the page's data reads back exactly."""
+    from tbp import GPT, ModelConfig, view
+    from tbp.nn.sparse import Sparsity
+    model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)
+    label = 'run <!--<script>&"x"'
+    layers = {"grad_norm": {"<b>h.0</b>": 1.0, "h.1&": 2.0}, "update_ratio": {"<i>h.0": 0.1}, "stream_rms": [1.0]}
+    metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0},
+               {"step": 2, "lr": 1e-3, "train_loss": 2.9, "val_loss": 2.8, "layers": layers}]
+    text = view.page([{"label": label, "metrics": metrics}], model, _HostileTok(), list(range(20)),
+                     Sparsity("window", budget=8, layers=(1,)))
+    block = re.search(r'<script type="application/json" id="tbp-data">(.*?)</script>', text, re.S).group(1)
+    assert not set("<>&") & set(block)
+    data = json.loads(block)
+    assert data["about"]["runs"] == [label] and data["prompt"]["tokens"][:4] == _HostileTok.PIECES
+    figures = data["figures"]
+    names = [t["name"] for t in figures["curves"]["data"]]
+    assert names[0] == 'run &lt;!--&lt;script&gt;&amp;"x": train'
+    assert figures["grad_norm"]["data"][0]["y"] == ["&lt;b&gt;h.0&lt;/b&gt;", "h.1&amp;"]
+    kept = figures["kept"]["layout"]["xaxis"]["ticktext"]
+    assert kept[0] == "&lt;!--&lt;script" and kept[3] == "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert all("<" not in c and ">" not in c for row in figures["kept"]["data"][0]["customdata"] for c in row)
+    assert text.count("<script") == 3                 # Plotly's, the data block, the page's own: no more
