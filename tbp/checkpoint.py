@@ -216,7 +216,8 @@ def weights_path(run: Path, best: bool = False) -> Path:
     return files["best" if best else "weights"]
 
 
-_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I8": "int8", "U8": "uint8",
+           "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
 
 
 def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -264,6 +264,34 @@ def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
                "m.ln_f.weight has shape (1,), the model needs (16,)")
 
 
+@pytest.mark.parametrize("value, msg", [(np.nan, "v.ln_f.weight holds non-finite values"),
+                                        (-1.0, "v.ln_f.weight holds negative second moments")])
+def test_moments_that_cannot_be_are_refused_on_resume(trained, value, msg):
+    opt = _newest(trained, "optimizer")
+    arrays, meta = checkpoint.read_arrays(opt)
+    arrays["v.ln_f.weight"][3] = value
+    checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
+    clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1, msg)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int32])
+def test_weights_of_another_dtype_are_one_line_for_every_reader(trained, tmp_path, dtype):
+    weights = _newest(trained, "model")
+    arrays, meta = checkpoint.read_arrays(weights)
+    checkpoint.write_arrays(weights, {k: a.astype(dtype) for k, a in arrays.items()}, int(meta["step"]), "model")
+    msg = f"holds {np.dtype(dtype).name} tensors"
+    for args in (["generate", "--checkpoint", trained, "--max-new-tokens", 3], ["export", trained, "--out", tmp_path / "hf"],
+                 ["eval", "--checkpoint", trained], ["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]):
+        clean_fail(run(args), 1, msg)
+
+
+def test_a_lora_record_without_its_base_is_one_line(trained):
+    cfg = json.loads((trained / "config.json").read_text())
+    (trained / "config.json").write_text(json.dumps({**cfg, "lora": {"rank": 2, "alpha": 2.0, "targets": ["c_attn"]},
+                                                     "base": None}))
+    clean_fail(run(["generate", "--checkpoint", trained, "--max-new-tokens", 3]), 1, "needs its base recorded")
+
+
 def test_a_swapped_tokenizer_is_refused_on_resume(trained, tmp_path):
     data.prepare("other letters entirely QXZ\n" * 50, "o", "test", tmp_path / "other")
     (trained / "tokenizer.json").write_text((tmp_path / "other" / "tokenizer.json").read_text())
