@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .errors import TbpError
 from .nn import GPT, EncoderDecoder, Inference, build
 from .tokenizer import Tokenizer
 
@@ -52,6 +53,10 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     (no top-k / top-p) is kept to a handful of NumPy calls.
     """
     u = rng.random(logits.shape[0])                                        # (B,)
+    top = logits.max()                     # NaN if any is, +inf if any is: one pass to tell
+    if not np.isfinite(top):
+        raise TbpError(f"the model's logits hold {top} at this step: its forward overflows float32 "
+                       f"(the weights are damaged or far out of range)")
     if s.banned:
         logits = logits.copy()
         logits[:, list(s.banned)] = -np.inf

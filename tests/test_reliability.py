@@ -526,3 +526,24 @@ def test_a_failed_forced_replacement_leaves_no_lock_of_its_own(tmp_path, corpus_
     (tmp_path / "hf").mkdir()                       # an import that fails after the claim: no config.json
     clean_fail(run(["import", "hf", "--out", victim, "--force"]), 1, "missing config.json")
     assert sorted(p.name for p in victim.iterdir()) == names
+
+
+def test_weights_that_overflow_are_named_not_sampled_or_averaged(trained):
+    """Finite weights whose forward overflows float32: generate and eval say so (exit 1), never
+    sample from NaN logits or print NaN as JSON."""
+    weights = _newest(trained, "model")
+    arrays, meta = checkpoint.read_arrays(weights)
+    arrays["ln_f.weight"] = arrays["ln_f.weight"] * np.float32(3e38) / np.abs(arrays["ln_f.weight"]).max()
+    arrays["wte"] = arrays["wte"] * np.float32(1e3)
+    checkpoint.write_arrays(weights, arrays, int(meta["step"]), "model")
+    clean_fail(run(["generate", "--checkpoint", trained, "--max-new-tokens", 3]), 1, "overflows float32")
+    r = run(["eval", "--checkpoint", trained, "--json"])
+    clean_fail(r, 1, "overflows float32")
+    assert "NaN" not in r.stdout
+
+
+@pytest.mark.parametrize("flags", [["--shard-optimizer"], ["--overlap"], ["--shard-optimizer", "--overlap"]])
+def test_mpi_options_without_mpiexec_are_a_usage_error_not_ignored(tmp_path, corpus_file, monkeypatch, flags):
+    monkeypatch.chdir(tmp_path)
+    clean_fail(run(["train", "--data", corpus_file, "--out", "r", *TINY, *flags]), 2, "under mpiexec")
+    assert not (tmp_path / "r").exists()

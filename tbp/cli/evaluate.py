@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -56,6 +57,10 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
         model.source_scale = 0.0
     t0 = time.perf_counter()
     out = evaluate(model, ds, limit)
+    if not math.isfinite(out["val_loss"]):
+        # the weights load finite, but the forward overflows float32 somewhere: say so, not NaN
+        raise TbpError(f"{run}: the model's loss on {ds.path} is {out['val_loss']} (its forward overflows "
+                       f"float32: the weights are damaged or far out of range)")
     out.update(checkpoint=str(run), data=str(ds.path), split="val", seconds=round(time.perf_counter() - t0, 3),
                zero_encoder=zero_encoder)
     if as_json:

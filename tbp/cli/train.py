@@ -209,6 +209,10 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
         raise click.UsageError(f"--tensorboard {tb_dir}: inside --out {out}, where only the run's own files may be; "
                                f"choose a folder outside it")
     world = distributed.world()            # several ranks under mpiexec; else a world of one
+    asked = [f"--{k.replace('_', '-')}" for k in ("shard_optimizer", "overlap") if request.train.get(k)]
+    if asked and world.size == 1:          # an option that would silently do nothing
+        raise click.UsageError(f"{' and '.join(asked)} share work among MPI ranks; this is one process "
+                               f"(run it under mpiexec -n N, or leave {'them' if len(asked) > 1 else 'it'} out)")
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
     board = TensorBoard(tb_dir) if tb_dir is not None and world.is_root else None
     trainer = runs.start(request, Several(progress, board), PrepareBar(), world)
