@@ -79,7 +79,30 @@ def test_bad_input_one_line(page, tmp_path):
     empty.mkdir()
     (empty / "config.json").write_text((run_dir / "config.json").read_text())
     clean_fail(run(["view", "--checkpoint", empty, "--prompt", PROMPT, "--out", tmp_path / "b.html"]), 1,
-               "no metrics")
+               "no tokenizer here")                              # not a whole run
+    data_dir = run_dir.parent / "data" / "corpus"
+    clean_fail(run(["view", "--checkpoint", data_dir, "--prompt", PROMPT, "--out", tmp_path / "b.html"]), 1,
+               "is a prepared dataset, not a checkpoint")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    clean_fail(run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", fifo, "--force"]), 1,
+               "is not a regular file")
+
+
+def test_a_run_without_metrics_still_shows_its_prompt(page, tmp_path):
+    """An imported or merged model has no metrics.jsonl: the page holds the prompt's attention
+    and says the curves are absent; a --compare run, there for its curves, must have some."""
+    path, weights, run_dir = page
+    bare = tmp_path / "bare"
+    shutil.copytree(run_dir, bare)
+    (bare / "metrics.jsonl").unlink()
+    r = run(["view", "--checkpoint", bare, "--prompt", PROMPT, "--out", tmp_path / "bare.html"])
+    assert r.exit_code == 0, r.output
+    assert "no training metrics" in " ".join(r.output.split())
+    d = embedded(tmp_path / "bare.html")
+    assert d["prompt"]["tokens"] == weights["tokens"] and "grad_norm" not in d["figures"]
+    clean_fail(run(["view", "--checkpoint", run_dir, "--compare", bare, "--prompt", PROMPT, "--out",
+                    tmp_path / "c.html"]), 1, "no metrics.jsonl lines to compare")
 
 
 def _browser():

@@ -14,12 +14,17 @@ from .options import check_sparse, sparse_options, sparse_rule
 
 
 def _runs(main: Path, more: tuple) -> list[dict]:
+    """Each run's metrics: the main run may have none (an imported or merged model: the page then
+    shows the prompt alone); a --compare run is there for its curves, so it must have some."""
     runs = []
     for run in (main, *more):
         metrics = checkpoint.read_metrics(run)
-        if not metrics:
-            raise TbpError(f"{run}: no metrics.jsonl lines to show: the run has not logged a step yet")
+        if not metrics and run != main:
+            raise TbpError(f"{run}: no metrics.jsonl lines to compare: the run has not logged a step")
         runs.append({"label": Path(run).name, "metrics": metrics})
+    if not runs[0]["metrics"]:
+        console.print(f"[dim]{main}: no training metrics (imported, merged or not yet logged): the page shows "
+                      f"the prompt only[/]")
     return runs
 
 
@@ -31,6 +36,8 @@ def _claim(out: Path, force: bool) -> None:
         raise TbpError(f"{out}: is a folder; --out names the HTML file to write")
     if not out.exists():
         return
+    if not out.is_file():                  # a FIFO, a device: opening it to look would block or consume
+        raise TbpError(f"{out}: is not a regular file; --out names the HTML file to write")
     if not force:
         raise TbpError(f"{out} already exists (use --force to replace it)")
     with open(out, "rb") as f:
@@ -68,8 +75,8 @@ def view(run, prompt, out, more, best, force, sparse, budget, sparse_layers):
     rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
     _claim(out, force)
     run = the_run(run)
+    model, tok, _ = checkpoint.load_model(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
-    model, tok, _ = checkpoint.load_model(run, best=best)
     if rule is not None:
         check_sparse(model.config, rule)
     if model.reads_source:
