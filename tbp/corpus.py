@@ -27,6 +27,8 @@ import codecs
 import gzip
 import hashlib
 import lzma
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,10 +325,20 @@ def open_corpus(path: str | None, encoding: str = "utf-8", text_field: str = "te
     if path is None:
         return in_memory(builtin_text(), BUILTIN, "builtin:pydoc_data.topics")
     if path == "-":
-        return _spooled_stdin(encoding, text_field, Path(spool_dir or "."))
+        return _spooled(sys.stdin.buffer, "stdin", encoding, text_field, Path(spool_dir or "."))
     p = Path(path)
     if not p.exists():
         raise TbpError(f"{p}: no such file or directory")
+    mode = p.stat().st_mode
+    if stat.S_ISFIFO(mode):                # a named pipe, or a shell's <(...): read once, like stdin
+        try:
+            with open(p, "rb") as stream:
+                return _spooled(stream, str(p), encoding, text_field, Path(spool_dir or "."))
+        except OSError as e:
+            raise TbpError(f"{p}: cannot be read ({e.strerror})") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise TbpError(f"{p}: is a device or a socket, not a file of text (to read a stream, pipe it into "
+                       f"--data -)")
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file() and _readable(f)
                        and not any(part.startswith(".") for part in f.relative_to(p).parts))
@@ -341,17 +353,40 @@ def open_corpus(path: str | None, encoding: str = "utf-8", text_field: str = "te
     return Corpus(name or p.stem, str(p), [_source(p, False)], encoding, text_field)
 
 
-def _spooled_stdin(encoding: str, text_field: str, spool_dir: Path) -> Corpus:
+def sweep_spools(folder: Path) -> None:
+    """Remove the stream copies (.stdin.PID.XXXX.tmp) of processes that are gone: what a writer
+    killed with SIGKILL, or stopped by a full disk before its cleanup, left behind."""
+    for p in Path(folder).glob(".stdin.*.tmp"):
+        parts = p.name.split(".")
+        if len(parts) < 5 or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except (PermissionError, OverflowError):        # alive under another user; or not a pid
+            continue
+
+
+def _spooled(stream, label: str, encoding: str, text_field: str, spool_dir: Path) -> Corpus:
+    """A stream (stdin, a pipe) copied to a file in ``spool_dir`` once, since preparing reads a
+    corpus more than once; the copy is the Corpus's, removed by its close() (and on failure here)."""
     import tempfile
     spool_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=".stdin.", suffix=".tmp")
-    with open(fd, "wb") as f:
-        while True:
-            data = sys.stdin.buffer.read(READ_BYTES)
-            if not data:
-                break
-            f.write(data)
-    return Corpus("stdin", "stdin", [Source(Path(name), "text", label="stdin")], encoding, text_field,
-                  spool=Path(name))
+    sweep_spools(spool_dir)
+    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f".stdin.{os.getpid()}.", suffix=".tmp")
+    try:
+        with open(fd, "wb") as f:
+            while True:
+                data = stream.read(READ_BYTES)
+                if not data:
+                    break
+                f.write(data)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    # a shell's <(...) is /dev/fd/63: a number is no name for a dataset; a named pipe keeps its name
+    stem = "stdin" if label == "stdin" else "pipe" if label.startswith(("/dev/fd/", "/proc/")) else Path(label).name
+    return Corpus(stem, label, [Source(Path(name), "text", label=label)], encoding, text_field, spool=Path(name))
 
 

@@ -547,3 +547,36 @@ def test_mpi_options_without_mpiexec_are_a_usage_error_not_ignored(tmp_path, cor
     monkeypatch.chdir(tmp_path)
     clean_fail(run(["train", "--data", corpus_file, "--out", "r", *TINY, *flags]), 2, "under mpiexec")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_pipe_is_read_once_and_a_device_is_refused(tmp_path, corpus_file, monkeypatch):
+    """A named pipe (or a shell's <(...)) is copied once, like stdin, and the copy removed; a
+    device such as /dev/zero is refused at once instead of read forever."""
+    import threading
+    monkeypatch.chdir(tmp_path)
+    fifo = tmp_path / "notes"
+    os.mkfifo(fifo)
+    text = Path(corpus_file).read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    r = run(["prepare", "--data", fifo, "--out", "d"])
+    writer.join()
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "d" / "meta.json").read_text())["source"] == str(fifo)
+    assert not list(tmp_path.glob(".stdin.*")) and not list((tmp_path / "d").glob(".stdin.*"))
+    if os.path.exists("/dev/zero"):
+        clean_fail(run(["prepare", "--data", "/dev/zero", "--out", "z"]), 1, "is a device or a socket")
+        assert not (tmp_path / "z").exists()
+
+
+def test_a_stream_copy_left_by_a_killed_writer_is_swept(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    left = tmp_path / f".stdin.{dead}.abcd1234.tmp"          # as a writer killed mid-copy leaves it
+    left.write_bytes(b"x" * 100)
+    mine = tmp_path / f".stdin.{os.getpid()}.live0000.tmp"   # a live process's copy stays
+    mine.write_bytes(b"y")
+    r = run(["prepare", "--data", "-", "--out", "d"], input=Path(corpus_file).read_text())
+    assert r.exit_code == 0, r.output
+    assert not left.exists() and mine.exists()
