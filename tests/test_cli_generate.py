@@ -149,3 +149,14 @@ def test_prompts_as_json_lines_and_their_refusals(run_dir, tmp_path):
     clean_fail(run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "bad.jsonl"]), 1, "bad.jsonl:2")
     clean_fail(run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.jsonl", "--prompt", "x"]), 2,
                "not both")
+
+
+def test_a_prompt_that_cannot_be_encoded_is_named_by_file_and_line_before_any_output(run_dir, tmp_path):
+    from helpers import clean_fail
+    (tmp_path / "p.txt").write_text("the cat\n\nthe ☃ dog\n")
+    r = run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.txt", "--max-new-tokens", 4, "--json"])
+    clean_fail(r, 1, f"{tmp_path / 'p.txt'}:3: 1 character(s) not in this char tokenizer's vocabulary")
+    assert r.stdout == ""                        # the first prompt was not sampled either
+    (tmp_path / "p.jsonl").write_text('"the cat"\n{"prompt": "☃"}\n')
+    clean_fail(run(["generate", "--checkpoint", run_dir, "--prompts", tmp_path / "p.jsonl", "--max-new-tokens", 4]),
+               1, f"{tmp_path / 'p.jsonl'}:2:")

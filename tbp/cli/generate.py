@@ -34,6 +34,11 @@ def read_prompts(path: str) -> list[str]:
     """The prompts of --prompts FILE ('-': stdin): JSON lines (each a string, or an object with a
     string "prompt"), when the file is .jsonl or its first line is JSON; else one per line. Blank
     lines are skipped; a bad line is named file:line."""
+    return [text for _, text in read_prompts_at(path)[1]]
+
+
+def read_prompts_at(path: str) -> tuple[str, list[tuple[int, str]]]:
+    """(how the file is named, [(line number, prompt)]): :func:`read_prompts` with each prompt's line."""
     text, where, _ = data.read_file(path, what="file of prompts")
     numbered = [(n, line) for n, line in jsonio.lines(text) if line.strip()]
     if not numbered:
@@ -46,7 +51,7 @@ def read_prompts(path: str) -> list[str]:
         except TbpError:
             pass
     if not as_json:
-        return [line for _, line in numbered]
+        return where, numbered
     out = []
     for n, line in numbered:
         value = jsonio.parse(line, f"{where}:{n}")
@@ -54,8 +59,8 @@ def read_prompts(path: str) -> list[str]:
             value = value.get("prompt")
         if not isinstance(value, str):
             raise TbpError(f"{where}:{n}: expected a JSON string or an object with a string \"prompt\"")
-        out.append(value)
-    return out
+        out.append((n, value))
+    return where, out
 
 
 def _one_line_end_off(text: str) -> str:
@@ -164,12 +169,19 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
     if seed is None and as_json:              # a record names the seed that makes it again
         seed = int(np.random.default_rng().integers(1 << 31))
     run = the_run(run)
-    texts = [(t, False) for t in read_prompts(prompts_file)] if prompts_file is not None \
+    where, numbered = read_prompts_at(prompts_file) if prompts_file is not None else (None, [])
+    texts = [(t, False) for _, t in numbered] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]
     model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"
+    for n, text in numbered:                  # every prompt of a file encodes, or none is sampled
+        try:
+            source_tokens(tok, text, model.config.n_ctx, seq2seq) if completes else start_tokens(tok, text)
+        except (TbpError, click.BadParameter) as e:
+            what = e.message if isinstance(e, click.BadParameter) else str(e)
+            raise TbpError(f"{where}:{n}: {what.removeprefix('prompt: ')}") from None
     if rule is not None:
         check_sparse(model.config, rule)
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
