@@ -44,6 +44,7 @@ RECORD_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet"}
 COMPRESSED = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "xz", ".zst": "zstd", ".zstd": "zstd"}
 READ_BYTES = 4 << 20                  # raw bytes read at a time
+MAX_RECORD = 64 << 20                 # characters of one JSON-lines record (parsing one costs ~10x that)
 BUILTIN = "pydoc"
 
 
@@ -188,15 +189,29 @@ class Source:
             yield "\n"
 
     def _lines(self, blocks: Iterator[str], text_field: str) -> Iterator[str]:
-        """JSON lines: each record's text field, ending with a newline."""
-        parts, n = [], 0
+        """JSON lines: each record's text field, ending with a newline. A record is parsed whole,
+        and parsing costs many times its size in memory, so one longer than MAX_RECORD characters
+        is refused, named by its line, before it is held (a small compressed file can hold one)."""
+        parts, n, held = [], 0, 0
         for b in blocks:
             if "\n" not in b:                      # inside one long record: no re-splitting
                 parts.append(b)
+                held += len(b)
+                if held > MAX_RECORD:
+                    raise TbpError(f"{self.where}:{n + 1}: a record longer than {MAX_RECORD >> 20} Mi characters; "
+                                   f"split its text into several records")
                 continue
             first, *whole = b.split("\n")
+            if held + len(first) > MAX_RECORD:
+                raise TbpError(f"{self.where}:{n + 1}: a record longer than {MAX_RECORD >> 20} Mi characters; "
+                               f"split its text into several records")
             whole[:0] = ["".join(parts) + first]
             parts = [whole.pop()]
+            held = len(parts[0])
+            for k, line in enumerate(whole):       # a whole record inside one block: the same limit
+                if len(line) > MAX_RECORD:
+                    raise TbpError(f"{self.where}:{n + k + 1}: a record longer than {MAX_RECORD >> 20} Mi "
+                                   f"characters; split its text into several records")
             out = []
             for line in whole:
                 n += 1

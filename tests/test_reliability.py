@@ -580,3 +580,22 @@ def test_a_stream_copy_left_by_a_killed_writer_is_swept(tmp_path, corpus_file, m
     r = run(["prepare", "--data", "-", "--out", "d"], input=Path(corpus_file).read_text())
     assert r.exit_code == 0, r.output
     assert not left.exists() and mine.exists()
+
+
+def test_one_huge_json_record_is_refused_in_bounded_memory(tmp_path, monkeypatch):
+    """A compressed JSON-lines file whose one record unpacks to far more text than a record may
+    hold: refused naming the line, without holding it (the limit lowered so the test is small)."""
+    import gzip
+    import tracemalloc
+    from tbp import corpus
+    monkeypatch.setattr(corpus, "MAX_RECORD", 1 << 20)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('{"text": "fine"}\n{"text": "' + "a" * (40 << 20) + '"}\n')
+    assert path.stat().st_size < 100_000
+    tracemalloc.start()
+    clean_fail(run(["prepare", "--data", path, "--out", "d"]), 1, "bomb.jsonl.gz:2: a record longer than 1 Mi")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 << 20, peak                 # not the 40 Mi-character record, nor its parse
