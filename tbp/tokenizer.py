@@ -7,8 +7,9 @@ tokenizer accepts the characters of the corpus it was built from and names any o
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -178,8 +179,25 @@ def train_bpe(texts: Iterable[str], vocab_size: int, specials: tuple[str, ...] =
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(texts, trainer)
+    hf.train_from_iterator(_bounded_words(texts), trainer)
     return Tokenizer(hf)
+
+
+LONGEST_WORD = 1024          # characters of one whitespace-free run that BPE training counts as one word
+_LONG_RUN = re.compile(r"\S{%d,}" % (LONGEST_WORD + 1))
+
+
+def _bounded_words(texts: Iterable[str]) -> Iterator[str]:
+    """The texts with every whitespace-free run longer than LONGEST_WORD cut into pieces of that
+    length (a newline between them). The trainer's cost grows with the square of a word's length
+    (every merge rescans it): one 300 KB line of a single letter took minutes, and SIGTERM waited
+    for it. Only such runs change (base64, minified code), and only the pairs across a cut are lost
+    from the counts; encoding is untouched."""
+    def cut(m: re.Match) -> str:
+        run = m.group(0)
+        return "\n".join(run[i:i + LONGEST_WORD] for i in range(0, len(run), LONGEST_WORD))
+    for text in texts:
+        yield _LONG_RUN.sub(cut, text) if len(text) > LONGEST_WORD else text
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

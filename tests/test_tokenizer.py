@@ -115,3 +115,18 @@ def test_load_damaged_tokenizer(tmp_path):
 def test_token_dtype():
     assert token_dtype(65) == np.uint16 and token_dtype(65536) == np.uint16
     assert token_dtype(65537) == np.uint32
+
+
+def test_bpe_training_cuts_words_longer_than_it_can_count():
+    """A whitespace-free run longer than LONGEST_WORD reaches the trainer in pieces of at most
+    that length, the text otherwise unchanged; ordinary text passes as it is."""
+    import re
+    from tbp.tokenizer import LONGEST_WORD, _bounded_words, train_bpe
+    text = "x" * (3 * LONGEST_WORD + 5) + " short words " + "é" * (LONGEST_WORD + 1)
+    out = "".join(_bounded_words([text]))
+    assert max(len(w) for w in re.findall(r"\S+", out)) == LONGEST_WORD
+    assert out.replace("\n", "") == text
+    plain = "the cat sat on the mat\n" * 50
+    assert list(_bounded_words([plain])) == [plain]
+    tok = train_bpe(["a" * 100_000 + "\n", plain], 300)       # minutes before, without the cut
+    assert tok.decode(tok.encode("a" * 5000)) == "a" * 5000
