@@ -85,7 +85,12 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
     if req.resume:
         ds = None
         if req.data is not None:
-            checkpoint.read_config(req.out)
+            kind = checkpoint.read_config(req.out).get("data_kind") or "text"
+            prepared = Path(req.data).is_dir() and (Path(req.data) / "meta.json").is_file()
+            if kind != "text" and not prepared:        # on the fly is plain text: not this run's data
+                raise TbpError(f"{req.out} was trained on {kind} data, and --data {req.data} is a raw file, which "
+                               f"would be prepared as plain text; prepare it as {kind} (tbp prepare --format {kind} "
+                               f"--data {req.data} --tokenizer-from {req.out} --out DIR) and pass that folder")
             ds = resolve_dataset(req.data, Tokenizer.load(Path(req.out) / "tokenizer.json"), report=report,
                                  unknown=req.unknown_chars)
         return resume(req.out, req.train, req.model, ds, callbacks)
@@ -262,6 +267,9 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
                            f"pass --data with the original text to continue on it")
     if ds.tokenizer.sha256() != tok.sha256():
         raise TbpError(f"{ds.path}: its tokenizer differs from the one {out} was trained with")
+    if ds.kind != (cfg.get("data_kind") or "text"):
+        raise TbpError(f"{ds.path}: is {ds.kind} data, but {out} was trained on {cfg.get('data_kind') or 'text'} "
+                       f"data; continue it on data of its own kind")
     adapter = bool(cfg.get("lora"))
     opt_arrays, opt_meta = checkpoint.read_arrays(files["optimizer"])
     w_meta_step = checkpoint.read_arrays(files["weights"])[1].get("step")

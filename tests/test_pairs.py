@@ -206,3 +206,16 @@ def test_a_pairs_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     a, b = checkpoint.load_model("straight")[0], checkpoint.load_model("split")[0]
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
+
+
+def test_a_pairs_run_resumed_on_a_raw_file_is_refused(tmp_path, monkeypatch):
+    """A raw file given to --resume would be prepared as plain text: a pairs run refuses it,
+    naming how to prepare it as pairs, before anything is prepared or written."""
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--task", "sort", "--examples", "300", "--max-len", "5"]).exit_code == 0
+    assert run(["train", "--data", "data/sort", *tiny(n_ctx=16), "--out", "p", "--max-iters", "5"]).exit_code == 0
+    (tmp_path / "more.tsv").write_text("abc\tcba\nxy\tyx\n")
+    before = (tmp_path / "p" / "state.json").read_text()
+    clean_fail(run(["train", "--out", "p", "--resume", "--data", "more.tsv", "--max-iters", "8", "-q"]), 1,
+               "tbp prepare --format pairs --data more.tsv --tokenizer-from p")
+    assert (tmp_path / "p" / "state.json").read_text() == before and not (tmp_path / "data" / "more").exists()
