@@ -366,3 +366,14 @@ def test_a_launcher_without_mpi4py_is_one_line(tmp_path, corpus_file):
     said = " ".join(r.stderr.split())
     assert "mpi4py is not installed: pip install 'tbp[mpi]'" in said and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "0.001", "-3", "nan", "inf", "soon"])
+def test_an_mpi_timeout_no_step_could_meet_is_refused(monkeypatch, value):
+    from tbp.distributed import comm_timeout
+    from tbp.errors import TbpError
+    monkeypatch.setenv("TBP_MPI_TIMEOUT", value)
+    with pytest.raises(TbpError, match="at least 1"):
+        comm_timeout()
+    monkeypatch.setenv("TBP_MPI_TIMEOUT", "2.5")
+    assert comm_timeout() == 2.5
