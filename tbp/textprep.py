@@ -170,6 +170,10 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
         if corpus.fingerprint() != fingerprint or counts["train"]["bytes"] + counts["val"]["bytes"] != info["bytes"]:
             raise TbpError(f"{corpus.source}: changed while it was being prepared (it is read several times); "
                            f"prepare it again once nothing writes to it")
+        empty = [split for split in ("train", "val") if not counts[split]["tokens"]]
+        if empty:                          # nothing to train on or to measure with: no dataset at all
+            raise TbpError(f"{corpus.source}: too little text ({n:,} character(s)) to leave tokens in the "
+                           f"{' and '.join(empty)} split{'s' * (len(empty) > 1)}; use more text")
         meta = {
             "format": 1, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
             "eot_id": tokenizer.eot_id, "dtype": dtype.name,

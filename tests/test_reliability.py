@@ -599,3 +599,12 @@ def test_one_huge_json_record_is_refused_in_bounded_memory(tmp_path, monkeypatch
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 64 << 20, peak                 # not the 40 Mi-character record, nor its parse
+
+
+def test_too_little_text_leaves_no_dataset_with_an_empty_split(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.txt").write_text("a")
+    clean_fail(run(["train", "--data", "one.txt", "--out", "r", *TINY]), 1, "one.txt: too little text")
+    clean_fail(run(["prepare", "--data", "one.txt", "--out", "d"]), 1, "too little text")
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+    assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()
