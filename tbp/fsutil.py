@@ -327,14 +327,24 @@ def staged_dir(out: str | Path, force: bool = False):
             os.replace(old / "x", out)           # failed between the two renames: the old one back
             shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
-            # name the folder being written, not the temporary one that is gone now
+        if isinstance(e, OSError) and not isinstance(e, FileExistsError) and _names_inside(e, tmp):
+            # name the folder being written, not the temporary one that is gone now; an error about
+            # anything else (the input, deleted while it was read) keeps its own name
             raise OSError(e.errno, e.strerror or str(e), str(out)) from None
         raise
     finally:
         for fd in (owner, old_owner):
             if fd is not None:
                 os.close(fd)
+
+
+def _names_inside(e: OSError, folder: Path) -> bool:
+    """Whether an OSError is about ``folder`` or a path in it (or names no path at all)."""
+    names = [n for n in (e.filename, e.filename2) if n is not None]
+    if not names:
+        return True
+    inside = str(Path(folder))
+    return any(str(n) == inside or str(n).startswith(inside + os.sep) for n in names)
 
 
 def portable_path(path: Path, start: Path) -> str:

@@ -608,3 +608,19 @@ def test_too_little_text_leaves_no_dataset_with_an_empty_split(tmp_path, monkeyp
     clean_fail(run(["prepare", "--data", "one.txt", "--out", "d"]), 1, "too little text")
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
     assert not (tmp_path / "d").exists() and not (tmp_path / "r").exists()
+
+
+def test_an_input_deleted_mid_prepare_is_named_not_the_output(tmp_path, corpus_file, monkeypatch):
+    from tbp import textprep
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "notes.txt"
+    src.write_text(Path(corpus_file).read_text())
+    real = textprep._encode
+
+    def encode(corpus, *a, **kw):                 # the file vanishes between the reading passes
+        src.unlink()
+        return real(corpus, *a, **kw)
+    monkeypatch.setattr(textprep, "_encode", encode)
+    r = run(["prepare", "--data", src, "--out", "d"])
+    clean_fail(r, 1, str(src))
+    assert "d: " not in r.output.replace(str(src), "") and not (tmp_path / "d").exists()
