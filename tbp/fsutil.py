@@ -245,8 +245,13 @@ OWNER = ".owner"                        # inside a staging folder: flocked while
 
 
 def _owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    """A new hidden folder under ``parent`` holding a flocked OWNER file: (folder, descriptor)."""
-    new = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=".new"))     # a name no sweep matches
+    """A new hidden folder under ``parent`` holding a flocked OWNER file: (folder, descriptor).
+    A folder that cannot be made there (read-only, full) is reported as ``parent``'s problem: the
+    temporary name means nothing to the person reading the error."""
+    try:
+        new = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=".new"))  # a name no sweep matches
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write here ({e.strerror})", str(parent)) from None
     fd = os.open(new / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with contextlib.suppress(ImportError):
         import fcntl

@@ -624,3 +624,16 @@ def test_an_input_deleted_mid_prepare_is_named_not_the_output(tmp_path, corpus_f
     r = run(["prepare", "--data", src, "--out", "d"])
     clean_fail(r, 1, str(src))
     assert "d: " not in r.output.replace(str(src), "") and not (tmp_path / "d").exists()
+
+
+def test_preparing_into_a_folder_that_cannot_be_written_names_that_folder(tmp_path, corpus_file, monkeypatch):
+    import tempfile as tf
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ro").mkdir()
+
+    def refused(dir=None, prefix=None, suffix=None):   # as a read-only folder answers (root bypasses chmod)
+        raise PermissionError(13, "Permission denied", os.path.join(dir, f"{prefix}x1y2{suffix}"))
+    monkeypatch.setattr(tf, "mkdtemp", refused)
+    r = run(["prepare", "--data", corpus_file, "--out", "ro/d"])
+    clean_fail(r, 1, "ro: cannot write here (Permission denied)")
+    assert ".tmp" not in r.output and ".new" not in r.output and "x1y2" not in r.output
