@@ -119,17 +119,41 @@ def _tbp(*args, **kw):
                             stderr=subprocess.PIPE, **kw)
 
 
+def _progressed(proc, state: Path, past: int, limit_s: float = 300.0) -> None:
+    """Wait until the run in ``proc`` has committed a step after ``past`` -- however slow or busy
+    the machine -- failing only if it ends or makes no progress for ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if _step(state.parent) > past:
+                return
+        except (OSError, ValueError):            # not written yet
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"no step committed past {past} in {limit_s:.0f} s")
+
+
 def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus_file):
-    """A run that saves at every step, killed (SIGKILL) at random instants, always resumes."""
+    """A run that saves at every step, killed (SIGKILL) at random instants, always resumes. Each
+    kill comes a random moment after the run has committed a new step (never a fixed time after
+    launch: a loaded machine may not have saved anything by then), so it lands among the next
+    steps' saves."""
     rng = random.Random(4)
     args = ["--data", corpus_file, "--out", "r", "--max-iters", 10_000, *tiny(eval_interval=1, log_interval=1)]
+    state = tmp_path / "r" / "state.json"
     steps = []
     for _ in range(6):
-        resume = (tmp_path / "r" / "state.json").is_file()
+        resume = state.is_file()
+        past = _step(tmp_path / "r") if resume else 0
         proc = _tbp("train", *(["--out", "r", "--resume", "-q"] if resume else args), cwd=tmp_path)
-        time.sleep(rng.uniform(0.8, 2.5))
-        proc.kill()
-        proc.wait()
+        try:
+            _progressed(proc, state, past)
+            time.sleep(rng.uniform(0.0, 0.3))         # a step of the tiny model takes milliseconds
+        finally:
+            proc.kill()
+            proc.wait()
         if (tmp_path / "r" / "state.json").is_file():
             steps.append(_step(tmp_path / "r"))
     assert steps and steps == sorted(steps)                 # never back, never a damaged set
