@@ -201,3 +201,18 @@ def test_a_bf16_lora_run_trains(tmp_path, corpus_file, monkeypatch):
              "--max-iters", 5, "--precision", "bf16", *TINY])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "lora" / "config.json").read_text())["train"]["precision"] == "bf16"
+
+
+def test_bench_pairs_the_precisions_and_names_the_bf16_units(monkeypatch):
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    r = run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
+             "--iters", 5, "--gen-tokens", 0, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    paired = d["precisions"]
+    assert paired["precision_rounds"] == 5 and paired["precision_steps"] == 1 and paired["bf16_speedup"] > 0
+    assert paired["fp32"]["gemm"] == "numpy" and paired["bf16"]["gemm"] == "numpy-bf16"
+    assert d["train_tokens_per_s"] == paired["fp32"]["tokens_per_s"] and "bf16_units" in d["machine"]
+    one = json.loads(run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
+                          "--iters", 2, "--gen-tokens", 0, "--precision", "bf16", "--json"]).stdout)
+    assert one["train_precision"] == "bf16" and one["train_gemm"] == "numpy-bf16" and "precisions" not in one
