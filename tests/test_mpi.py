@@ -377,3 +377,45 @@ def test_an_mpi_timeout_no_step_could_meet_is_refused(monkeypatch, value):
         comm_timeout()
     monkeypatch.setenv("TBP_MPI_TIMEOUT", "2.5")
     assert comm_timeout() == 2.5
+
+
+def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(monkeypatch):
+    """SIGTERM while a peer never answers: the job ends once the grace has passed (the longer of
+    STOP_GRACE_S and two recent step times) with 128 + the signal, not after TBP_MPI_TIMEOUT."""
+    import signal as sig
+    from tbp import distributed
+    clock = [1000.0]
+    monkeypatch.setattr(distributed.time, "monotonic", lambda: clock[0])
+    world = object.__new__(distributed.MPIWorld)
+    world.rank, world.timeout, world.stop_signal, world.done_at, world.gaps = 1, 600.0, None, None, []
+    aborted = []
+
+    def abort(code):
+        aborted.append((code, clock[0]))
+        raise SystemExit(code)
+    world.abort = abort
+
+    class Done:
+        def Test(self):
+            clock[0] += 3.0                     # each step of this rank: 3 s between collectives
+            return True
+
+    class Never:
+        def Test(self):
+            clock[0] += 0.5
+            return False
+    for _ in range(4):
+        world._wait(Done())
+    assert world.gaps == [3.0, 3.0, 3.0] and world.stop_grace() == distributed.STOP_GRACE_S
+    world.stopping(sig.SIGTERM)
+    t0 = clock[0]
+    with pytest.raises(SystemExit):
+        world._wait(Never())
+    code, when = aborted[0]
+    assert code == 128 + sig.SIGTERM and distributed.STOP_GRACE_S < when - t0 < distributed.STOP_GRACE_S + 1
+    world.gaps, world.stop_signal, aborted[:] = [30.0], None, []      # a 30 s step: the others may be mid-step
+    world.stopping(sig.SIGINT)
+    t0 = clock[0]
+    with pytest.raises(SystemExit):
+        world._wait(Never())
+    assert aborted[0][0] == 128 + sig.SIGINT and 60 < aborted[0][1] - t0 < 61

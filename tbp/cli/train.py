@@ -105,6 +105,7 @@ class Stopper:
 
     def handler(self, signum, frame):
         trainer = self.trainer
+        distributed.current().stopping(signum)   # a rank then waits for the others a short while only
         if not trainer.stop_requested:
             trainer.stop_requested = True
             self.code = 143 if signum == signal.SIGTERM else 130
