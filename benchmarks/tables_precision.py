@@ -10,17 +10,16 @@ def quality(rows: list[dict]) -> str:
     """Final whole-split validation loss per precision over the seeds, and bf16 - fp32 paired by seed."""
     by = {p: {r["seed"]: r["val_split_loss"] for r in rows if r["precision"] == p and not r.get("extra")}
           for p in ("fp32", "bf16")}
-    out = ["| precision | seeds | validation loss, whole split | wall time (s, one thread, two runs at once) |",
-           "| --- | ---: | ---: | ---: |"]
+    out = ["| precision | seeds | validation loss, whole split (mean ± 95 % t) |", "| --- | ---: | ---: |"]
     for p, losses in by.items():
         m, h = stats.mean_ci(list(losses.values()))
-        times = [r["elapsed_s"] for r in rows if r["precision"] == p and not r.get("extra")]
-        out.append(f"| {p} | {len(losses)} | {m:.4f} ± {h:.4f} | {statistics.median(times):.0f} |")
+        out.append(f"| {p} | {len(losses)} | {m:.4f} ± {h:.4f} |")
     d, h, n = stats.paired(by["bf16"], by["fp32"])
     each = ", ".join(f"{by['bf16'][s] - by['fp32'][s]:+.4f}" for s in sorted(set(by["bf16"]) & set(by["fp32"])))
     out += ["", f"bf16 − fp32, paired by seed (same initialisation and batches): **{d:+.4f} ± {h:.4f}** nats "
                 f"(95 % t interval, {n} seeds; each: {each}). The default run: 4 × 128, context 128, 1,500 steps, "
-                f"{rows[0]['val_split_tokens']:,} validation tokens. CPU: {records.cpus(rows)}; commits "
+                f"{rows[0]['val_split_tokens']:,} validation tokens, one thread a run (a run repeats bit for bit "
+                f"at a given thread count). CPU: {records.cpus(rows)}; commits "
                 f"{', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
 
@@ -40,8 +39,9 @@ def speed(rows: list[dict]) -> str:
                    + f" | {arms['tbp-bf16']['tokens_per_s'] / best32:.2f}× | {arms['torch-bf16']['ratio']:.2f}× | "
                    f"{arms['tbp-bf16']['ratio_torch_bf16']:.2f}× |")
     out += ["", f"Tokens/s are medians over {', '.join(sorted({str(r['rounds']) for r in rows}))} rounds in which "
-                f"the arms take turns (`benchmarks/paired_torch.py --bf16`); the ratios are medians of the rounds' "
-                f"ratios, and tbp's fp32 is the faster of its two libraries. MKL {', '.join(sorted({str(r['mkl']) for r in rows}))}, "
+                f"the arms take turns (`benchmarks/paired_torch.py --bf16`). The two PyTorch columns' ratios are "
+                f"medians of the rounds' ratios; tbp bf16 / tbp fp32 is the ratio of the medians, fp32 being the "
+                f"faster of tbp's two libraries (NumPy's OpenBLAS, `tbp`, or MKL, `tbp+mkl`). MKL {', '.join(sorted({str(r['mkl']) for r in rows}))}, "
                 f"PyTorch {', '.join(sorted({r['torch'] for r in rows}))}; bf16 units: "
                 f"{', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; commits "
                 f"{', '.join(sorted({r['commit'] for r in rows}))}."]
