@@ -661,3 +661,15 @@ def test_preparing_into_a_folder_that_cannot_be_written_names_that_folder(tmp_pa
     r = run(["prepare", "--data", corpus_file, "--out", "ro/d"])
     clean_fail(r, 1, "ro: cannot write here (Permission denied)")
     assert ".tmp" not in r.output and ".new" not in r.output and "x1y2" not in r.output
+
+
+@pytest.mark.parametrize("edit, msg", [(lambda m: {**m, "dtype": "float32"}, "is not a token dtype"),
+                                       (lambda m: {**m, "vocab_size": m["vocab_size"] + 7}, "meta.json says")])
+def test_info_refuses_a_crafted_dataset_as_training_does(tmp_path, corpus_file, monkeypatch, edit, msg):
+    monkeypatch.chdir(tmp_path)
+    assert run(["prepare", "--data", corpus_file, "--out", "d"]).exit_code == 0
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    (tmp_path / "d" / "meta.json").write_text(json.dumps(edit(meta)))
+    clean_fail(run(["train", "--data", "d", "--out", "r", *TINY]), 1, msg)
+    clean_fail(run(["info", "d"]), 1, msg)
+    clean_fail(run(["info", "d", "--json"]), 1, msg)

@@ -101,7 +101,8 @@ def info(path, as_json):
         _list_runs(path, runs, as_json)
         return
     if (path / "meta.json").is_file() and not (path / "config.json").is_file():
-        meta = checkpoint.read_json(path / "meta.json")
+        from ..data import Dataset
+        meta = Dataset.load(path).meta        # what training would refuse, info refuses alike
         if as_json:
             click.echo(json.dumps(meta, indent=2))
             return
