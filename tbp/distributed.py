@@ -349,7 +349,18 @@ def world() -> World:
     more ranks, else a world of one. MPI is initialised on the first call, only when launched."""
     global _WORLD
     if _WORLD is None:
-        _WORLD = _connect() if launched() else World()
+        if not launched():
+            _WORLD = World()
+            return _WORLD
+        # MPI_Init waits inside C for every rank to start: a Python handler would not run there, so
+        # a rank whose peers never come (one exited before joining) could not be stopped. Until
+        # the world is made, SIGTERM does what it does by default: end the process at once, with
+        # nothing yet to save.
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            _WORLD = _connect()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return _WORLD
 
 

@@ -419,3 +419,27 @@ def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(mon
     with pytest.raises(SystemExit):
         world._wait(Never())
     assert aborted[0][0] == 128 + sig.SIGINT and 60 < aborted[0][1] - t0 < 61
+
+
+def test_sigterm_ends_a_rank_at_once_while_mpi_starts(monkeypatch):
+    """MPI_Init blocks in C until every rank has started: there SIGTERM must end the process by
+    its default action (a Python handler would never run); afterwards tbp's handler is back."""
+    import signal as sig
+    from tbp import distributed
+    seen = []
+
+    def connect():
+        seen.append(sig.getsignal(sig.SIGTERM))
+        return distributed.World()
+    monkeypatch.setattr(distributed, "_WORLD", None)
+    monkeypatch.setattr(distributed, "launched", lambda: True)
+    monkeypatch.setattr(distributed, "_connect", connect)
+
+    def mine(signum, frame):
+        pass
+    before = sig.signal(sig.SIGTERM, mine)
+    try:
+        distributed.world()
+        assert seen == [sig.SIG_DFL] and sig.getsignal(sig.SIGTERM) is mine
+    finally:
+        sig.signal(sig.SIGTERM, before)
