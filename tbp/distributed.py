@@ -353,14 +353,19 @@ def world() -> World:
             _WORLD = World()
             return _WORLD
         # MPI_Init waits inside C for every rank to start: a Python handler would not run there, so
-        # a rank whose peers never come (one exited before joining) could not be stopped. Until
-        # the world is made, SIGTERM does what it does by default: end the process at once, with
-        # nothing yet to save.
-        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # a rank whose peers never come (one exited before joining) could neither be stopped nor
+        # time out. Until the world is made, SIGTERM does what it does by default -- end the
+        # process at once, with nothing yet to save -- and so does SIGALRM, set to ring after
+        # TBP_MPI_TIMEOUT: the launcher then reports the rank ended by "Alarm clock".
+        timeout = comm_timeout()
+        previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGALRM)}
+        signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             _WORLD = _connect()
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return _WORLD
 
 

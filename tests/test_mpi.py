@@ -423,13 +423,14 @@ def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(mon
 
 def test_sigterm_ends_a_rank_at_once_while_mpi_starts(monkeypatch):
     """MPI_Init blocks in C until every rank has started: there SIGTERM must end the process by
-    its default action (a Python handler would never run); afterwards tbp's handler is back."""
+    its default action (a Python handler would never run), and so must an alarm at the timeout;
+    afterwards tbp's handler is back and no alarm is left."""
     import signal as sig
     from tbp import distributed
     seen = []
 
     def connect():
-        seen.append(sig.getsignal(sig.SIGTERM))
+        seen.append((sig.getsignal(sig.SIGTERM), sig.getsignal(sig.SIGALRM), sig.getitimer(sig.ITIMER_REAL)[0]))
         return distributed.World()
     monkeypatch.setattr(distributed, "_WORLD", None)
     monkeypatch.setattr(distributed, "launched", lambda: True)
@@ -439,7 +440,10 @@ def test_sigterm_ends_a_rank_at_once_while_mpi_starts(monkeypatch):
         pass
     before = sig.signal(sig.SIGTERM, mine)
     try:
+        monkeypatch.setenv("TBP_MPI_TIMEOUT", "45")
         distributed.world()
-        assert seen == [sig.SIG_DFL] and sig.getsignal(sig.SIGTERM) is mine
+        (term, alarm, left), = seen                  # SIGALRM rings after TBP_MPI_TIMEOUT, ending the rank
+        assert term == alarm == sig.SIG_DFL and 44 < left <= 45
+        assert sig.getsignal(sig.SIGTERM) is mine and sig.getitimer(sig.ITIMER_REAL)[0] == 0
     finally:
         sig.signal(sig.SIGTERM, before)
