@@ -60,7 +60,10 @@ def test_plot_draws_one_or_several_runs(trained, tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run(["plot", trained, "--out", tmp_path / "c.svg"]).exit_code == 0
     assert b"<svg" in (tmp_path / "c.svg").read_bytes()[:500]
-    clean_fail(run(["plot", trained, "--out", tmp_path / "c.jpg"]), 1, "must be a .png or .svg file")
+    # a wrong suffix is a bad option value: a usage error (2), said before any work
+    clean_fail(run(["plot", trained, "--out", tmp_path / "c.jpg"]), 2, "a picture is a .png or .svg file")
+    clean_fail(run(["attention", "--checkpoint", trained, "--prompt", "the", "--out", tmp_path / "a.pdf"]), 2,
+               "a picture is a .png or .svg file")
 
 
 def test_the_training_figure_marks_the_best_validation_point():

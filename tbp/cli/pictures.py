@@ -26,9 +26,16 @@ def _run_curves(run: Path) -> dict:
     return {"label": run.name, "metrics": metrics, "tokens_per_step": tokens}
 
 
+def _picture(ctx, param, value):
+    """--out names a picture: its suffix says the format, checked before any work (a usage error)."""
+    if value is not None and value.suffix.lower() not in (".png", ".svg"):
+        raise click.BadParameter(f"{value}: a picture is a .png or .svg file")
+    return value
+
+
 @click.command("plot")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, callback=_picture,
               help="The picture: a .png or .svg file.")
 @click.option("--layers", is_flag=True, help="Per-layer statistics instead of the curves: each layer's gradient "
                                              "norm and update ratio, and the RMS of what each sublayer reads.")
@@ -80,7 +87,7 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
 @click.option("--prompt", required=True, help="The text whose attention to show.")
 @click.option("--layer", type=click.IntRange(min=0), default=None,
               help="Only this layer (default: every layer; in the terminal, the last one).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, callback=_picture,
               help="Write a picture (.png or .svg, needs tbp[plot]) instead of drawing in the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON on stdout.")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
