@@ -17,6 +17,14 @@ from .errors import TbpError
 INSTALL = "pictures need matplotlib: pip install 'tbp[plot]' (or: pip install matplotlib)"
 
 
+def _require_matplotlib() -> None:
+    """The line saying how to get matplotlib, before a function imports pieces of it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TbpError(INSTALL) from None
+
+
 def figure(width: float, height: float):
     """An empty Figure on the Agg canvas (no pyplot), or the line saying how to get matplotlib."""
     try:
@@ -124,6 +132,7 @@ def training_figure(runs: list[dict]):
     lr.set(title="learning rate", xlabel="step")
     gnorm.set(title="gradient norm (before clipping)", xlabel="step")
     gnorm.set_yscale("log")
+    _require_matplotlib()
     from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator, NullFormatter
     by_tokens.xaxis.set_major_formatter(EngFormatter(sep=""))          # 150k, not 150000
     # decades as plain numbers (0.001, 0.01, 1, 10), and no crowded labels between them
@@ -160,6 +169,7 @@ def attention_figure(weights: dict, tokens: list[str], title: str = "layer {laye
     and so is every NaN (a source an operation does not read). ``title`` is formatted with the
     layer and head; ``label`` names the colour scale, which is the terminal's: the square root
     of the weight, so that 0.1 (a query spread over ten tokens) still shows."""
+    _require_matplotlib()
     from matplotlib import colormaps
     from matplotlib.colors import PowerNorm
     layers = sorted(weights)

@@ -113,6 +113,9 @@ def test_without_matplotlib_the_command_says_how_to_get_it(trained, tmp_path, mo
         return real(name, *args, **kw)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     clean_fail(run(["plot", trained, "--out", tmp_path / "c.png"]), 1, "pip install 'tbp[plot]'")
+    clean_fail(run(["plot", trained, "--layers", "--out", tmp_path / "c.png"]), 1, "pip install 'tbp[plot]'")
+    clean_fail(run(["attention", "--checkpoint", trained, "--prompt", "the", "--out", tmp_path / "a.png"]), 1,
+               "pip install 'tbp[plot]'")
 
 
 def test_the_kept_positions_of_a_sparse_window_decoder(trained):
