@@ -261,6 +261,26 @@ def mpi_zero(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def gpt2_parity(rows: list[dict]) -> str:
+    """The newest full-size comparison with transformers: each quantity's largest relative
+    difference, and the AdamW steps' largest loss difference."""
+    r = rows[-1]
+    f64, s64, s32 = r["float64"], r["float64_steps"], r["float32_steps"]
+    worst = max(f64["grads"], key=f64["grads"].get)
+    out = ["| what | largest difference | bound |", "| --- | ---: | ---: |",
+           f"| logits, float64 (relative to the largest) | {f64['logits']:.1e} | 10⁻¹⁰ |",
+           f"| loss, float64 (relative) | {f64['loss']:.1e} | 10⁻¹⁰ |",
+           f"| every gradient, float64 ({len(f64['grads'])} tensors; the worst: `{worst}`) | "
+           f"{f64['grad_max']:.1e} | 10⁻¹⁰ |",
+           f"| loss at each of {r['steps']} AdamW steps, float64 (absolute) | {s64['max_abs_diff']:.1e} | 10⁻⁶ |",
+           f"| loss at each of {r['steps']} AdamW steps, float32 (absolute) | {s32['max_abs_diff']:.1e} | 10⁻² |"]
+    out += ["", f"Losses, float64, step 1 → {r['steps']}: {s64['tbp'][0]:.6f} → {s64['tbp'][-1]:.6f} (PyTorch "
+                f"{s64['torch'][0]:.6f} → {s64['torch'][-1]:.6f}). Weights: {r['weights']}; batch "
+                f"{r['batch'][0]} × {r['batch'][1]}; torch {r['torch']}, transformers {r['transformers']}, NumPy "
+                f"{r['numpy']}. CPU: {r['cpu']}; commit {r['commit']}."]
+    return "\n".join(out)
+
+
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
           "attnres_timing": (attnres_timing, "attnres_timing"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
@@ -275,7 +295,8 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gatt_attention": (tables_gatt.attention, "ghost_attention"),
           "precision_quality": (tables_precision.quality, "precision_quality"),
           "precision_speed": (tables_precision.speed, "precision_speed"),
-          "precision_products": (tables_precision.products, "precision_products")}
+          "precision_products": (tables_precision.products, "precision_products"),
+          "gpt2_parity": (gpt2_parity, "gpt2_parity")}
 
 
 def render(text: str) -> str:
