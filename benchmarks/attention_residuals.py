@@ -66,7 +66,7 @@ def timing(args) -> None:
         for _ in range(args.rounds):
             for arm, flags in TIMED.items():
                 d = json.loads(tbp("bench", *shape(depth), *flags, "--vocab-size", args.vocab, "--iters", 10,
-                                   "--gen-tokens", 8, "--threads", args.threads, "--json"))
+                                   "--gen-tokens", 8, "--threads", args.threads, "--precision", "fp32", "--json"))
                 ms[arm].append(d["train_ms_per_iter"])
         for arm in TIMED:
             records.append("attnres_timing", {"n_layer": depth, "arm": arm, "commit": records.commit(),

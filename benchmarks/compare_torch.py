@@ -38,7 +38,8 @@ def run_json(cmd, env=None):
 def tbp_cmd(model, batch, kind, iters):
     L, H, C, T = model
     cmd = [sys.executable, "-m", "tbp", "bench", "--json", "--n-layer", str(L), "--n-head", str(H),
-           "--d-model", str(C), "--n-ctx", str(T), "--batch-size", str(batch), "--iters", str(iters)]
+           "--d-model", str(C), "--n-ctx", str(T), "--batch-size", str(batch), "--iters", str(iters),
+           "--precision", "fp32"]
     return cmd + (["--gen-tokens", "0"] if kind == "train" else ["--gen-tokens", "1000", "--iters", "1"])
 
 

@@ -101,7 +101,8 @@ def timing(args) -> None:
     for _ in range(args.rounds):
         for arm, flags in ARMS.items():
             d = json.loads(tbp("bench", *SHAPE, *flags, "--n-ctx", n_ctx(args), "--batch-size", 32,
-                               "--vocab-size", 31, "--iters", 10, "--gen-tokens", 8, "--threads", 1, "--json"))
+                               "--vocab-size", 31, "--iters", 10, "--gen-tokens", 8, "--threads", 1,
+                               "--precision", "fp32", "--json"))
             ms[arm].append(d["train_ms_per_iter"])
     for arm in ARMS:
         records.append("mta_timing", {"n_layer": SHAPE[1], "arm": arm, "commit": records.commit(), "threads": 1,

@@ -51,14 +51,17 @@ def train_once(precision: str, seed: int, threads: int, extra: list[str]) -> dic
         config = json.loads((out / "config.json").read_text())
         products = next((line.split(": ", 1)[1] for line in done.stderr.splitlines()
                          if line.startswith("precision ")), "fp32")
-    return {"precision": precision, "seed": seed, "threads": threads, "steps": final["step"],
+    # evaluations use fp32 products in every run since the commit that made it so; the first bf16
+    # records (without this field) were evaluated with bf16 products
+    return {"precision": precision, "seed": seed, "threads": threads, "steps": final["step"], "evaluated_with": "fp32",
             "val_split_loss": final["val_split_loss"], "val_split_tokens": final["val_split_tokens"],
             "val_estimate": final["val_loss"], "elapsed_s": state["elapsed_s"], "products": products,
             "model": config["model"], "train": config["train"], "commit": commit}
 
 
 def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
-    done = {(r["precision"], r["seed"], tuple(r.get("extra", []))) for r in records.read(NAME)}
+    done = {(r["precision"], r["seed"], tuple(r.get("extra", []))) for r in records.read(NAME)
+            if r["precision"] == "fp32" or r.get("evaluated_with") == "fp32"}      # fp32's never changed
     todo = [(p, s) for s in seeds for p in ("fp32", "bf16") if (p, s, tuple(extra)) not in done]
     threads = 1 if jobs > 1 else 0
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:

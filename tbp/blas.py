@@ -92,7 +92,10 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     try:
         import ml_dtypes
     except ImportError:                                   # optional: the same bits, slower
-        return (gemm.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+        bits = (gemm.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+        # a NaN whose payload sat in the dropped bits would read as infinity: keep it a (quiet) NaN
+        bits[np.isnan(x)] |= 0x0040
+        return bits
     return x.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 

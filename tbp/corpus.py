@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import glob
 import gzip
 import hashlib
 import lzma
 import os
+import socket
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -347,10 +349,11 @@ def open_corpus(path: str | None, encoding: str = "utf-8", text_field: str = "te
     mode = p.stat().st_mode
     if stat.S_ISFIFO(mode):                # a named pipe, or a shell's <(...): read once, like stdin
         try:
-            with open(p, "rb") as stream:
-                return _spooled(stream, str(p), encoding, text_field, Path(spool_dir or "."))
+            stream = open(p, "rb")
         except OSError as e:
             raise TbpError(f"{p}: cannot be read ({e.strerror})") from None
+        with stream:                       # errors writing the copy name the copy's folder
+            return _spooled(stream, str(p), encoding, text_field, Path(spool_dir or "."))
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise TbpError(f"{p}: is a device or a socket, not a file of text (to read a stream, pipe it into "
                        f"--data -)")
@@ -368,15 +371,23 @@ def open_corpus(path: str | None, encoding: str = "utf-8", text_field: str = "te
     return Corpus(name or p.stem, str(p), [_source(p, False)], encoding, text_field)
 
 
+def _spool_prefix() -> str:
+    """.stdin.HOST-PID. : a copy names the machine and the process that made it (a data folder may
+    be shared between machines, where another's process ids mean nothing here)."""
+    host = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or "host"
+    return f".stdin.{host}-{os.getpid()}."
+
+
 def sweep_spools(folder: Path) -> None:
-    """Remove the stream copies (.stdin.PID.XXXX.tmp) of processes that are gone: what a writer
-    killed with SIGKILL, or stopped by a full disk before its cleanup, left behind."""
-    for p in Path(folder).glob(".stdin.*.tmp"):
-        parts = p.name.split(".")
-        if len(parts) < 5 or not parts[2].isdigit():
+    """Remove the stream copies (.stdin.HOST-PID.XXXX.tmp) of this machine's processes that are
+    gone: what a writer killed with SIGKILL, or stopped by a full disk before its cleanup, left."""
+    mine = _spool_prefix().rsplit("-", 1)[0] + "-"          # .stdin.HOST-
+    for p in Path(folder).glob(f"{glob.escape(mine)}*.tmp"):
+        pid = p.name[len(mine):].split(".", 1)[0]
+        if not pid.isdigit():
             continue
         try:
-            os.kill(int(parts[2]), 0)
+            os.kill(int(pid), 0)
         except ProcessLookupError:
             p.unlink(missing_ok=True)
         except (PermissionError, OverflowError):        # alive under another user; or not a pid
@@ -389,7 +400,7 @@ def _spooled(stream, label: str, encoding: str, text_field: str, spool_dir: Path
     import tempfile
     spool_dir.mkdir(parents=True, exist_ok=True)
     sweep_spools(spool_dir)
-    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f".stdin.{os.getpid()}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=_spool_prefix(), suffix=".tmp")
     try:
         with open(fd, "wb") as f:
             while True:

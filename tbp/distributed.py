@@ -161,8 +161,8 @@ class MPIWorld(World):
         self.ending = False             # every rank leaves alike (an error they all raised): see leave()
         self.timeout = comm_timeout()
         self.stop_signal: tuple[int, float] | None = None      # (signal, when), see stopping()
-        self.done_at: float | None = None        # when the last collective completed
-        self.gaps: list[float] = []              # the last few intervals between completions: a step's time
+        self.step_done: float | None = None      # when the last any() completed (one a training step)
+        self.longest_step = 0.0                  # the longest interval between two of them so far
         atexit.register(self._at_exit)
 
     def leave(self) -> None:
@@ -189,16 +189,13 @@ class MPIWorld(World):
                 self.give_up_stopping()
             if now > deadline:
                 self.give_up()
-        now = time.monotonic()
-        if self.done_at is not None:
-            self.gaps = [*self.gaps[-7:], now - self.done_at]
-        self.done_at = now
 
     def stop_grace(self) -> float:
         """After a stop signal, how long the others may take to answer: STOP_GRACE_S, or twice the
-        longest of the last intervals between collectives (a step's time: the others may be mid-step
-        when the signal comes) where that is longer."""
-        return max(STOP_GRACE_S, 2 * max(self.gaps, default=0.0))
+        longest interval between two steps' any() so far where that is longer -- a step with its
+        evaluation and rank 0's save: the others may be that far from the next collective when
+        the signal comes, and rank 0 may be writing a checkpoint."""
+        return max(STOP_GRACE_S, 2 * self.longest_step)
 
     def stopping(self, signum: int) -> None:
         if self.stop_signal is None:
@@ -240,6 +237,10 @@ class MPIWorld(World):
     def any(self, flag: bool) -> bool:
         buf = np.array([1 if flag else 0], dtype=np.int32)
         self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX))
+        now = time.monotonic()                # the training loop asks once a step: its pace
+        if self.step_done is not None:
+            self.longest_step = max(self.longest_step, now - self.step_done)
+        self.step_done = now
         return bool(buf[0])
 
     def bcast_(self, buf: np.ndarray) -> np.ndarray:

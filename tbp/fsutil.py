@@ -164,6 +164,10 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
         raise TbpError(f"{out}: is not {what} (no {marker}); refusing to replace it, even with --force")
 
 
+class Held(TbpError):
+    """A RunLock another live process holds."""
+
+
 class RunLock:
     """One writer per run directory: an exclusive lock on ``RUN/.lock`` (fcntl.flock), held while
     the process lives; a second writer is refused with the holder's pid. Where flock does not
@@ -200,8 +204,8 @@ class RunLock:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
                 if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise TbpError(f"{self.run}: another tbp process (pid {holder}) is writing this run; "
-                                   f"wait for it or stop it first") from None
+                    raise Held(f"{self.run}: another tbp process (pid {holder}) is writing this run; "
+                               f"wait for it or stop it first") from None
                 raise
             with contextlib.suppress(FileNotFoundError):
                 if os.lstat(path).st_ino == os.fstat(fd).st_ino:

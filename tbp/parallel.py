@@ -76,9 +76,18 @@ def _engage_gemm(worker) -> contextlib.AbstractContextManager:
     for the rows each thread multiplies, and install it: one measurement per shape, process-wide."""
     cfg = worker.model.config
     get = _openblas()
-    worker.gemm = blaslib.choose(blaslib.products(cfg.d_model, worker.rows), int(get[0]()) if get else None,
-                                 worker.precision)
+    shapes, threads = blaslib.products(cfg.d_model, worker.rows), int(get[0]()) if get else None
+    worker.gemm = blaslib.choose(shapes, threads, worker.precision)
+    # evaluations measure the float32 weights as tbp eval and generation use them: fp32 products
+    worker.eval_gemm = worker.gemm if worker.precision == "fp32" else blaslib.choose(shapes, threads, "fp32")
     return blaslib.engaged(worker.gemm)
+
+
+def _evaluating(worker) -> contextlib.AbstractContextManager:
+    """The products of an evaluation: the run's own in fp32 (nothing changes), fp32's in a bf16 run."""
+    if worker.precision == "fp32" or worker.eval_gemm is None:
+        return contextlib.nullcontext()
+    return blaslib.engaged(worker.eval_gemm)
 
 
 class Serial:
@@ -100,7 +109,7 @@ class Serial:
                  precision: str = "fp32"):
         self.model, self.blas, self.precision = model, blas, precision
         self.rows = rows or model.config.n_ctx
-        self.gemm = None                 # blas.Choice, made on entering
+        self.gemm = self.eval_gemm = None        # blas.Choice, made on entering
 
     def __enter__(self) -> "Serial":
         n = 1 if self.model.config.attn_kernel == "flash" else self.blas
@@ -126,7 +135,8 @@ class Serial:
         fn(0)
 
     def losses(self, batches: list) -> list[float]:
-        return [self.model.loss(**batch) for batch in batches]
+        with _evaluating(self):
+            return [self.model.loss(**batch) for batch in batches]
 
 
 class DataParallel:
@@ -153,7 +163,7 @@ class DataParallel:
         self.rows = rows or model.config.n_ctx
         self.replicas = [model] + [model.replica() for _ in range(workers - 1)]
         self.pool = None
-        self.gemm = None                 # blas.Choice, made on entering
+        self.gemm = self.eval_gemm = None        # blas.Choice, made on entering
 
     def close(self) -> None:
         """Stop the worker threads (started again by the next call)."""
@@ -268,7 +278,8 @@ class DataParallel:
         def run(k: int) -> None:
             for i in range(k, len(batches), self.workers):
                 out[i] = self.replicas[k].loss(**batches[i])
-        self.each(run)
+        with _evaluating(self):
+            self.each(run)
         return out
 
 

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from .errors import TbpError
-from .fsutil import RunLock
+from .fsutil import Held, RunLock
 from .train import Callbacks
 
 SCALARS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "eval_train_loss", "val_bpb",
@@ -52,11 +52,14 @@ class TensorBoard(Callbacks):
             raise TbpError(f"--tensorboard {self.logdir}: inside the run folder {trainer.run}, where only the run's "
                            f"own files may be; choose a folder outside it")
         name = trainer.run.name or "run"
+        if (self.logdir / name).resolve() == trainer.run.resolve():
+            raise TbpError(f"--tensorboard {self.logdir}: this run's event folder there, {self.logdir / name}, "
+                           f"would be the run folder itself; give the events a folder of their own (runs/tb, say)")
         for i in range(1, 1000):
             folder = self.logdir / (name if i == 1 else f"{name}-{i}")
             try:
                 self.lock = RunLock(folder).acquire()
-            except TbpError:                   # another training writes there now: the next name
+            except Held:                       # another training writes there now: the next name
                 continue
             break
         else:

@@ -380,14 +380,16 @@ def test_an_mpi_timeout_no_step_could_meet_is_refused(monkeypatch, value):
 
 
 def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(monkeypatch):
-    """SIGTERM while a peer never answers: the job ends once the grace has passed (the longer of
-    STOP_GRACE_S and two recent step times) with 128 + the signal, not after TBP_MPI_TIMEOUT."""
+    """SIGTERM while a peer never answers: the job ends once the grace has passed -- the longer of
+    STOP_GRACE_S and twice the longest step seen, measured between the loop's any() calls (a
+    step's gradient sums come in many chunked collectives, which must not shorten it) -- with
+    128 + the signal, not after TBP_MPI_TIMEOUT."""
     import signal as sig
     from tbp import distributed
     clock = [1000.0]
     monkeypatch.setattr(distributed.time, "monotonic", lambda: clock[0])
     world = object.__new__(distributed.MPIWorld)
-    world.rank, world.timeout, world.stop_signal, world.done_at, world.gaps = 1, 600.0, None, None, []
+    world.rank, world.timeout, world.stop_signal, world.step_done, world.longest_step = 1, 600.0, None, None, 0.0
     aborted = []
 
     def abort(code):
@@ -397,23 +399,37 @@ def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(mon
 
     class Done:
         def Test(self):
-            clock[0] += 3.0                     # each step of this rank: 3 s between collectives
             return True
 
     class Never:
         def Test(self):
             clock[0] += 0.5
             return False
-    for _ in range(4):
-        world._wait(Done())
-    assert world.gaps == [3.0, 3.0, 3.0] and world.stop_grace() == distributed.STOP_GRACE_S
+
+    class Comm:                                  # any()'s allreduce, completing at once
+        def Iallreduce(self, *a, **kw):
+            return Done()
+    world.comm = Comm()
+    world.MPI = type("MPI", (), {"IN_PLACE": None, "MAX": None})
+
+    def step(seconds: float) -> None:            # a step: work, ten chunked sums, then any()
+        clock[0] += seconds
+        for _ in range(10):
+            clock[0] += 0.01
+            world._wait(Done())
+        world.any(False)
+    for seconds in (3.0, 3.0, 3.0):
+        step(seconds)
+    assert 3.0 < world.longest_step < 3.2 and world.stop_grace() == distributed.STOP_GRACE_S
     world.stopping(sig.SIGTERM)
     t0 = clock[0]
     with pytest.raises(SystemExit):
         world._wait(Never())
     code, when = aborted[0]
     assert code == 128 + sig.SIGTERM and distributed.STOP_GRACE_S < when - t0 < distributed.STOP_GRACE_S + 1
-    world.gaps, world.stop_signal, aborted[:] = [30.0], None, []      # a 30 s step: the others may be mid-step
+    world.stop_signal, aborted[:], world.step_done = None, [], clock[0]
+    step(30.0)                                   # one 30 s step (an evaluation and a save, say)
+    assert world.stop_grace() > 60.0
     world.stopping(sig.SIGINT)
     t0 = clock[0]
     with pytest.raises(SystemExit):

@@ -52,11 +52,18 @@ def test_round_bf16_matches_ml_dtypes_and_keeps_layout(rng):
 
 def test_bf16_bits_without_ml_dtypes_are_the_same(rng, monkeypatch):
     import sys
+    pytest.importorskip("ml_dtypes")
     x = rng.standard_normal((40, 30)).astype(np.float32)
+    x.flat[:3] = np.array([0x7F800001, 0xFFC00000, 0x7F80FFFF], np.uint32).view(np.float32)   # NaNs
+    x.flat[3:6] = [np.inf, -np.inf, 3.4e38]
     with_ml = blas.bf16_bits(x)
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)        # import fails: the NumPy bits
-    np.testing.assert_array_equal(blas.bf16_bits(x), with_ml)
-    np.testing.assert_array_equal(blas.bf16_bits(x).astype(np.uint32) << 16, gemm.round_bf16(x).view(np.uint32))
+    without = blas.bf16_bits(x)
+    np.testing.assert_array_equal(without[~np.isnan(x)], with_ml[~np.isnan(x)])
+    nan_bits = without[np.isnan(x)]                            # NaN stays NaN (never 0x7f80, infinity)
+    assert ((nan_bits & 0x7F80) == 0x7F80).all() and ((nan_bits & 0x007F) != 0).all()
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(without[finite].astype(np.uint32) << 16, gemm.round_bf16(x)[finite].view(np.uint32))
 
 
 def test_the_twin_is_the_exact_product_of_rounded_operands(rng):
@@ -211,8 +218,27 @@ def test_bench_pairs_the_precisions_and_names_the_bf16_units(monkeypatch):
     d = json.loads(r.stdout)
     paired = d["precisions"]
     assert paired["precision_rounds"] == 5 and paired["precision_steps"] == 1 and paired["bf16_speedup"] > 0
+    few = json.loads(run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
+                          "--iters", 2, "--gen-tokens", 0, "--json"]).stdout)["precisions"]
+    assert few["precision_rounds"] * few["precision_steps"] == 2         # --iters steps of each precision
     assert paired["fp32"]["gemm"] == "numpy" and paired["bf16"]["gemm"] == "numpy-bf16"
     assert d["train_tokens_per_s"] == paired["fp32"]["tokens_per_s"] and "bf16_units" in d["machine"]
     one = json.loads(run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
                           "--iters", 2, "--gen-tokens", 0, "--precision", "bf16", "--json"]).stdout)
     assert one["train_precision"] == "bf16" and one["train_gemm"] == "numpy-bf16" and "precisions" not in one
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bf16_runs_evaluations_use_fp32_products(monkeypatch, threads):
+    """Training steps round to bf16; evaluations (the curve, the best checkpoint, the whole-split
+    loss) measure the float32 weights as tbp eval and generation use them."""
+    monkeypatch.setenv("TBP_GEMM", "numpy")
+    model = GPT(ModelConfig(**CFG), seed=3)
+    rng = np.random.default_rng(0)
+    batches = [{"idx": x, "targets": y} for x, y in rng.integers(0, CFG["vocab_size"], (2, 2, 4, CFG["n_ctx"]))]
+    plain = [model.loss(**b) for b in batches]
+    with data_parallel(model, threads, 4, precision="bf16") as workers:
+        assert workers.losses(batches) == plain
+        assert gemm.library.__class__ is gemm.BF16               # and training goes on in bf16 after it
+        model.zero_grad()
+        assert workers.accumulate(batches[0]) != plain[0]

@@ -544,12 +544,18 @@ def test_merge_and_import_force_never_replace_a_run_being_trained(tmp_path, corp
 
 
 def test_a_failed_forced_replacement_leaves_no_lock_of_its_own(tmp_path, corpus_file, monkeypatch):
+    """--force over a run with no lock file (copied from elsewhere): the command takes the lock
+    (making the file), fails inside the staged write, and takes its lock file away again."""
     victim = train_tiny(tmp_path, corpus_file, monkeypatch, "victim", 5)
-    (victim / ".lock").unlink()                     # a run copied from elsewhere: no lock file
-    names = sorted(p.name for p in victim.iterdir())
-    (tmp_path / "hf").mkdir()                       # an import that fails after the claim: no config.json
-    clean_fail(run(["import", "hf", "--out", victim, "--force"]), 1, "missing config.json")
-    assert sorted(p.name for p in victim.iterdir()) == names
+    assert run(["export", victim, "--out", "hf"]).exit_code == 0
+    (victim / ".lock").unlink()
+    before = {p.name: p.read_bytes() for p in victim.iterdir()}
+
+    def full(*a, **kw):                             # the disk fills while the new run is written
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(a[0]))
+    monkeypatch.setattr(checkpoint, "write_run_header", full)
+    clean_fail(run(["import", "hf", "--out", victim, "--force"]), 1, "No space left")
+    assert {p.name: p.read_bytes() for p in victim.iterdir()} == before
 
 
 def test_weights_that_overflow_are_named_not_sampled_or_averaged(trained):
@@ -597,13 +603,17 @@ def test_a_stream_copy_left_by_a_killed_writer_is_swept(tmp_path, corpus_file, m
     monkeypatch.chdir(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    left = tmp_path / f".stdin.{dead}.abcd1234.tmp"          # as a writer killed mid-copy leaves it
+    from tbp.corpus import _spool_prefix
+    host = _spool_prefix().rsplit("-", 1)[0]                 # .stdin.HOST
+    left = tmp_path / f"{host}-{dead}.abcd1234.tmp"          # as a writer killed mid-copy leaves it
     left.write_bytes(b"x" * 100)
-    mine = tmp_path / f".stdin.{os.getpid()}.live0000.tmp"   # a live process's copy stays
+    mine = tmp_path / f"{host}-{os.getpid()}.live0000.tmp"   # a live process's copy stays
     mine.write_bytes(b"y")
+    other = tmp_path / f".stdin.otherhost-{dead}.abcd1234.tmp"   # another machine's: not ours to judge
+    other.write_bytes(b"z")
     r = run(["prepare", "--data", "-", "--out", "d"], input=Path(corpus_file).read_text())
     assert r.exit_code == 0, r.output
-    assert not left.exists() and mine.exists()
+    assert not left.exists() and mine.exists() and other.exists()
 
 
 def test_one_huge_json_record_is_refused_in_bounded_memory(tmp_path, monkeypatch):

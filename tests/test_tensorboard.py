@@ -88,3 +88,12 @@ def test_a_refused_training_leaves_no_event_folder_and_tb_inside_the_run_is_refu
     clean_fail(run(["train", "--out", "r", "--resume", "--max-iters", 8, "-q", "--tensorboard", "r/tb"]), 2,
                "inside --out")
     assert not (run_dir / "tb").exists() and not (tmp_path / "r2").exists()
+
+
+def test_tensorboard_at_the_runs_parent_is_refused_not_moved_aside(tmp_path, corpus_file, monkeypatch):
+    """--out ck/r --tensorboard ck: the run's event folder would be the run itself."""
+    monkeypatch.chdir(tmp_path)
+    from helpers import TINY, run
+    r = run(["train", "--data", corpus_file, "--out", "ck/r", "--max-iters", 3, *TINY, "--tensorboard", "ck"])
+    clean_fail(r, 1, "would be the run folder itself")
+    assert not (tmp_path / "ck" / "r-2").exists() and not (tmp_path / "ck" / "r").exists()

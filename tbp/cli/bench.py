@@ -28,7 +28,7 @@ from .options import check_sparse, config_options, sparse_options, sparse_rule
               help="Training threads sharing each batch, as in tbp train (0: one per core).")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "both"]), default="both", show_default=True,
               help="The training products' precision, as tbp train's --precision; both: fp32 and bf16 steps "
-                   "paired in one process (5 rounds, the order reversing each round).")
+                   "paired in one process (--iters of each, in up to 5 rounds whose order reverses).")
 @sparse_options("Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
                 "nearly the whole context (decode_*_tokens_per_s in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -61,7 +61,8 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
         if precision == "both":
-            paired = bench_precisions(cfg, batch_size, rounds=5, steps=max(1, iters // 5), threads=threads)
+            rounds = min(5, iters)                 # --iters timed steps per precision, in up to 5 rounds
+            paired = bench_precisions(cfg, batch_size, rounds=rounds, steps=-(-iters // rounds), threads=threads)
             fp32 = paired["fp32"]
             res.update({"train_ms_per_iter": fp32["ms_per_iter"], "train_tokens_per_s": fp32["tokens_per_s"],
                         "gflops": train_flops_per_token(cfg) * fp32["tokens_per_s"] / 1e9,
