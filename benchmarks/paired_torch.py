@@ -25,8 +25,10 @@ mkl wheel's, from tbp's own environment):
 products (MKL's bf16 GEMM with --mkl, else the NumPy twin) and PyTorch under
 torch.autocast("cpu", dtype=torch.bfloat16). The case gpt2 is GPT-2 124M's shape (12 x 768,
 12 heads, vocabulary 50,257) at B 4, T 64. PyTorch's model is initialised as GPT-2 is
-(normal 0.02, zero biases) and flushes subnormals: with PyTorch's default initialisation its
-fp32 steps on random tokens slow down several-fold on subnormal arithmetic. --record appends
+(normal 0.02, zero biases) and subnormals are flushed to zero: with PyTorch's default
+initialisation its fp32 steps on random tokens slow down several-fold on subnormal arithmetic.
+The flush is the process's (torch.set_flush_denormal), so tbp's arms run with it too, which
+`tbp train` does not do; with GPT-2's initialisation tbp's steps meet few subnormals. --record appends
 each row to results/precision_speed.jsonl with the CPU and the commit.
 
     PYTHONPATH=. .torchenv/bin/python benchmarks/paired_torch.py --bf16 --mkl .venv/lib/libmkl_rt.so.3 \

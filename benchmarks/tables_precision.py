@@ -7,20 +7,28 @@ import stats
 
 
 def quality(rows: list[dict]) -> str:
-    """Final whole-split validation loss per precision over the seeds, and bf16 - fp32 paired by seed."""
-    by = {p: {r["seed"]: r["val_split_loss"] for r in rows if r["precision"] == p and not r.get("extra")}
-          for p in ("fp32", "bf16")}
-    out = ["| precision | seeds | validation loss, whole split (mean ± 95 % t) |", "| --- | ---: | ---: |"]
-    for p, losses in by.items():
+    """Final whole-split validation loss per precision over the seeds, and bf16 - fp32 paired by
+    seed. bf16 runs are evaluated with fp32 products (``evaluated_with``); the first bf16 records,
+    evaluated with bf16 products, are their own row."""
+    rows = [r for r in rows if not r.get("extra")]
+    arms = {"fp32": lambda r: r["precision"] == "fp32",
+            "bf16": lambda r: r["precision"] == "bf16" and r.get("evaluated_with") == "fp32",
+            "bf16, evaluated with bf16 products": lambda r: r["precision"] == "bf16" and "evaluated_with" not in r}
+    by = {arm: {r["seed"]: r["val_split_loss"] for r in rows if keep(r)} for arm, keep in arms.items()}
+    by = {arm: losses for arm, losses in by.items() if losses}
+    out = ["| training products | evaluated with | seeds | validation loss, whole split (mean ± 95 % t) | "
+           "− fp32, paired by seed |", "| --- | --- | ---: | ---: | ---: |"]
+    for arm, losses in by.items():
         m, h = stats.mean_ci(list(losses.values()))
-        out.append(f"| {p} | {len(losses)} | {m:.4f} ± {h:.4f} |")
-    d, h, n = stats.paired(by["bf16"], by["fp32"])
-    each = ", ".join(f"{by['bf16'][s] - by['fp32'][s]:+.4f}" for s in sorted(set(by["bf16"]) & set(by["fp32"])))
-    out += ["", f"bf16 − fp32, paired by seed (same initialisation and batches): **{d:+.4f} ± {h:.4f}** nats "
-                f"(95 % t interval, {n} seeds; each: {each}). The default run: 4 × 128, context 128, 1,500 steps, "
-                f"{rows[0]['val_split_tokens']:,} validation tokens, one thread a run (a run repeats bit for bit "
-                f"at a given thread count). CPU: {records.cpus(rows)}; commits "
-                f"{', '.join(sorted({r['commit'] for r in rows}))}."]
+        d = "" if arm == "fp32" else "{:+.4f} ± {:.4f} ({})".format(
+            *stats.paired(losses, by["fp32"])[:2],
+            ", ".join(f"{losses[s] - by['fp32'][s]:+.4f}" for s in sorted(set(losses) & set(by["fp32"]))))
+        evaluated = "bf16" if "evaluated with bf16" in arm else "fp32"
+        out.append(f"| {arm.split(',')[0]} | {evaluated} | {len(losses)} | {m:.4f} ± {h:.4f} | {d} |")
+    out += ["", f"Paired: the same initialisation and batches; the difference's mean ± 95 % t interval, then each "
+                f"seed's. The default run: 4 × 128, context 128, 1,500 steps, {rows[0]['val_split_tokens']:,} "
+                f"validation tokens, one thread a run (a run repeats bit for bit at a given thread count). CPU: "
+                f"{records.cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
 
 

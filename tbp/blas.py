@@ -26,8 +26,8 @@ bfloat16 operands and accumulate in float32. MKL's ``cblas_gemm_bf16bf16f32`` do
 loads (converting each float32 operand to bf16 first, round to nearest even); elsewhere, or with
 ``TBP_GEMM=numpy``, the engine's plain twin (``gemm.BF16``: round, then a float32 product) does
 the same arithmetic. Whether bf16 is *faster* is measured like MKL's sgemm, against the fp32
-choice, on the model's shapes: it depends on the CPU (MKL runs bf16 on Intel's AMX and
-AVX512-BF16 units; on an AMD EPYC with AVX512-BF16 it measured slower than fp32, see
+choice, on the model's shapes: it depends on the CPU (MKL's bf16 kernels are made for Intel's
+AMX and AVX512-BF16 units; on an AMD EPYC with AVX512-BF16 they measured slower than fp32, see
 docs/how-to/precision.md), and the choice says so in one line.
 """
 from __future__ import annotations
@@ -317,7 +317,7 @@ def choose_bf16(shapes: tuple, blas_threads: int | None = None) -> Choice:
             "MKL not installed: pip install 'tbp[mkl]'" if lib is None else f"MKL {lib.version} has no bf16 product"
         if mode == "mkl":
             raise TbpError(f"TBP_GEMM=mkl, but {why}")
-        return Choice("numpy-bf16", f"bf16 rounding emulated in NumPy ({why}): the numbers of bf16, slower than "
+        return Choice("numpy-bf16", f"bf16 rounding emulated in NumPy ({why}): bf16's arithmetic, slower than "
                                     f"fp32", precision="bf16", slower=True)
     if mode == "mkl":
         return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, TBP_GEMM=mkl ({units})", precision="bf16")
