@@ -78,8 +78,11 @@ def file_sha256(path: str | Path) -> str:
 
 # --- writing --------------------------------------------------------------------------------
 def write_arrays(path: str | Path, arrays: dict[str, np.ndarray], step: int, kind: str) -> None:
-    data = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
-                   metadata={"format": f"tbp-{FORMAT}", "kind": kind, "step": str(step)})
+    """A safetensors file of ``arrays``, its metadata (format, kind, step) as one key: safetensors
+    writes several keys in a hash map's order, which differs from run to run, so two identical
+    runs would write different bytes; one key holding sorted JSON makes the bytes the run's alone."""
+    meta = json.dumps({"format": f"tbp-{FORMAT}", "kind": kind, "step": str(step)}, sort_keys=True)
+    data = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata={"tbp": meta})
     atomic_write_bytes(path, data)
 
 
@@ -271,6 +274,14 @@ def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
             arrays = {k: f.get_tensor(k) for k in f.keys()}
+        if "tbp" in meta:                      # write_arrays' one key (files of earlier releases: several)
+            try:
+                ours = json.loads(meta["tbp"])
+            except ValueError:
+                ours = None
+            if not isinstance(ours, dict) or not all(isinstance(v, str) for v in ours.values()):
+                raise TbpError(f"{path}: damaged metadata (the 'tbp' entry is not an object of strings)")
+            meta = {**{k: v for k, v in meta.items() if k != "tbp"}, **ours}
     except TypeError as e:    # bfloat16 (and other dtypes numpy lacks)
         raise TbpError(f"{path}: {e}; convert the weights to float32 or float16 first") from None
     except Exception as e:    # safetensors raises its own error types for truncated/garbled files

@@ -683,3 +683,23 @@ def test_info_refuses_a_crafted_dataset_as_training_does(tmp_path, corpus_file, 
     clean_fail(run(["train", "--data", "d", "--out", "r", *TINY]), 1, msg)
     clean_fail(run(["info", "d"]), 1, msg)
     clean_fail(run(["info", "d", "--json"]), 1, msg)
+
+
+def test_identical_runs_write_identical_checkpoint_bytes_and_old_files_still_read(tmp_path, corpus_file,
+                                                                                  monkeypatch):
+    """Weights and moments depend on the run alone (safetensors' several metadata keys came out in
+    a hash map's order); metrics and state differ only by their wall-clock fields."""
+    from safetensors.numpy import save as st_save
+    a = train_tiny(tmp_path, corpus_file, monkeypatch, "a", 5, "--threads", 1)
+    b = train_tiny(tmp_path, corpus_file, monkeypatch, "b", 5, "--threads", 1)
+    names = sorted(p.name for p in a.glob("*.safetensors"))
+    assert names and names == sorted(p.name for p in b.glob("*.safetensors"))
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    old = tmp_path / "old.safetensors"                          # an earlier release's metadata
+    old.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"format": "tbp-1", "kind": "weights", "step": "7"}))
+    assert checkpoint.read_arrays(old)[1]["step"] == "7"
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"tbp": "[1, 2]"}))
+    with pytest.raises(Exception, match="damaged metadata"):
+        checkpoint.read_arrays(bad)
