@@ -157,3 +157,19 @@ def test_a_large_split_is_read_every_kth_window():
     ds = SimpleNamespace(kind="text", val=np.zeros(10_000_000))
     assert split_stride(ds) == 10 and split_stride(ds, limit=20_000_000) == 1
     assert split_stride(SimpleNamespace(kind="pairs", val=[0] * 10)) == 1
+
+
+def test_a_second_ctrl_c_stops_at_once_and_says_which_step_is_kept(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    orig = cli_train.Progress.step
+
+    def step(self, trainer, m):
+        orig(self, trainer, m)
+        if m["step"] == 7:
+            signal.raise_signal(signal.SIGINT)      # finish the step and save ...
+            signal.raise_signal(signal.SIGINT)      # ... no: out now
+    monkeypatch.setattr(cli_train.Progress, "step", step)
+    r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 20, *TINY])
+    assert r.exit_code == 130, r.output
+    assert "keeps its checkpoint of step 5" in " ".join(r.output.split())
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 5

@@ -220,6 +220,14 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
     stopper = Stopper(trainer, announce=world.is_root)
     try:
         state = trainer.run_loop()
+    except KeyboardInterrupt:              # a second Ctrl-C: out at once, saying what is kept
+        progress.close()
+        if world.is_root:
+            kept = trainer.last_saved_step
+            console.print(f"stopped at once: {trainer.run} keeps its checkpoint of step {kept:,}; continue with "
+                          f"tbp train --out {trainer.run} --resume" if kept is not None else
+                          "stopped at once, before the first checkpoint: nothing was saved")
+        raise
     finally:
         stopper.restore()
         progress.close()
