@@ -79,3 +79,11 @@ def test_losses_keep_their_digits_when_small():
     from tbp.cli.common import fmt_loss
     assert fmt_loss(1.37281) == "1.3728" and fmt_loss(0.0123) == "0.0123"
     assert fmt_loss(0.00412) == "0.00412" and fmt_loss(8.31e-05) == "8.31e-05" and fmt_loss(0.0) == "0.0000"
+
+
+def test_info_takes_the_run_as_every_command_does(tmp_path, corpus_file, monkeypatch):
+    from helpers import clean_fail, train_tiny
+    run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "checkpoints/a", 5)
+    by_path, by_option = run(["info", run_dir, "--json"]), run(["info", "--checkpoint", run_dir, "--json"])
+    assert by_path.exit_code == by_option.exit_code == 0 and json.loads(by_path.stdout) == json.loads(by_option.stdout)
+    clean_fail(run(["info", run_dir, "--checkpoint", tmp_path]), 2, "give the run once")

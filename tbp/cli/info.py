@@ -80,8 +80,10 @@ def run_info(run: Path) -> dict:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--checkpoint", "run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="The run (or dataset, or folder of runs) to show, as the other commands take it; the same as PATH.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object on stdout.")
-def info(path, as_json):
+def info(path, run, as_json):
     """Show what a checkpoint (or a prepared dataset) holds.
 
     For a run: the model's configuration, parameters per layer, the training state and the
@@ -95,7 +97,9 @@ def info(path, as_json):
       tbp info data/pydoc
       tbp info checkpoints
     """
-    path = path or the_run(None)
+    if path is not None and run is not None and path != run:
+        raise click.UsageError(f"give the run once: PATH {path} or --checkpoint {run}")
+    path = path or run or the_run(None)
     runs = sorted(p.parent for p in path.glob("*/config.json")) if not (path / "config.json").is_file() else []
     if runs:
         _list_runs(path, runs, as_json)
