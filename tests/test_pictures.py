@@ -91,6 +91,8 @@ def test_attention_json_is_the_models_own_weights(trained):
 def test_attention_in_the_terminal_and_as_a_picture(trained, tmp_path):
     r = run(["attention", "--checkpoint", trained, "--prompt", "the cat"])
     assert r.exit_code == 0 and "layer 0 · head 1" in r.output and "█" in r.output
+    ruler = [line for line in r.output.splitlines() if line.strip().startswith("key →")]
+    assert ruler and ruler[0].split("key →")[1].split() == list("the·cat")   # each column's key, labelled
     r = run(["attention", "--checkpoint", trained, "--prompt", "the cat", "--out", tmp_path / "a.png"])
     assert r.exit_code == 0 and (tmp_path / "a.png").stat().st_size > 1000
     clean_fail(run(["attention", "--checkpoint", trained, "--prompt", "the", "--layer", 5]), 2, "has 1 layer (0 .. 0)")

@@ -67,12 +67,23 @@ def plot_runs(runs, out, layers):
 SHADES = " ░▒▓█"
 
 
+def _key_ruler(labels: list[str], n_keys: int) -> Text:
+    """The keys' labels above the grid, one two-character cell each: a token's first character,
+    and every fifth key's position below it, so that a column can be told from its neighbours."""
+    first = Text("".join((labels[j][:1] if j < len(labels) else "?").ljust(2) for j in range(n_keys)), style="dim")
+    marks = "".join(str(j).ljust(10)[:10] if j % 5 == 0 else "" for j in range(n_keys))
+    first.append("\n" + marks[:2 * n_keys].rstrip(), style="dim")
+    return first
+
+
 def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
     """One head's (T, T) weights as shaded blocks, a row per query token, on a square-root
-    scale so that a weight of 0.1 (a query spread over ten tokens) still shows."""
+    scale so that a weight of 0.1 (a query spread over ten tokens) still shows; the keys'
+    labels head the columns."""
     t = Table(title=title, show_header=False, box=None, title_justify="left", pad_edge=False)
     t.add_column(justify="right", style="dim")
     t.add_column()
+    t.add_row("key →", _key_ruler(labels, weights.shape[-1]))
     for label, row in zip(labels, weights):
         cells = Text()
         for w in np.sqrt(np.clip(row, 0, 1)):
