@@ -36,6 +36,7 @@ class Callbacks:
 
     def start(self, trainer: "Trainer") -> None: ...
     def evaluating(self, trainer: "Trainer") -> None: ...                # an evaluation begins
+    def evaluating_split(self, trainer: "Trainer") -> None: ...          # the final one, over the whole split
     def step(self, trainer: "Trainer", metrics: dict) -> None: ...     # has val_loss on evals
     def saved(self, trainer: "Trainer", step: int, best: bool) -> None: ...
 
@@ -53,6 +54,10 @@ class Several(Callbacks):
     def evaluating(self, trainer):
         for c in self.each:
             c.evaluating(trainer)
+
+    def evaluating_split(self, trainer):
+        for c in self.each:
+            c.evaluating_split(trainer)
 
     def step(self, trainer, metrics):
         for c in self.each:
@@ -189,6 +194,7 @@ class Trainer:
                     stats.stream(self.eval_sets["val"][0])
                     metrics["layers"] = stats.record()
                     if st.step == cfg.max_iters:                   # the run's final figure: the split itself
+                        self.cb.evaluating_split(self)
                         metrics.update(self.evaluate_split())
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     if not math.isfinite(metrics["val_loss"]):

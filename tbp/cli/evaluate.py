@@ -56,7 +56,8 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
             raise click.UsageError("--zero-encoder is for an encoder-decoder run")
         model.source_scale = 0.0
     t0 = time.perf_counter()
-    out = evaluate(model, ds, limit)
+    with console.status(f"evaluating {run} on the validation split of {ds.path}..."):
+        out = evaluate(model, ds, limit)
     if not math.isfinite(out["val_loss"]):
         # the weights load finite, but the forward overflows float32 somewhere: say so, not NaN
         raise TbpError(f"{run}: the model's loss on {ds.path} is {out['val_loss']} (its forward overflows "

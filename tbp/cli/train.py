@@ -64,6 +64,10 @@ class Progress(Callbacks):
         if self.bar is not None:
             self.bar.set_description("eval", refresh=True)
 
+    def evaluating_split(self, trainer):
+        if self.bar is not None:             # the longest evaluation: say what the bar waits for
+            self.bar.set_description("final eval over the whole validation split", refresh=True)
+
     def step(self, trainer, m):
         if self.bar is not None and "val_loss" in m:
             self.bar.set_description("train", refresh=False)
