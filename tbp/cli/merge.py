@@ -25,7 +25,7 @@ def merge(run, out, force):
 
     \b
     Example:
-      tbp merge checkpoints/notes --out checkpoints/notes-merged
+      tbp merge checkpoints/notes-lora --out checkpoints/notes-lora-merged
     """
     cfg = checkpoint.read_config(run)
     if not cfg.get("lora"):
