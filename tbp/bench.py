@@ -63,6 +63,20 @@ def matmul_peak_gflops(dtype=np.float32, n: int = 1024, repeats: int = 5) -> flo
     return 2 * n ** 3 / best / 1e9
 
 
+def memory_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
+    """GB/s of reading memory on one thread: the median time to sum a ``mib`` MiB float32 array
+    (far past the caches). Batch-1 decoding reads every weight once a token, so this over the
+    weights' bytes is the decode's roofline."""
+    a = np.ones(mib << 18, np.float32)
+    a.sum()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a.sum()
+        times.append(time.perf_counter() - t)
+    return a.nbytes / float(np.median(times)) / 1e9
+
+
 def train_flops_per_token(cfg: ModelConfig) -> float:
     """Forward + backward FLOPs per token: 3 x (2 x matmul weights + attention's scores and sums).
 
@@ -197,4 +211,7 @@ def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: b
     t = time.perf_counter()
     count = sum(1 for _ in generate_ids(model, [0], n, Sampling(1.0), np.random.default_rng(seed), 1, use_cache))
     dt = time.perf_counter() - t
-    return {"generate_tokens_per_s": count / dt, "generate_tokens": count, "generate_s": dt}
+    # what one token reads at least: every weight (the tied head's rows too, once); the KV cache besides
+    weight_bytes = sum(p.nbytes for p in model.params.values())
+    return {"generate_tokens_per_s": count / dt, "generate_tokens": count, "generate_s": dt,
+            "generate_weight_bytes": weight_bytes}

@@ -242,3 +242,13 @@ def test_a_bf16_runs_evaluations_use_fp32_products(monkeypatch, threads):
         assert gemm.library.__class__ is gemm.BF16               # and training goes on in bf16 after it
         model.zero_grad()
         assert workers.accumulate(batches[0]) != plain[0]
+
+
+def test_bench_reports_the_decode_roofline():
+    r = run(["bench", "--n-layer", 1, "--n-head", 2, "--d-model", 16, "--n-ctx", 16, "--batch-size", 2,
+             "--iters", 1, "--gen-tokens", 4, "--precision", "fp32", "--json"])
+    d = json.loads(r.stdout)
+    model = GPT(ModelConfig(vocab_size=65, n_ctx=16, n_layer=1, n_head=2, d_model=16))
+    assert d["generate_weight_bytes"] == sum(p.nbytes for p in model.params.values())
+    assert d["memory_gbs"] > 0
+    assert d["generate_roofline_tokens_per_s"] == pytest.approx(d["memory_gbs"] * 1e9 / d["generate_weight_bytes"])

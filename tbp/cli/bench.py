@@ -7,7 +7,7 @@ import json
 import click
 
 from ..bench import (bench_generate, bench_precisions, bench_sparse_decode, bench_train, machine, matmul_peak_gflops,
-                     train_flops_per_token)
+                     memory_bandwidth_gbs, train_flops_per_token)
 from ..config import ModelConfig
 from ..nn import build
 from .common import console, fmt_count, kv_table
@@ -80,6 +80,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
         with console.status("timing sparse against dense decoding...") if not as_json else contextlib.nullcontext():
             res.update(bench_sparse_decode(cfg, rule))
     res["peak_gflops"] = matmul_peak_gflops()
+    if res.get("generate_tokens_per_s"):
+        res["memory_gbs"] = memory_bandwidth_gbs()
+        res["generate_roofline_tokens_per_s"] = res["memory_gbs"] * 1e9 / res["generate_weight_bytes"]
     res["machine"] = machine()
     if as_json:
         click.echo(json.dumps(res))
@@ -103,7 +106,13 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
         t.add_row("products", f"{res['train_gemm']}: {res['train_gemm_reason']}")
     t.add_row("achieved", f"{res['gflops']:.1f} GFLOP/s ({100 * res['gflops'] / res['peak_gflops']:.0f}% of "
                           f"the matmul peak {res['peak_gflops']:.0f} GFLOP/s)")
-    if res.get("generate_tokens_per_s"):
+    if res.get("generate_tokens_per_s") and res["generate_weight_bytes"] >= 32 << 20:
+        # below that the weights stay in the caches and Python's per-token work is the cost
+        share = res["generate_tokens_per_s"] / res["generate_roofline_tokens_per_s"]
+        t.add_row("memory", f"{res['memory_gbs']:.1f} GB/s read by one thread: with {res['generate_weight_bytes'] / 1e6:,.1f} MB "
+                            f"of weights read a token, decoding's roofline is "
+                            f"{res['generate_roofline_tokens_per_s']:,.0f} tokens/s; generation ran at {100 * share:.0f}% "
+                            f"of it")
         t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
                               f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
     if rule is not None:
