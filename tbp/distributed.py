@@ -359,12 +359,16 @@ def world() -> World:
         # process at once, with nothing yet to save -- and so does SIGALRM, set to ring after
         # TBP_MPI_TIMEOUT: the launcher then reports the rank ended by "Alarm clock".
         timeout = comm_timeout()
-        previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGALRM)}
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        alarm = hasattr(signal, "SIGALRM")           # not on Windows: SIGTERM's default there alone
+        previous = {sig: signal.signal(sig, signal.SIG_DFL)
+                    for sig in (signal.SIGTERM, *((signal.SIGALRM,) if alarm else ()))}
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             _WORLD = _connect()
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     return _WORLD
