@@ -46,15 +46,21 @@ def test_resume_continues_to_a_new_total(trained):
     assert json.loads((trained / "state.json").read_text())["step"] == 15
 
 
-def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path, corpus_file, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def _ctrl_c_at(monkeypatch, at_step: int, presses: int) -> None:
+    """Press Ctrl-C ``presses`` times once the bar has shown step ``at_step`` (the real handler runs)."""
     orig = cli_train.Progress.step
 
     def step(self, trainer, m):
         orig(self, trainer, m)
-        if m["step"] == 3:
-            signal.raise_signal(signal.SIGINT)      # the real handler runs
+        if m["step"] == at_step:
+            for _ in range(presses):
+                signal.raise_signal(signal.SIGINT)
     monkeypatch.setattr(cli_train.Progress, "step", step)
+
+
+def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path, corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _ctrl_c_at(monkeypatch, 3, 1)
     r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 10, *TINY])
     assert r.exit_code == 130, r.output
     assert "finishing this step and saving" in r.output
@@ -161,14 +167,7 @@ def test_a_large_split_is_read_every_kth_window():
 
 def test_a_second_ctrl_c_stops_at_once_and_says_which_step_is_kept(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    orig = cli_train.Progress.step
-
-    def step(self, trainer, m):
-        orig(self, trainer, m)
-        if m["step"] == 7:
-            signal.raise_signal(signal.SIGINT)      # finish the step and save ...
-            signal.raise_signal(signal.SIGINT)      # ... no: out now
-    monkeypatch.setattr(cli_train.Progress, "step", step)
+    _ctrl_c_at(monkeypatch, 7, 2)                   # finish the step and save ... no: out now
     r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 20, *TINY])
     assert r.exit_code == 130, r.output
     assert "keeps its checkpoint of step 5" in " ".join(r.output.split())
