@@ -60,6 +60,7 @@ def _ctrl_c_at(monkeypatch, at_step: int, presses: int) -> None:
 
 def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    orig = cli_train.Progress.step
     _ctrl_c_at(monkeypatch, 3, 1)
     r = run(["train", "--data", corpus_file, "--out", "run", "--max-iters", 10, *TINY])
     assert r.exit_code == 130, r.output
