@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUN = ("bash", "python")
-# lines of a bash block that CI does not run: installs, the test suite itself, other machines
-SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun", "sbatch", "salloc", "mkdocs serve")
+# lines of a bash block that CI does not run: installs, the test suite itself, other machines,
+# servers that run until stopped (a page's Python block starts tbp serve itself and stops it)
+SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun", "sbatch", "salloc", "mkdocs serve", "tbp serve")
 
 
 @dataclass

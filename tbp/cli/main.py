@@ -16,6 +16,7 @@ from .interop import export, import_
 from .pictures import attention, plot_runs
 from .evaluate import evaluate_cmd
 from .chat import chat
+from .serve import serve
 from .view import view
 
 
@@ -33,7 +34,7 @@ def main():
 
 
 for command in (prepare, train, generate, chat, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
-                attention, view):
+                attention, view, serve):
     main.add_command(command)
 
 

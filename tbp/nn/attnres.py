@@ -389,7 +389,9 @@ VARIANT = Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
     options=("residual_blocks",), switch="--residual attention",
     refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
-             "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth"},
+             "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth",
+             "gguf": "llama.cpp's GPT-style graphs add every sublayer into one residual sum; none has a softmax "
+                     "over depth (Attention Residuals)"},
     check=_check, describe=_describe,
     activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
     model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),

@@ -190,6 +190,7 @@ VARIANT = Variant(
              "sparse": "sparse decoding thins standard attention; Multi-Token Attention's convolutions read "
                        "every score",
              "export": "GPT-2's attention has no convolution over its score maps",
+             "gguf": "no llama.cpp architecture convolves its score maps (Multi-Token Attention)",
              "rewind": "Multi-Token Attention's cache keeps only the last rows of scores its convolutions "
                        "read; rewinding would need rows it has overwritten"},
     check=_check, describe=_describe,

@@ -234,6 +234,7 @@ VARIANT = Variant(
                       "(attn_impl auto or dense)",
              "sparse": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
              "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
+             "gguf": "llama.cpp's GPT-style graphs are decoder-only, with no cross-attention (the encoder-decoder)",
              "lora": "LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
                      "(drop --lora-rank)",
              "chat": "conversations are for a GPT trained on a chat dataset",

@@ -11,7 +11,7 @@ declares one ``VARIANT``, and ``build.VARIANTS`` lists them all. From those decl
   why), and whatever the variant's own ``check`` refuses;
 - ``build.refusal(cfg, use)`` answers the uses outside the model (``USES``: sparse decoding,
   LoRA, chat, tbp bench) for the CLI, the runs and the decoder alike; the GPT-2 export
-  (hf.py) gives every active variant's "export" reason;
+  (hf.py) gives every active variant's "export" reason, the GGUF export (gguf.py) its "gguf" one;
 - ``tbp info`` shows each active variant's ``describe`` row; ``tbp.memory`` adds its
   ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases`` and
   ``model_cases``.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-USES = ("sparse", "export", "lora", "chat", "bench", "rewind")      # what a variant may refuse beside other variants
+USES = ("sparse", "export", "gguf", "lora", "chat", "bench", "rewind")      # what a variant may refuse beside other variants
 
 
 @dataclass(frozen=True)
