@@ -227,6 +227,10 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
     g = run(["generate", "--checkpoint", run_dir, "--prompt", prompt, "--max-new-tokens", 64,
              "--temperature", 0, "--seed", 0])
     assert g.exit_code == 0, g.output
+    lib = llama_cpp()
+    vocab = lib.llama_model_get_vocab(llm.model)
+    ending = {t for t in range(tok.vocab_size) if lib.llama_vocab_is_eog(vocab, t)}
+    assert ending == ({tok.eot_id} if tokenizer == "bpe" else set())   # a char model: no token ends the text
     mine = greedy(llm, ids, 64)
     assert llm.detokenize(mine).decode() == tok.decode(mine)
     assert (prompt + tok.decode(mine)) in g.output
@@ -247,3 +251,30 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
             count += len(tgt)
     assert count == figures["val_tokens"]
     assert abs(total / count - figures["val_loss"]) < 1e-3 * figures["val_loss"], (total / count, figures)
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_chat_model_keeps_its_template_and_tokens_in_llama_cpp(tmp_path, tokenizer):
+    """The file's template, rendered by llama-cpp-python and tokenized with reserved tokens
+    parsed, gives tbp's prompt tokens; its reply ends at <|end|>. The char tokenizer here has
+    reserved tokens, so it is written in byte-level form (é: two bytes, one merge)."""
+    from tbp import chat
+    text = "Be loud. the sky is blue. the snow is white, café?\n" * 30
+    tok = train_char(text, specials=CHAT_SPECIALS) if tokenizer == "char" else \
+        train_bpe([text], 300, specials=CHAT_SPECIALS)
+    make_run(tmp_path / "run", tok)
+    out = export(tmp_path / "run", tmp_path / "m.gguf")
+    llm = load(out)
+    msgs = [{"role": "system", "content": "Be loud."}, {"role": "user", "content": "the café sky?"}]
+    r = gguf.GGUFReader(out)
+    template = r.fields["tokenizer.chat_template"].contents()
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    prompt = Jinja2ChatFormatter(template, eos_token="<|endoftext|>", bos_token="<|endoftext|>")(messages=msgs).prompt
+    assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == chat.prompt_ids(tok, msgs)
+    plain = "the café sky\nis blue"
+    assert llm.tokenize(plain.encode(), add_bos=False, special=False) == tok.encode(plain)
+    end = chat.chat_ids(tok)["end"]
+    lib = llama_cpp()
+    vocab = lib.llama_model_get_vocab(llm.model)
+    ending = {t for t in range(tok.vocab_size) if lib.llama_vocab_is_eog(vocab, t)}
+    assert llm.token_eos() == tok.eot_id and ending == {end, tok.eot_id}      # nothing else ends a reply
