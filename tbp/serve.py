@@ -177,7 +177,7 @@ class Served:
         top_p = number("top_p", 1.0, 0, 1)
         if top_p == 0:
             raise BadRequest("top_p must be above 0", "top_p")
-        seed = number("seed", None, -(2 ** 63), 2 ** 63 - 1, integer=True)
+        seed = number("seed", None, 0, 2 ** 63 - 1, integer=True)
         stop = body.get("stop")
         stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
         if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
@@ -352,6 +352,8 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 while finish is None:
                     piece, finish, n = await to_thread.run_sync(next, steps)
                     text.append(piece)
+        except TbpError as e:               # the model itself failed (its logits overflow): said, not a traceback
+            return error(BadRequest(str(e), status=500, kind="server_error"))
         finally:
             gate.leave()
         return JSONResponse(served.whole(req, "".join(text), finish, n))
@@ -367,7 +369,11 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                     yield event(served.chunk(req, None, None, first=True))
                 finish, n = None, 0
                 while finish is None:
-                    piece, finish, n = await to_thread.run_sync(next, steps)
+                    try:
+                        piece, finish, n = await to_thread.run_sync(next, steps)
+                    except TbpError as e:       # mid-stream: the error as the last event, as OpenAI sends one
+                        yield event(BadRequest(str(e), status=500, kind="server_error").body())
+                        return
                     if piece:
                         yield event(served.chunk(req, piece, None))
                 yield event(served.chunk(req, None, finish))

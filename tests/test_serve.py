@@ -262,3 +262,18 @@ def test_the_server_writes_nothing_into_the_run(server, text_run):
     before = {p: p.stat().st_mtime_ns for p in text_run.rglob("*")}
     server.client().completions.create(model="m", prompt="the", max_tokens=3)
     assert {p: p.stat().st_mtime_ns for p in text_run.rglob("*")} == before
+
+
+def test_a_model_that_fails_is_a_500_in_openais_form_and_the_server_goes_on(text_run):
+    s = Server(text_run)
+    try:
+        s.served.model.params["wte"][:] = np.nan                # damaged weights: every logit is NaN
+        r = httpx.post(s.url + "/completions", json={"model": "m", "prompt": "the", "max_tokens": 3})
+        assert r.status_code == 500 and "logits hold nan" in r.json()["error"]["message"]
+        with httpx.stream("POST", s.url + "/completions",
+                          json={"model": "m", "prompt": "the", "max_tokens": 3, "stream": True}) as st:
+            events = [line[6:] for line in st.iter_lines() if line.startswith("data: ")]
+        assert json.loads(events[-1])["error"]["type"] == "server_error"
+        assert httpx.get(s.url + "/models").status_code == 200
+    finally:
+        s.stop()
