@@ -11,7 +11,7 @@ the mean loss of both programs; and greedy continuations of 64 tokens from 16 pr
 16 tokens of 16 windows), identical or where they first differ. llama.cpp runs through
 llama-cpp-python with a float32 KV cache.
 
-speed: batch-1 decoding, tokens per second after a 16-token prompt, 128 greedy tokens, tbp's KV-cached
+speed: batch-1 decoding, tokens per second after a 16-token prompt, --new greedy tokens (at most up to the context), tbp's KV-cached
 generator against llama.cpp on each file, interleaved, median of 5, at --threads (with the BLAS
 threads set to the same number in the environment).
 """
@@ -121,7 +121,7 @@ def speed(args) -> None:
     run = Path(args.checkpoint)
     model, tok, _ = checkpoint.load_model(run)
     prompt = windows(run, model)[0][0][:16].tolist()
-    new = 128
+    new = min(args.new, model.config.n_ctx - len(prompt))     # llama.cpp aborts past the learned positions
     threads = args.threads
     with tempfile.TemporaryDirectory() as d:
         paths = {k: export(run, k, Path(d)) for k in TYPES}
@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("what", choices=["agree", "speed"])
     ap.add_argument("--checkpoint", default="checkpoints/pydoc")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new", type=int, default=128, help="speed: tokens to generate (at most the context's room)")
     ap.add_argument("--threads", type=int, default=1, help="speed: llama.cpp's threads; run the script with "
                     "OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS at the same number for tbp's")
     ap.add_argument("--record", action="store_true", help="append the result to benchmarks/results/")

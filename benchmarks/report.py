@@ -16,6 +16,7 @@ from pathlib import Path
 
 import records
 import tables_gatt
+import tables_interop
 import tables_mta
 import tables_precision
 import tables_sparse
@@ -296,7 +297,9 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_quality": (tables_precision.quality, "precision_quality"),
           "precision_speed": (tables_precision.speed, "precision_speed"),
           "precision_products": (tables_precision.products, "precision_products"),
-          "gpt2_parity": (gpt2_parity, "gpt2_parity")}
+          "gpt2_parity": (gpt2_parity, "gpt2_parity"),
+          "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
+          "serve_load": (tables_interop.serve_load, "serve_load")}
 
 
 def render(text: str) -> str:

@@ -5,8 +5,8 @@
 A server is started as a user starts it (``tbp serve``, its own process). Requests are drawn
 from 16 fixed (prompt, seed) pairs, and each pair's answer is first asked alone: during the load
 every answer must equal its pair's, byte for byte (no cross-talk between streams), and no request
-may fail. Then, for each setting (one client with --parallel 1; N clients with --parallel N), the
-clients stream completions back to back for M seconds; recorded: requests, tokens, aggregate
+may fail. Then, for each setting (one client; N clients with --parallel 1, the default, so that
+they queue; N clients with --parallel N), the clients stream completions back to back for M seconds; recorded: requests, tokens, aggregate
 tokens per second, latency and time to first token (p50, p99), errors.
 """
 import argparse
@@ -121,14 +121,16 @@ def main() -> None:
     args = ap.parse_args()
     out = {}
     expected = None
-    for clients in (1, args.clients):
-        proc, url = start(args.checkpoint, parallel=clients, queue=args.clients)
+    for clients, parallel in ((1, 1), (args.clients, 1), (args.clients, args.clients)):
+        proc, url = start(args.checkpoint, parallel=parallel, queue=args.clients)
         try:
             if expected is None:           # each pair asked alone: the answers every later one must equal
                 with httpx.Client(timeout=600) as h:
                     expected = {(p, s): ask(h, url, p, s, args.max_tokens)[0] for p, s in PAIRS}
-            out[clients] = load(url, clients, args.seconds, args.max_tokens, expected)
-            print(clients, {k: v for k, v in out[clients].items() if k != "error_examples"})
+            key = f"{clients} clients, parallel {parallel}"
+            out[key] = {"clients": clients, "parallel": parallel,
+                        **load(url, clients, args.seconds, args.max_tokens, expected)}
+            print(key, {k: v for k, v in out[key].items() if k != "error_examples"})
         finally:
             proc.terminate()
             proc.wait(30)
