@@ -8,12 +8,40 @@ contents, a sketch) is fenced as ```text, ```console, ```json or similar, or as
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 RUN = ("bash", "python")
 # lines of a bash block that CI does not run: installs, the test suite itself, other machines,
 # servers that run until stopped (a page's Python block starts tbp serve itself and stops it)
 SKIPPED = ("pip install", "python -m pytest", "mpiexec", "srun", "sbatch", "salloc", "mkdocs serve", "tbp serve")
+
+
+# the modules each optional extra brings (pyproject.toml): what a page or a line that needs the
+# extra cannot run without. A page declares its extras in a comment, <!-- needs: plot, view -->;
+# a README line names one in its own comment, "# ... (tbp[view])".
+EXTRAS = {"plot": ("matplotlib",), "view": ("plotly",), "gguf": ("gguf", "llama_cpp"),
+          "serve": ("starlette", "uvicorn", "openai"), "parquet": ("pyarrow",), "zstd": ("zstandard",),
+          "mpi": ("mpi4py",), "tensorboard": ("tensorboardX",), "docs": ("mkdocs",)}
+_NEEDS = re.compile(r"<!--\s*needs:\s*([\w ,-]+?)\s*-->")
+_LINE_NEEDS = re.compile(r"tbp\[([\w,-]+)\]")
+
+
+def needs(text: str) -> list[str]:
+    """The extras a page declares it needs (``<!-- needs: a, b -->``)."""
+    return [e.strip() for m in _NEEDS.finditer(text) for e in m.group(1).split(",") if e.strip()]
+
+
+def line_needs(line: str) -> list[str]:
+    """The extras a line's comment names as ``tbp[extra]``."""
+    comment = line[len(without_comment(line)):]
+    return [e for m in _LINE_NEEDS.finditer(comment) for e in m.group(1).split(",")]
+
+
+def missing(extras) -> list[str]:
+    """Those of ``extras`` whose modules are not installed here."""
+    import importlib.util
+    return [e for e in extras if any(importlib.util.find_spec(m) is None for m in EXTRAS[e])]
 
 
 @dataclass

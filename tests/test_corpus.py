@@ -111,7 +111,7 @@ def _compress(path, how, data_bytes):
     elif how == "xz":
         path.write_bytes(lzma.compress(data_bytes))
     else:
-        zstandard = pytest.importorskip("zstandard")
+        zstandard = pytest.importorskip("zstandard", reason="the zstd extra is not installed: pip install -e '.[zstd]'")
         path.write_bytes(zstandard.ZstdCompressor().compress(data_bytes))
 
 
@@ -151,8 +151,8 @@ def test_a_malformed_record_is_one_line_and_nothing_is_written(tmp_path, line, m
 
 
 def test_parquet_is_read_by_its_text_column(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow", reason="the parquet extra is not installed: pip install -e '.[parquet]'")
+    pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra is not installed: pip install -e '.[parquet]'")
     docs = [f"document {i}: some words é€" for i in range(500)]
     pq.write_table(pa.table({"id": list(range(500)), "content": docs}), tmp_path / "c.parquet", row_group_size=64)
     r = run(["prepare", "--data", tmp_path / "c.parquet", "--text-field", "content", "--out", tmp_path / "ds"])
@@ -250,7 +250,7 @@ def test_text_without_spaces_is_cut_at_its_line_breaks_not_at_seams(small_pieces
 
 
 def test_a_truncated_zst_is_damage_not_a_short_corpus(tmp_path):
-    zstandard = pytest.importorskip("zstandard")
+    zstandard = pytest.importorskip("zstandard", reason="the zstd extra is not installed: pip install -e '.[zstd]'")
     whole = zstandard.ZstdCompressor().compress(messy(200000, seed=5).encode())
     (tmp_path / "c.txt.zst").write_bytes(whole[:len(whole) // 3])
     clean_fail(run(["prepare", "--data", tmp_path / "c.txt.zst", "--out", tmp_path / "ds"]), 1,

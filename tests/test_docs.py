@@ -47,12 +47,16 @@ def test_every_page_with_code_is_found():
 
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    lacking = blocks.missing(blocks.needs(text))
+    if lacking:
+        pytest.skip(f"docs/{page} needs {', '.join(lacking)}: pip install -e '.[{','.join(lacking)}]'")
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "COLUMNS": "80", "TBP_GEMM": "numpy", "MPLBACKEND": "Agg"}
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__main__"}
-    for block in blocks.runnable((ROOT / "docs" / page).read_text(encoding="utf-8")):
+    for block in blocks.runnable(text):
         if block.kind == "python":
             out = io.StringIO()
             try:
@@ -67,6 +71,18 @@ def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, (f"docs/{page} line {n}: {command}\nexit {r.returncode}\n"
                                        f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+
+
+def test_every_extra_a_page_or_line_names_exists():
+    """A page's needs and a README line's tbp[extra] name extras pyproject.toml defines, with modules."""
+    import tomllib
+    defined = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(blocks.EXTRAS) <= set(defined)
+    named = {e for p in PAGES for e in blocks.needs((ROOT / "docs" / p).read_text(encoding="utf-8"))}
+    named |= {e for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() for e in blocks.line_needs(line)}
+    assert named and named <= set(blocks.EXTRAS), named - set(blocks.EXTRAS)
+    assert blocks.line_needs('tbp view --out run.html   # a page (tbp[view])') == ["view"]
+    assert blocks.line_needs('echo "tbp[view]"') == [] and blocks.needs("<!-- needs: plot, view -->") == ["plot", "view"]
 
 
 def test_the_block_reader_runs_bash_and_python_only():

@@ -1,7 +1,6 @@
 """GGUF export, proven against llama.cpp itself (llama-cpp-python): the same logits, the same
 tokens, the same greedy text, the same loss -- and refusals for what llama.cpp cannot compute."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -10,21 +9,15 @@ from helpers import clean_fail, run, train_tiny
 from tbp import GPT, ModelConfig, checkpoint
 from tbp.tokenizer import CHAT_SPECIALS, train_bpe, train_char
 
-gguf = pytest.importorskip("gguf")
-
+gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed: pip install -e '.[gguf]'")
 CFG = dict(n_ctx=96, n_layer=2, n_head=2, d_model=32)
 SHAPES = {"learned": {}, "rope": dict(positions="rope", bias=False), "gqa": dict(attention="gqa", n_kv_head=1)}
 
 
 def llama_cpp():
-    """llama-cpp-python, which CI installs: there a missing package is a failure, not a skip."""
-    try:
-        import llama_cpp
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("llama-cpp-python is not installed (pip install 'tbp[gguf-test]')")
-    return llama_cpp
+    """llama-cpp-python: llama.cpp itself, which the tests below run the files in."""
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (it compiles llama.cpp): "
+                                                   "pip install -e '.[test-all]'")
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def test_s2_appending_refuses_a_symlink(tmp_path):
 
 
 def test_s2_d16_a_picture_replaces_a_symlink_and_never_writes_through_it(tmp_path, corpus_file, monkeypatch):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
     run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -134,7 +134,7 @@ def test_s2_d16_a_picture_replaces_a_symlink_and_never_writes_through_it(tmp_pat
 
 
 def test_d16_a_picture_that_cannot_be_written_keeps_the_old_one_and_names_it(tmp_path, corpus_file, monkeypatch):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
     from tbp import fsutil
     run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     (tmp_path / "p.svg").write_text("old picture")

@@ -77,7 +77,7 @@ def test_every_evaluation_records_the_layers_and_only_evaluations(tmp_path, data
 
 
 def test_info_and_plot_read_the_layers(tmp_path, corpus_file, monkeypatch):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
     from helpers import run, train_tiny
     r = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     shown = run(["info", r])

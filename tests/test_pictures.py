@@ -8,7 +8,7 @@ from helpers import clean_fail, run, train_tiny
 
 from tbp import GPT, ModelConfig, plot
 
-pytest.importorskip("matplotlib")
+pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_round_bf16_is_nearest_with_ties_to_even():
 
 
 def test_round_bf16_matches_ml_dtypes_and_keeps_layout(rng):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed: pip install -e '.[mkl]'")
     x = (rng.standard_normal((300, 70)) * np.exp(rng.uniform(-40, 40, (300, 70)))).astype(np.float32)
     for view in (x, x.T, x[::3, 1::2]):
         got = gemm.round_bf16(view)
@@ -52,7 +52,7 @@ def test_round_bf16_matches_ml_dtypes_and_keeps_layout(rng):
 
 def test_bf16_bits_without_ml_dtypes_are_the_same(rng, monkeypatch):
     import sys
-    pytest.importorskip("ml_dtypes")
+    pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed: pip install -e '.[mkl]'")
     x = rng.standard_normal((40, 30)).astype(np.float32)
     x.flat[:3] = np.array([0x7F800001, 0xFFC00000, 0x7F80FFFF], np.uint32).view(np.float32)   # NaNs
     x.flat[3:6] = [np.inf, -np.inf, 3.4e38]

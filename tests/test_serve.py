@@ -14,10 +14,11 @@ from test_chat import dialogues, write
 
 from tbp import checkpoint
 
-pytest.importorskip("starlette")
-uvicorn = pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+WHY = "tbp serve's tests need the serve extra and the openai client: pip install -e '.[test-all]'"
+pytest.importorskip("starlette", reason=WHY)
+uvicorn = pytest.importorskip("uvicorn", reason=WHY)
+openai = pytest.importorskip("openai", reason=WHY)
+httpx = pytest.importorskip("httpx", reason=WHY)
 
 
 class Server:
