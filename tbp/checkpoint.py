@@ -128,6 +128,14 @@ def save(run: Path, model, optimizer, state: dict, adapter: bool, best: bool) ->
     sweep_unreferenced(run, files)
 
 
+def write_state(run: Path, state: dict) -> None:
+    """Replace the committed state.json's fields with ``state``, keeping the files it names (a
+    note about the committed step, such as why training stopped there)."""
+    run = Path(run)
+    files = read_state(run).get("files")
+    atomic_write_json(run / "state.json", {**state, **({"files": files} if files else {})})
+
+
 def _remove(run: Path, names) -> None:
     for name in names:
         if name:
@@ -409,16 +417,6 @@ def is_run(path: Path) -> bool:
     path = Path(path)
     return (path / "config.json").is_file() and any(
         (path / name).is_file() for name in ("state.json", weights_name(False), weights_name(True)))
-
-
-def latest_run(root: str | Path = "checkpoints") -> Path:
-    """The run under ``root`` that committed a checkpoint most recently."""
-    root = Path(root)
-    found = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and is_run(p)] \
-        if root.is_dir() else []
-    if not found:
-        raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
-    return max(found, key=lambda p: max(f.stat().st_mtime for f in p.iterdir() if f.is_file()))
 
 
 def claim_run_output(out: Path, force: bool, inputs: tuple = ()) -> None:

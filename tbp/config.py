@@ -24,6 +24,11 @@ class TrainConfig(DictConfig):
     beta2: float = option(0.99, "AdamW's second-moment decay, in [0, 1).", min=0.0, max=1.0, max_open=True)
     grad_clip: float = option(1.0, "Clip the global gradient norm to this (0: off).", min=0.0)
     eval_interval: int = option(250, "Steps between evaluations and checkpoints.", min=1)
+    early_stop: int = option(0, "Stop once this many evaluations in a row find no lower validation loss than the "
+                                "best so far (0: off). The best weights are kept either way (--best).", min=0)
+    max_time: float = option(0.0, "Stop after this many seconds of this invocation's training, evaluations included "
+                                  "(0: off), with an evaluation and a checkpoint; --resume goes on from there.",
+                             min=0.0)
     eval_batches: int = option(20, "Fixed batches per split in each evaluation.", min=1)
     log_interval: int = option(10, "Steps between lines of metrics.jsonl.", min=1)
     seed: int = option(1337, "Seeds initialisation, batch order and eval batches.", min=0)

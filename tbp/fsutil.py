@@ -238,6 +238,23 @@ class RunLock:
             os.close(self.fd)
 
 
+def is_held(run: Path) -> bool:
+    """True if a live process holds ``run``'s RunLock (a training is writing it). Looks only:
+    opens an existing lock file read-only and tries a shared lock, creating nothing."""
+    try:
+        import fcntl
+        fd = os.open(Path(run) / RunLock.NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except (ImportError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)                            # also drops the shared lock, if it was taken
+
+
 def sweep_temporaries(folder: Path) -> None:
     """Remove the temporary files a killed writer left behind (.NAME.XXXX.tmp)."""
     for p in Path(folder).glob(f".*{TMP_SUFFIX}"):

@@ -78,6 +78,7 @@ class State:
     best_step: int | None = None
     data_rng: dict = field(default_factory=dict)     # bit-generator state of the batch sampler
     tokenizer_sha256: str = ""
+    stopped: str | None = None         # why training ended before max_iters: early stop, max time, interrupted
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -121,6 +122,7 @@ class Trainer:
         self.hard_stop = False           # a second Ctrl-C during a save: quit once the files are whole
         self.interrupted = False
         self.last_saved_step: int | None = None
+        self.last_loss = float("nan")            # the last step's training loss
         self.pending_metrics: list[str] = []     # lines logged before the run's first save
         self.header_written = False
         self.world = World()                     # see join(): one rank of an MPI job
@@ -170,9 +172,23 @@ class Trainer:
         self.cb.start(self)
         t_start = time.perf_counter() - st.elapsed_s
         t_log, tokens_log = time.perf_counter(), 0
+        st.stopped = None
+        t_session = time.perf_counter()            # --max-time counts this invocation's time
         while st.step < cfg.max_iters:
             if self.world.any(self.stop_requested):     # every rank stops after the same step
                 self.interrupted = True
+                st.stopped = "interrupted"
+                break
+            if cfg.max_time and self.world.any(time.perf_counter() - t_session >= cfg.max_time):
+                st.stopped = f"max time: {cfg.max_time:g} s"
+                if self.last_saved_step != st.step:      # the last steps evaluated and kept
+                    self.cb.evaluating(self)
+                    metrics = {"step": st.step, "lr": lr_at(st.step - 1, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters),
+                               "train_loss": self.last_loss, "elapsed_s": st.elapsed_s, **self.evaluate()}
+                    self._log(json.dumps(metrics))
+                    self.save(metrics["val_loss"])
+                else:
+                    self.record_stop()
                 break
             lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
             is_eval = (st.step + 1) % cfg.eval_interval == 0 or st.step + 1 == cfg.max_iters
@@ -202,12 +218,31 @@ class Trainer:
                                              f"not saving (last good checkpoint: step {self.last_saved_step})")
                 t_log = time.perf_counter()                            # tokens/s: training steps only
                 self._log(json.dumps(metrics))
+            self.last_loss = loss
             self.cb.step(self, metrics)
             if is_eval:
-                self.save(metrics["val_loss"])
+                val = metrics["val_loss"]
+                if st.best_val_loss is None or val < st.best_val_loss:
+                    best, best_step = val, st.step
+                else:
+                    best, best_step = st.best_val_loss, st.best_step
+                since = (st.step - best_step) // cfg.eval_interval
+                if cfg.early_stop and since >= cfg.early_stop and st.step < cfg.max_iters:
+                    st.stopped = (f"early stop: no lower validation loss in {since} evaluations (best "
+                                  f"{best:.4f} at step {best_step})")
+                self.save(val)                          # the reason rides in this commit's state.json
+                if st.stopped:
+                    break
         if self.interrupted and self.last_saved_step != st.step:
             self.save(None)
+        elif self.interrupted:
+            self.record_stop()
         return st
+
+    def record_stop(self) -> None:
+        """Say in the committed state.json why training ended, when this step is saved already."""
+        if self.world.is_root and self.last_saved_step is not None:
+            checkpoint.write_state(self.run, self.state.to_dict())
 
     def evaluate(self) -> dict:
         """Mean loss over the fixed eval batches of each split; val also in bits per byte."""

@@ -47,7 +47,7 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
       printf 'hello\\nwhat is the sky?\\n' | tbp chat --seed 1
       tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
     """
-    run = the_run(run)
+    run = the_run(run, ("chat",))
     model, tok, _ = checkpoint.load_model(run, best=best)
     sampling = Sampling(temperature, top_k, top_p)
     if messages_file is not None:

@@ -6,6 +6,7 @@ import sys
 import traceback
 
 import click
+from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
@@ -14,16 +15,25 @@ from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
-def the_run(run):
-    """The run a command reads: ``run`` as given, or the newest under checkpoints/, named on
-    stderr either way, first, so that no output comes from a run the user did not mean."""
-    from .. import checkpoint            # the console is needed before the engine is loaded
+def the_run(run, kinds: tuple[str, ...] | None = None):
+    """The run a command reads: ``run`` as given, or the default (runlist.default_run: the run
+    TBP_CHECKPOINT names, else the newest usable run of ``kinds``), named on stderr either way,
+    first, so that no output comes from a run the user did not mean."""
+    from .. import runlist               # the console is needed before the engine is loaded
     if run is None:
-        run = checkpoint.latest_run()
-        console.print(f"[dim]run: {run} (the newest under checkpoints/; pass --checkpoint to choose)[/]")
+        run, why = runlist.default_run(kinds)
+        console.print(f"[dim]run: {run} ({why}; pass --checkpoint or set {runlist.ENV} to choose)[/]")
     else:
         console.print(f"[dim]run: {run}[/]")
     return run
+
+
+def one_run(positional, option, kinds: tuple[str, ...] | None = None):
+    """The run of a command that takes it as RUN or as --checkpoint (the same; both only if
+    equal), or neither: the default (:func:`the_run`)."""
+    if positional is not None and option is not None and Path(positional) != Path(option):
+        raise click.UsageError(f"give the run once: RUN {positional} or --checkpoint {option}")
+    return the_run(positional or option, kinds)
 
 
 BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"
@@ -124,6 +134,16 @@ def fmt_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """12 s, 3 min 10 s, 2 h 05 min."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 def fmt_bytes(n: float) -> str:

@@ -168,7 +168,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
     if seed is None and as_json:              # a record names the seed that makes it again
         seed = int(np.random.default_rng().integers(1 << 31))
-    run = the_run(run)
+    run = the_run(run, ("text", "pairs"))
     where, numbered = read_prompts_at(prompts_file) if prompts_file is not None else (None, [])
     texts = [(t, False) for _, t in numbered] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]

@@ -7,11 +7,13 @@ import click
 
 from .. import checkpoint, gguf, hf
 from ..errors import TbpError
-from .common import console
+from .common import console, one_run
 
 
 @click.command("export")
-@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--checkpoint", "run_opt", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="The run, as the other commands take it; the same as RUN.")
 @click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), default="hf", show_default=True,
               help="hf: a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json); "
                    "gguf: one file llama.cpp runs (and Ollama, LM Studio), its tokenizer inside.")
@@ -22,7 +24,7 @@ from .common import console
                    "norms and biases stay f32).")
 @click.option("--force", is_flag=True, help="Replace an existing --out that tbp wrote.")
 @click.option("--best", is_flag=True, help="Export the best-validation weights.")
-def export(run, fmt, out, kind, force, best):
+def export(run, run_opt, fmt, out, kind, force, best):
     """Write a run as a Hugging Face GPT-2 folder or a GGUF file.
 
     hf: transformers.GPT2LMHeadModel.from_pretrained(OUT) loads it, and so does anything
@@ -39,10 +41,11 @@ def export(run, fmt, out, kind, force, best):
       tbp export checkpoints/pydoc --format hf --out export/pydoc-gpt2
       tbp export checkpoints/pydoc --format gguf --type q8_0 --out export/pydoc.gguf
     """
-    if checkpoint.read_config(run).get("lora"):
-        raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
     if fmt == "hf" and kind != "f32":
         raise click.UsageError("--type is for --format gguf (a Hugging Face folder holds float32)")
+    run = one_run(run, run_opt)
+    if checkpoint.read_config(run).get("lora"):
+        raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
     if fmt == "gguf":
         gguf.claim(out, force, inputs=(run,))
         model, tok, _ = checkpoint.load_model(run, best=best)

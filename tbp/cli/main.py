@@ -17,6 +17,7 @@ from .pictures import attention, plot_runs
 from .evaluate import evaluate_cmd
 from .chat import chat
 from .serve import serve
+from .runs import runs
 from .view import view
 
 
@@ -34,7 +35,7 @@ def main():
 
 
 for command in (prepare, train, generate, chat, evaluate_cmd, merge, info, bench, gradcheck, export, import_, plot_runs,
-                attention, view, serve):
+                attention, view, serve, runs):
     main.add_command(command)
 
 

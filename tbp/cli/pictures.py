@@ -34,12 +34,15 @@ def _picture(ctx, param, value):
 
 
 @click.command("plot")
-@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("runs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--checkpoint", "more", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A run, as the other commands take it (repeat it for several); the same as RUNS. None: the "
+                   "default run.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, callback=_picture,
               help="The picture: a .png or .svg file.")
 @click.option("--layers", is_flag=True, help="Per-layer statistics instead of the curves: each layer's gradient "
                                              "norm and update ratio, and the RMS of what each sublayer reads.")
-def plot_runs(runs, out, layers):
+def plot_runs(runs, more, out, layers):
     """Draw training curves of one or more runs into a picture (needs tbp[plot]).
 
     Loss against steps (train batches thin, validation thick, the best point starred) and
@@ -52,6 +55,7 @@ def plot_runs(runs, out, layers):
       tbp plot checkpoints/seed1 checkpoints/seed2 checkpoints/rope --out compare.svg
       tbp plot checkpoints/pydoc --layers --out layers.png
     """
+    runs = tuple(runs) + tuple(r for r in more if r not in runs) or (the_run(None),)
     if layers:
         if len(runs) > 1:
             raise click.UsageError("--layers draws one run's layers: give one run")
@@ -125,7 +129,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
     if rule is not None and depth:
         raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
                                "give one of them")
-    run = the_run(run)
+    run = the_run(run, ("text", "pairs"))
     model, tok, _ = checkpoint.load_model(run, best=best)
     if rule is not None:
         check_sparse(model.config, rule)

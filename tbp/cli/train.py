@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -18,7 +19,7 @@ from ..tokenizer import KINDS
 from ..tensorboard import TensorBoard
 from ..tensorboard import inside as tensorboard_inside
 from ..train import Callbacks, Several
-from .common import console, fmt_count, fmt_loss, kv_table, split_figure
+from .common import console, fmt_count, fmt_duration, fmt_loss, kv_table, split_figure
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
 
@@ -59,6 +60,29 @@ class Progress(Callbacks):
             tqdm.write(f"resuming from step {trainer.state.step:,} of {trainer.cfg.max_iters:,}", file=sys.stderr)
         # the loss a fresh model starts at; a fine-tuned or resumed one starts wherever it was
         self.fresh = not trainer.state.step and not trainer.config_record.get("init_from")
+        passes = _passes(trainer)
+        if passes is not None and passes >= PASSES_WARN:
+            tqdm.write(f"note: {cfg.max_iters - trainer.state.step:,} steps read this training data about "
+                       f"{passes:,.0f} times over: expect the validation loss to turn back up. The best weights are "
+                       f"kept (--best reads them); --early-stop N stops once N evaluations bring no lower loss",
+                       file=sys.stderr)
+        self.clock = (trainer.state.step, time.perf_counter())
+
+    def estimate(self, trainer):
+        """After the first few steps: how long the rest will take at this pace, said once."""
+        first, t0 = self.clock
+        done = trainer.state.step - first
+        if done != ESTIMATE_AFTER:
+            return
+        cfg = trainer.cfg
+        per_step = (time.perf_counter() - t0) / done
+        left = cfg.max_iters - trainer.state.step
+        evals = left // cfg.eval_interval
+        line = (f"about {fmt_duration(per_step * left)} for the {left:,} steps to go at this pace"
+                + (f", besides {evals} evaluation{'s' * (evals != 1)}" if evals else ""))
+        if cfg.max_time:
+            line += f"; --max-time stops it at {fmt_duration(cfg.max_time)}"
+        tqdm.write(line, file=sys.stderr)
 
     def evaluating(self, trainer):
         if self.bar is not None:
@@ -69,6 +93,7 @@ class Progress(Callbacks):
             self.bar.set_description("final eval over the whole validation split", refresh=True)
 
     def step(self, trainer, m):
+        self.estimate(trainer)
         if self.bar is not None and "val_loss" in m:
             self.bar.set_description("train", refresh=False)
         if self.first and trainer.state.step == 1:
@@ -90,6 +115,22 @@ class Progress(Callbacks):
     def close(self):
         if self.bar is not None:
             self.bar.close()
+
+
+PASSES_WARN = 20          # reading the training data this many times over warns before the run
+ESTIMATE_AFTER = 5        # steps timed before the run's time is estimated
+
+
+def _passes(trainer) -> float | None:
+    """How many times over the steps still to run read the training data (sequences, pairs or
+    conversations drawn per step against those there are); None where it cannot be told."""
+    cfg, meta = trainer.cfg, trainer.data.meta
+    drawn = cfg.batch_size * cfg.grad_accum * (cfg.max_iters - trainer.state.step)
+    if trainer.data.kind == "text":
+        windows = meta["train_tokens"] / trainer.model.config.n_ctx
+        return drawn / max(windows, 1)
+    examples = meta.get("train_examples")
+    return drawn / examples if examples else None
 
 
 class _Silent(Callbacks):
@@ -129,7 +170,9 @@ class Stopper:
 
 
 def _summary(trainer, state, interrupted: bool):
-    t = kv_table("interrupted: saved, resume with --resume" if interrupted else "training finished")
+    stopped = state.stopped and not interrupted
+    t = kv_table("interrupted: saved, resume with --resume" if interrupted else
+                 f"stopped: {state.stopped}" if stopped else "training finished")
     t.add_row("steps", f"{state.step:,} / {trainer.cfg.max_iters:,}")
     last = _last_eval(trainer.run)
     if last and "val_split_loss" in last:
@@ -145,6 +188,8 @@ def _summary(trainer, state, interrupted: bool):
     t.add_row("checkpoint", str(trainer.run))
     follow = {"pairs": "tbp eval", "chat": "tbp chat"}.get(trainer.data.kind, "tbp generate") \
         + f" --checkpoint {trainer.run}"
+    if stopped and state.best_step is not None and state.best_step != state.step:
+        follow += " --best"                  # the weights the early stop or the clock kept as best
     t.add_row("next", follow if not interrupted else f"tbp train --out {trainer.run} --resume")
     console.print(t)
 

@@ -74,7 +74,7 @@ def view(run, prompt, out, more, best, force, sparse, budget, sparse_layers):
     """
     rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
     _claim(out, force)
-    run = the_run(run)
+    run = the_run(run, ("text", "pairs"))
     model, tok, _ = checkpoint.load_model(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
     if rule is not None:
