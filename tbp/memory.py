@@ -9,6 +9,8 @@ they exist to refuse the impossible, not to predict the peak.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 
 import numpy as np
@@ -44,20 +46,42 @@ def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
     return parameter_count(cfg) * np.dtype(dtype).itemsize
 
 
-def train_bytes(cfg: ModelConfig, tcfg) -> int:
-    """A training step under ``tcfg`` (a TrainConfig): weights, gradients and two moments (4x
-    the weights), one gradient buffer per extra worker, and the activations the backward keeps:
-    per token and layer about 26 C numbers plus two rows of H x T attention scores and weights,
-    plus the logits and their softmax, plus what each active variant keeps beyond that (its
-    declared ``activations``: flash keeps fewer, Multi-Token Attention and Attention Residuals
-    more)."""
+def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
+    """The bytes of a training step under ``tcfg`` (a TrainConfig), by what holds them: the
+    weights; their gradients, one buffer per worker (data_parallel's threads); AdamW's two
+    moments; and the activations the backward keeps: per token and layer about 26 C numbers plus
+    two rows of H x T attention scores and weights, plus the logits and their softmax, plus what
+    each active variant keeps beyond that (its declared ``activations``: flash and recomputation
+    keep fewer, Multi-Token Attention and Attention Residuals more)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
     per_token = cfg.n_layer * (26 * C + 2 * H * T) + 3 * V + 4 * C
     per_token += sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
-    activations = tcfg.batch_size * T * per_token
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
-    return (model_bytes(cfg, tcfg.dtype) * (4 + workers - 1)
-            + activations * np.dtype(tcfg.dtype).itemsize)
+    weights = model_bytes(cfg, tcfg.dtype)
+    return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,
+            "activations": tcfg.batch_size * T * per_token * np.dtype(tcfg.dtype).itemsize}
+
+
+def train_bytes(cfg: ModelConfig, tcfg) -> int:
+    """A training step's bytes: the sum of :func:`train_parts`."""
+    return sum(train_parts(cfg, tcfg).values())
+
+
+def check_train_fits(cfg: ModelConfig, tcfg, what: str) -> None:
+    """Refuse a training step the memory available cannot hold, naming what takes the memory
+    and the options that would make it fit."""
+    parts = train_parts(cfg, tcfg)
+    needed, free = sum(parts.values()), available_bytes()
+    if free is None or needed <= free:
+        return
+    held = ", ".join(f"{k} {v / GiB:.1f}" for k, v in parts.items())
+    ways = []
+    if not cfg.recompute and build.refusal(cfg, "recompute") is None:
+        less = train_parts(dataclasses.replace(cfg, recompute=True), tcfg)["activations"]
+        ways.append(f"--recompute (activations {less / GiB:.1f} GiB)")
+    ways += ["a smaller --batch-size or --n-ctx", "--lora-rank R (adapters only)"]
+    raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB ({held} GiB; batch {tcfg.batch_size} x context "
+                   f"{cfg.n_ctx}) and this machine has {free / GiB:.1f} GiB available; try {', or '.join(ways)}")
 
 
 STEP_WORK_LIMIT = 3 * 10 ** 10       # multiply-adds of one step's heaviest variant: about 10 s on 2 cores

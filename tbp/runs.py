@@ -160,8 +160,7 @@ def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force:
         batches_for(ds, mcfg)             # the data suits the model: refused before anything is built
     except DoesNotFit as e:
         raise TbpError(f"{e}{e.new_run}") from None
-    memory.check_fits(memory.train_bytes(mcfg, tcfg),
-                      "training this model")
+    memory.check_train_fits(mcfg, tcfg, "training this model")
     memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(ds.path,))
     with _released_on_failure(lock):
@@ -187,8 +186,7 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     if Path(out).resolve() == Path(base_run).resolve():
         raise ConfigError("--out must differ from --init-from: the base run is never modified")
     mcfg = _check_base(base_run, lora, model_overrides)
-    memory.check_fits(memory.train_bytes(mcfg, tcfg),
-                      f"fine-tuning {base_run}")
+    memory.check_train_fits(mcfg, tcfg, f"fine-tuning {base_run}")
     memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
@@ -252,8 +250,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     checkpoint.verify_weights(out, cfg, mcfg)
     kernel = _kernel(model_overrides)
     mcfg = dataclasses.replace(mcfg, **kernel)
-    memory.check_fits(memory.train_bytes(mcfg, tcfg),
-                      f"resuming {out}")
+    memory.check_train_fits(mcfg, tcfg, f"resuming {out}")
     memory.check_step_work(mcfg, tcfg.batch_size)
     model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), kernel=kernel)
     if ds is None:

@@ -389,6 +389,8 @@ VARIANT = Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
     options=("residual_blocks",), switch="--residual attention",
     refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
+             "recompute": "Attention Residuals' blocks read every earlier block's output, so no block's input "
+                          "alone recomputes it (drop --recompute)",
              "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth",
              "gguf": "llama.cpp's GPT-style graphs add every sublayer into one residual sum; none has a softmax "
                      "over depth (Attention Residuals)"},

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attnres, config, dropout, flash, gqa, mta, rope
+from . import attnres, config, dropout, flash, gqa, mta, recompute, rope
 from .attention import CausalSelfAttention
 from .attnres import DepthResidual
 from .config import ConfigError, ModelConfig
@@ -26,7 +26,8 @@ RESIDUAL = {"sum": Sum, "attention": DepthResidual}
 ARCH: dict[str, type] = {}          # "gpt": GPT (gpt.py), "encoder-decoder": EncoderDecoder (seq2seq.py)
 
 # every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py
-VARIANTS: list[Variant] = [mta.VARIANT, gqa.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT, dropout.VARIANT]
+VARIANTS: list[Variant] = [mta.VARIANT, gqa.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT, dropout.VARIANT,
+                           recompute.VARIANT]
 
 
 def attention(cfg: ModelConfig, rng: np.random.Generator, dtype, layer: int, proj_std: float):

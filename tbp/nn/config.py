@@ -105,7 +105,7 @@ PROJ_INITS = ("flat", "scaled")
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
 # how the model computes or trains, not what it is: free to change on resume or fine-tune
-KERNEL_FIELDS = ("attn_impl", "dropout")
+KERNEL_FIELDS = ("attn_impl", "dropout", "recompute")
 # installed by build.py: check(cfg) raises ConfigError; refusal(cfg, use) -> the reason or None
 CHECKS: list = []
 REFUSALS: list = []
@@ -178,6 +178,10 @@ class ModelConfig(DictConfig):
                                     "(N(0, 0.02), as every matrix) or scaled (GPT-2's N(0, 0.02 / sqrt(S)), S the "
                                     "residual additions of the stack: 2 per block, 3 in a decoder block).",
                             choices=PROJ_INITS)
+    recompute: bool = option(False, "Activation recomputation: keep only each block's input in the forward and run "
+                                    "the block again in the backward (one block's activations in memory at a time, "
+                                    "about a third more time per step, the same gradients).",
+                             flag="--recompute/--no-recompute")
     dropout: float = option(0.0, "Dropout probability on attention weights and on each sublayer's output, in "
                                  "training only (nanoGPT's Shakespeare recipe uses 0.2; 0: off).",
                             min=0.0, max=1.0, max_open=True)

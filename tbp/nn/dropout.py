@@ -35,6 +35,15 @@ class Noise:
         self.rows = [np.random.default_rng(int(s)) for s in np.asarray(seeds).reshape(-1)]
         self.keep = 1.0 - p
 
+    def state(self) -> list:
+        """Where every row's generator stands: ``restore`` draws the same masks again from here
+        (activation recomputation runs a block's forward twice, recompute.py)."""
+        return [rng.bit_generator.state for rng in self.rows]
+
+    def restore(self, state: list) -> None:
+        for rng, s in zip(self.rows, state):
+            rng.bit_generator.state = s
+
     def mask(self, shape: tuple, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         out = np.empty((len(self.rows),) + tuple(shape), dtype)

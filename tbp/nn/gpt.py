@@ -97,6 +97,12 @@ class Block(Module):
                  layer.decode_state(norm, batch, n_ctx, dtype)) for op, norm, layer in self.sublayers()]
 
 
+def drop_caches(module: Module) -> None:
+    """Let go of what every layer of ``module`` keeps for its backward (its ``cache``)."""
+    for _, m in module.modules():
+        m.cache = None
+
+
 class LanguageModel(Module):
     """What every tbp model shares: token embeddings, blocks, a final norm and a head that gives
     next-token logits; one flat layout of its trainable parameters; a masked loss.
@@ -242,6 +248,9 @@ class GPT(LanguageModel):
     ``residual``, the scheme that forms each sublayer's input (residual.py), is the sum of
     GPT-2 or Attention Residuals (attnres.py): each sublayer's input, and the final state
     handed to ``ln_f``, a learned softmax over the embedding and the earlier sublayers' outputs.
+
+    With ``recompute`` (recompute.py) the training forward keeps each block's input only, and
+    the backward runs each block's forward again just before its backward.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
@@ -249,6 +258,7 @@ class GPT(LanguageModel):
         if cfg.arch != "gpt":
             raise ValueError(f"GPT builds arch 'gpt', the config says {cfg.arch!r} (use build_model)")
         self._setup(cfg, dtype)
+        self._block_inputs = self._noise = None            # recompute.py: what the last forward kept
         rng = np.random.default_rng(seed)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=cfg.positions == "learned")
@@ -275,8 +285,15 @@ class GPT(LanguageModel):
         stream = self.residual.stream(self.embed.forward(idx), outputs)       # (B, T, C)
         if inputs is not None:
             stream = ReadsKept(stream, inputs)
+        # recompute.py: keep each block's input and drop the rest (not while looking inside)
+        kept = self._block_inputs = [] if self.config.recompute and outputs is None and inputs is None else None
         for block in self.blocks:
+            if kept is not None:              # recompute.py: the block's input, where its dropout draws start
+                kept.append((stream.x, noise.state() if noise is not None else None))
             block.forward_stream(stream, None, noise)
+            if kept is not None:
+                drop_caches(block)
+        self._noise = noise
         return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
 
     reports_blocks = True
@@ -291,8 +308,18 @@ class GPT(LanguageModel):
         """[paper §7, Table 3]  The forward's calls read bottom-up."""
         grad = self.residual.grad(self.ln_f.backward(self._head_backward(dlogits)))
         report = self.block_done
+        kept = self._block_inputs
         for i in reversed(range(len(self.blocks))):
-            self.blocks[i].backward_stream(grad)
+            block = self.blocks[i]
+            if kept is not None:               # recompute.py: run the block again from its input
+                x, draws = kept[i]
+                if draws is not None:
+                    self._noise.restore(draws)
+                block.forward_stream(SumStream(x, None), None, self._noise)
+            block.backward_stream(grad)
+            if kept is not None:
+                drop_caches(block)
+                kept[i] = None
             if report is not None:             # nothing below writes block i's gradient: it may be sent
                 report(i)
         self.embed.backward(grad.finish())

@@ -235,6 +235,7 @@ VARIANT = Variant(
              "sparse": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
              "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
              "gguf": "llama.cpp's GPT-style graphs are decoder-only, with no cross-attention (the encoder-decoder)",
+             "recompute": "activation recomputation is built for the GPT's one stack of blocks (drop --recompute)",
              "lora": "LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
                      "(drop --lora-rank)",
              "chat": "conversations are for a GPT trained on a chat dataset",
