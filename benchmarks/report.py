@@ -16,6 +16,7 @@ from pathlib import Path
 
 import records
 import tables_gatt
+import tables_gpt2
 import tables_interop
 import tables_mta
 import tables_precision
@@ -299,7 +300,9 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_products": (tables_precision.products, "precision_products"),
           "gpt2_parity": (gpt2_parity, "gpt2_parity"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
-          "serve_load": (tables_interop.serve_load, "serve_load")}
+          "serve_load": (tables_interop.serve_load, "serve_load"),
+          "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
+          "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation")}
 
 
 def render(text: str) -> str:

@@ -1,9 +1,10 @@
 """MkDocs hooks: code shown from the source files, math rendered offline, pages as notebooks.
 
-- ``<!-- source: tbp/nn/reference.py::attention_backward -->`` on a line of its own becomes
-  that function's (or class's, or ``Class.method``'s) source, read from the file when the site
-  is built, so the code on a page is the code in the repository. An unknown name fails the
-  build.
+- a ``<!-- source: tbp/nn/reference.py::attention_backward -->`` ... ``<!-- /source -->``
+  region is filled with that function's (or class's, or ``Class.method``'s) source, read from
+  the file when the site is built, so the code on a page is the code in the repository
+  (sources.py; the pages keep a copy, so that they read whole as Markdown, and the tests keep
+  it current). An unknown name fails the build.
 - ``$...$`` and ``$$...$$`` (pymdownx.arithmatex, generic mode) become MathML when the page
   is written (latex2mathml), so formulas render with no script and no network.
 - ``<!-- cli-reference -->`` becomes every command's ``--help``, as click formats it for a
@@ -15,7 +16,6 @@
 """
 from __future__ import annotations
 
-import ast
 import html
 import json
 import re
@@ -28,39 +28,26 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, str(Path(__file__).parent))
 import blocks  # noqa: E402
+import sources  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = "<!-- cli-reference -->"
-SOURCE = re.compile(r"^<!-- source: (?P<path>[\w/.]+)::(?P<name>[\w.]+) -->$", re.M)
 NOTEBOOKS = "notebooks"
 NOTEBOOK_SECTIONS = ("learn/", "designs/", "how-to/")      # the pages a learner works through
 
 
 def source_of(path: str, name: str) -> tuple[str, int, int]:
-    """(code, first line, last line) of ``name`` in ``path`` (relative to the repository)."""
-    file = ROOT / path
-    if not file.is_file():
-        raise PluginError(f"source: no file {path}")
-    text = file.read_text(encoding="utf-8")
-    scope = ast.parse(text).body
-    node = None
-    for part in name.split("."):
-        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                     and n.name == part), None)
-        if node is None:
-            raise PluginError(f"source: {path} has no {name}")
-        scope = node.body
-    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    lines = text.splitlines()[first - 1:node.end_lineno]
-    indent = min(len(x) - len(x.lstrip()) for x in lines if x.strip())
-    return "\n".join(x[indent:] for x in lines), first, node.end_lineno
+    try:
+        return sources.source_of(path, name)
+    except ValueError as e:
+        raise PluginError(str(e)) from None
 
 
 def include_sources(markdown: str) -> str:
-    def code(m):
-        text, a, b = source_of(m["path"], m["name"])
-        return f"`{m['path']}`, lines {a}–{b}:\n\n```{{.python .no-run}}\n{text}\n```"
-    return SOURCE.sub(code, markdown)
+    try:
+        return sources.include_sources(markdown)
+    except ValueError as e:
+        raise PluginError(str(e)) from None
 
 
 def cli_reference() -> str:

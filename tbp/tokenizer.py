@@ -63,7 +63,7 @@ class Tokenizer:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise TbpError(f"{where}: {len(missing)} character(s) not in this char tokenizer's vocabulary of "
                        f"{self.vocab_size}, first on line {text.count(chr(10), 0, first) + 1}: {shown}{more}; "
-                       f"use a bpe tokenizer for open-ended text")
+                       f"use a bpe tokenizer for open-ended text (tbp prepare --tokenizer bpe)")
 
     def encode(self, text: str, where: str = "text") -> list[int]:
         self.check(text, where)

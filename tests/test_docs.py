@@ -41,6 +41,20 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert any((site / "notebooks").glob("*.ipynb"))
 
 
+def test_the_code_a_page_shows_is_the_repositorys():
+    """Each <!-- source --> region holds the file's code now (python docs/sources.py rewrites them)."""
+    import sources
+    stale = [p for p in PAGES if sources.include_sources((ROOT / "docs" / p).read_text(encoding="utf-8"))
+             != (ROOT / "docs" / p).read_text(encoding="utf-8")]
+    assert not stale, f"{stale}: run python docs/sources.py"
+    text = (ROOT / "docs" / "learn" / "3-self-attention.md").read_text(encoding="utf-8")
+    assert "def attention_backward(" in text                       # readable as Markdown, not a placeholder
+    with pytest.raises(ValueError, match="without its"):
+        sources.include_sources("<!-- source: tbp/nn/reference.py::attention_forward -->\ntext\n")
+    with pytest.raises(ValueError, match="has no nothing_here"):
+        sources.include_sources("<!-- source: tbp/nn/reference.py::nothing_here -->\n<!-- /source -->")
+
+
 def test_every_page_with_code_is_found():
     assert len(RUNNABLE) >= 15 and "learn/3-self-attention.md" in RUNNABLE
 
