@@ -50,11 +50,12 @@ def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
     """The bytes of a training step under ``tcfg`` (a TrainConfig), by what holds them: the
     weights; their gradients, one buffer per worker (data_parallel's threads); AdamW's two
     moments; and the activations the backward keeps: per token and layer about 26 C numbers plus
-    two rows of H x T attention scores and weights, plus the logits and their softmax, plus what
+    two rows of H x T attention scores and weights, plus the logits (made the probabilities, then
+    the gradient, in place), plus what
     each active variant keeps beyond that (its declared ``activations``: flash and recomputation
     keep fewer, Multi-Token Attention and Attention Residuals more)."""
     C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
-    per_token = cfg.n_layer * (26 * C + 2 * H * T) + 3 * V + 4 * C
+    per_token = cfg.n_layer * (26 * C + 2 * H * T) + V + 4 * C          # the logits: one (N, V) array (loss.py)
     per_token += sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     weights = model_bytes(cfg, tcfg.dtype)

@@ -272,3 +272,18 @@ def test_scaled_proj_init_shrinks_only_the_residual_projections(arch, per_block)
         else:
             np.testing.assert_array_equal(scaled[name], w)
     assert shrunk == (3 * 3 + 2 * 2 if arch == "encoder-decoder" else 2 * 3)
+
+
+def test_the_loss_in_place_gives_the_same_numbers_and_keeps_one_array():
+    from tbp.nn.loss import CrossEntropy
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    targets, weights = rng.integers(0, 7, (2, 5)), rng.random((2, 5)).astype(np.float32)
+    a, b = CrossEntropy(), CrossEntropy()
+    la = a.forward(logits, targets, weights)
+    mine = logits.copy()
+    lb = b.forward(mine, targets, weights, overwrite=True)
+    assert la == lb
+    ga, gb = a.backward(), b.backward()
+    np.testing.assert_array_equal(ga, gb)
+    assert np.shares_memory(gb, mine)                   # the logits became the gradient

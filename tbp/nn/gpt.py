@@ -347,7 +347,9 @@ class GPT(LanguageModel):
         """Mean cross-entropy of the next-token predictions (weighted by ``weights`` (B, T),
         e.g. 0 on a prompt and 1 on its completion); forward only. ``noise``: dropout's row
         seeds (training); evaluation passes none."""
-        return self.loss_fn.forward(self.forward(idx, noise=noise), self._check_targets(targets, idx), weights)
+        # the logits are this call's own: the loss turns them into probabilities in place
+        return self.loss_fn.forward(self.forward(idx, noise=noise), self._check_targets(targets, idx), weights,
+                                    overwrite=True)
 
     def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
                           noise: np.ndarray | None = None) -> float:

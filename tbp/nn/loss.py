@@ -24,14 +24,26 @@ class CrossEntropy:
     def __init__(self) -> None:
         self.cache = None
 
-    def forward(self, logits: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def forward(self, logits: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
+                overwrite: bool = False) -> float:
+        """The mean loss. ``overwrite``: the logits are the caller's to lose, and become the
+        probabilities (then the gradient) in place: one (N, V) array at the peak instead of three,
+        the same numbers (a training step's largest array at a large vocabulary)."""
         V = logits.shape[-1]
-        z = logits.reshape(-1, V) - logits.reshape(-1, V).max(-1, keepdims=True)   # (N, V)
-        p = np.exp(z)
-        s = p.sum(-1, keepdims=True)                                       # (N, 1)
         t = targets.reshape(-1)
         rows = np.arange(t.size)
-        ce = np.log(s[:, 0]) - z[rows, t]                                  # (N,) per-token loss
+        flat = logits.reshape(-1, V)
+        top = flat.max(-1, keepdims=True)
+        if overwrite:
+            z = np.subtract(flat, top, out=flat)                           # (N, V)
+            z_t = z[rows, t]                                               # read before exp overwrites z
+            p = np.exp(z, out=z)
+        else:
+            z = flat - top
+            z_t = z[rows, t]
+            p = np.exp(z)
+        s = p.sum(-1, keepdims=True)                                       # (N, 1)
+        ce = np.log(s[:, 0]) - z_t                                         # (N,) per-token loss
         if weights is None:
             loss, w, total = float(np.mean(ce)), None, t.size
         else:
