@@ -31,7 +31,7 @@ def gpt2_generation(rows: list[dict]) -> str:
         newest[r["prompt_tokens"]] = r
     out = ["| prompt | first token (prefill and one sample) | then, tokens/s |", "| ---: | ---: | ---: |"]
     for n, r in sorted(newest.items()):
-        out.append(f"| {n:,} tokens | {r['first_token_s'] * 1000:,.0f} ms | {r['decode_tokens_per_s']:.1f} |")
+        out.append(f"| {n:,} token{'s' * (n != 1)} | {r['first_token_s'] * 1000:,.0f} ms | {r['decode_tokens_per_s']:.1f} |")
     r = rows[-1]
     out += ["", f"Batch 1, KV cache, greedy, random weights of GPT-2 124M's shape (context 1,024); {r['new_tokens']} "
                 f"new tokens after each prompt, median of {r['rounds']}; threads: the machine's. CPU: "

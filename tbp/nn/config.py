@@ -180,7 +180,7 @@ class ModelConfig(DictConfig):
                             choices=PROJ_INITS)
     recompute: bool = option(False, "Activation recomputation: keep only each block's input in the forward and run "
                                     "the block again in the backward (one block's activations in memory at a time, "
-                                    "about a third more time per step, the same gradients).",
+                                    "a quarter to a third more time per step, the same gradients).",
                              flag="--recompute/--no-recompute")
     dropout: float = option(0.0, "Dropout probability on attention weights and on each sublayer's output, in "
                                  "training only (nanoGPT's Shakespeare recipe uses 0.2; 0: off).",

@@ -4,7 +4,7 @@ forward again from that input, just before the block's backward reads what it ke
 
 Memory: the activations of one block at a time, plus L inputs (B, T, C), instead of all L
 blocks' -- at GPT-2 124M's B 4 x T 1024 about 0.5 GB instead of 5 GB. Time: one more forward of
-the blocks, about a third of a step. The gradients are the same numbers: the recomputed forward
+the blocks, a quarter to a third more per step (benchmarks/recompute_memory.py). The gradients are the same numbers: the recomputed forward
 is the same calls on the same inputs, and dropout's masks are drawn again from each row's
 generator where the first forward drew them (``Noise.state``/``restore``).
 
