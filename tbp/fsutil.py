@@ -238,14 +238,15 @@ class RunLock:
             os.close(self.fd)
 
 
-def is_held(run: Path) -> bool:
-    """True if a live process holds ``run``'s RunLock (a training is writing it). Looks only:
-    opens an existing lock file read-only and tries a shared lock, creating nothing."""
+def _lock_state(path: Path) -> bool | None:
+    """Whether a live process holds the flock on the file ``path``: True, False, or None where
+    there is no such file (or no flock). Looks only: opens the file read-only and tries a shared
+    lock, which no other looker's shared lock blocks."""
     try:
         import fcntl
-        fd = os.open(Path(run) / RunLock.NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except (ImportError, OSError):
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -253,6 +254,11 @@ def is_held(run: Path) -> bool:
         return True
     finally:
         os.close(fd)                            # also drops the shared lock, if it was taken
+
+
+def is_held(run: Path) -> bool:
+    """True if a live process holds ``run``'s RunLock (a training is writing it); creates nothing."""
+    return _lock_state(Path(run) / RunLock.NAME) is True
 
 
 def sweep_temporaries(folder: Path) -> None:
@@ -283,22 +289,9 @@ def _owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
 
 
 def _owner_gone(folder: Path) -> bool:
-    """True if ``folder`` has an OWNER file whose lock no live process holds."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    try:
-        fd = os.open(folder / OWNER, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False                    # no owner file: not ours, or its writer is finishing
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    """True if ``folder`` has an OWNER file whose lock no live process holds (no owner file: not
+    ours, or its writer is finishing)."""
+    return _lock_state(folder / OWNER) is False
 
 
 def sweep_staging(out: Path) -> None:
