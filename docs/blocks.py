@@ -38,6 +38,16 @@ def line_needs(line: str) -> list[str]:
     return [e for m in _LINE_NEEDS.finditer(comment) for e in m.group(1).split(",")]
 
 
+# a page's use of these reaches beyond the extra (llama.cpp itself, the openai client): the test extra brings all
+BEYOND = {"gguf": "test-all", "serve": "test-all"}
+
+
+def pip(extras) -> str:
+    """The install line that brings ``extras`` as the pages use them."""
+    wanted = sorted({BEYOND.get(e, e) for e in extras})
+    return f"pip install -e '.[{','.join(wanted)}]'"
+
+
 def missing(extras) -> list[str]:
     """Those of ``extras`` whose modules are not installed here."""
     import importlib.util

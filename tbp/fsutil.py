@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import TbpError
@@ -168,6 +169,19 @@ class Held(TbpError):
     """A RunLock another live process holds."""
 
 
+def _flock_patiently(fd: int, fcntl, tries: int = 20) -> None:
+    """Take the exclusive lock, waiting out a looker's brief shared one (:func:`_lock_state`,
+    microseconds) for up to about 0.2 s; a writer that holds it still raises."""
+    for i in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) or i == tries - 1:
+                raise
+            time.sleep(0.01)
+
+
 class RunLock:
     """One writer per run directory: an exclusive lock on ``RUN/.lock`` (fcntl.flock), held while
     the process lives; a second writer is refused with the holder's pid. Where flock does not
@@ -199,7 +213,7 @@ class RunLock:
                 except FileNotFoundError:
                     continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock_patiently(fd, fcntl)
             except OSError as e:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
                 os.close(fd)

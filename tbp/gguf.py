@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import TbpError
-from .fsutil import _UMASK
+from .fsutil import _UMASK, _fsync_dir
 from .nn import GPT, ModelConfig, build
 from .tokenizer import ASSISTANT, END, EOT, Tokenizer
 
@@ -286,6 +286,7 @@ def export_gguf(model: GPT, tok: Tokenizer, out: Path, kind: str = "f32", name: 
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, out)
+        _fsync_dir(out.parent)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):

@@ -54,9 +54,11 @@ def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
     the gradient, in place), plus what
     each active variant keeps beyond that (its declared ``activations``: flash and recomputation
     keep fewer, Multi-Token Attention and Attention Residuals more)."""
-    C, T, H, V = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size
-    per_token = cfg.n_layer * (26 * C + 2 * H * T) + V + 4 * C          # the logits: one (N, V) array (loss.py)
-    per_token += sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
+    C, T, H, V, L = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size, cfg.n_layer
+    blocks = L * (26 * C + 2 * H * T) + sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
+    if cfg.recompute:                  # recompute.py: one block's share at a time, and every block's input
+        blocks = blocks // L + L * C
+    per_token = blocks + V + 4 * C                                     # the logits: one (N, V) array (loss.py)
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     weights = model_bytes(cfg, tcfg.dtype)
     return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,

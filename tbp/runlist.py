@@ -17,13 +17,14 @@ and other kinds are passed over, and the command says which run it took and what
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 from pathlib import Path
 
 from . import checkpoint
 from .errors import TbpError
-from .fsutil import check_replaceable, is_held
+from .fsutil import is_held
 
 ROOT = Path("checkpoints")
 ENV = "TBP_CHECKPOINT"
@@ -52,6 +53,24 @@ def kind(cfg: dict) -> str:
     return cfg.get("data_kind") or "text"
 
 
+def _stat(p: Path):
+    """os.stat of ``p``, or None for a file a live training removed meanwhile (an old step's file,
+    a temporary)."""
+    try:
+        return p.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _size(run: Path) -> int:
+    return sum(st.st_size for p in run.rglob("*") if not p.is_symlink() and (st := _stat(p)) is not None
+               and p.is_file())
+
+
+def _newest(run: Path) -> float:
+    return max((st.st_mtime for p in run.iterdir() if (st := _stat(p)) is not None and p.is_file()), default=0.0)
+
+
 def describe(run: Path) -> dict:
     """One run's line: name, kind, shape, status (with the reason it stopped), steps, losses, size."""
     run = Path(run)
@@ -59,14 +78,13 @@ def describe(run: Path) -> dict:
     state = checkpoint.read_state(run) if (run / "state.json").is_file() else {}
     m = cfg.get("model") or {}
     evals = [x for x in checkpoint.read_metrics(run) if "val_loss" in x]
-    size = sum(p.stat().st_size for p in run.rglob("*") if p.is_file() and not p.is_symlink())
     return {"run": str(run), "kind": kind(cfg) + (" (LoRA)" if cfg.get("lora") else ""),
             "shape": f"{m.get('n_layer')} × {m.get('d_model')}, context {m.get('n_ctx')}",
             "status": status(run, cfg, state), "why": state.get("stopped"),
             "step": state.get("step"), "max_iters": (cfg.get("train") or {}).get("max_iters"),
             "best_val_loss": state.get("best_val_loss"), "best_step": state.get("best_step"),
-            "last_val_loss": evals[-1]["val_loss"] if evals else None, "bytes": size,
-            "modified": max((p.stat().st_mtime for p in run.iterdir() if p.is_file()), default=0.0)}
+            "last_val_loss": evals[-1]["val_loss"] if evals else None, "bytes": _size(run),
+            "modified": _newest(run)}
 
 
 def runs(root: Path = ROOT) -> list[Path]:
@@ -74,12 +92,13 @@ def runs(root: Path = ROOT) -> list[Path]:
     root = Path(root)
     found = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and checkpoint.is_run(p)] \
         if root.is_dir() else []
-    return sorted(found, key=lambda p: max(f.stat().st_mtime for f in p.iterdir() if f.is_file()), reverse=True)
+    return sorted(found, key=_newest, reverse=True)
 
 
-def default_run(kinds: tuple[str, ...] | None = None, root: Path = ROOT) -> tuple[Path, str]:
+def default_run(kinds: tuple[str, ...] | None = None, root: Path = ROOT, lora: bool = False) -> tuple[Path, str]:
     """(run, why it was chosen) for a command given no run: TBP_CHECKPOINT, else the newest usable
-    run of one of ``kinds`` (None: any) under ``root``. TbpError naming what was passed over."""
+    run of one of ``kinds`` (None: any) under ``root`` -- a LoRA run if ``lora`` (tbp merge).
+    TbpError naming what was passed over."""
     named = os.environ.get(ENV)
     if named:
         if not checkpoint.is_run(Path(named)):
@@ -97,26 +116,38 @@ def default_run(kinds: tuple[str, ...] | None = None, root: Path = ROOT) -> tupl
             passed.append(f"{run} ({st})")
         elif kinds is not None and kind(cfg) not in kinds:
             passed.append(f"{run} (a {kind(cfg)} run)")
+        elif lora and not cfg.get("lora"):
+            passed.append(f"{run} (no LoRA adapters)")
         else:
-            what = "/".join(kinds) + " " if kinds else ""
+            what = ("/".join(kinds) + " " if kinds else "") + ("LoRA " if lora else "")
             over = f"; passed over {', '.join(passed[:3])}{' and more' * (len(passed) > 3)}" if passed else ""
             return run, f"the newest {what}run under {root}/{over}"
     if passed:
-        raise TbpError(f"no usable {'/'.join(kinds) + ' ' if kinds else ''}run under {root}/ (passed over "
+        what = ("/".join(kinds) + " " if kinds else "") + ("LoRA " if lora else "")
+        raise TbpError(f"no usable {what}run under {root}/ (passed over "
                        f"{', '.join(passed[:3])}{' and more' * (len(passed) > 3)}): pass --checkpoint")
     raise TbpError(f"no checkpoint under {root}/ (train one with tbp train, or pass --checkpoint)")
 
 
-def remove(run: Path) -> int:
-    """Delete a run tbp wrote, whole; returns the bytes freed. Refused: a folder that is not a run,
-    one holding files tbp did not write, one a live training holds."""
+def check_removable(run: Path) -> None:
+    """Refuse (TbpError) to remove ``run`` unless it is a run holding only what tbp writes in one
+    and no training is writing it."""
     run = Path(run)
     if not checkpoint.is_run(run):
         raise TbpError(f"{run}: not a run (no config.json and checkpoint); nothing removed")
-    check_replaceable(run, checkpoint.RUN_FILES, "config.json", "a tbp run")
+    foreign = [str(p.relative_to(run)) for p in run.rglob("*")
+               if not any(fnmatch.fnmatch(str(p.relative_to(run)), pat) for pat in checkpoint.RUN_FILES)]
+    if foreign:
+        raise TbpError(f"{run}: holds files tbp did not write ({', '.join(sorted(foreign)[:3])}); nothing removed")
     if is_held(run):
         raise TbpError(f"{run}: a training is writing it; stop it first; nothing removed")
-    size = sum(p.stat().st_size for p in run.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def remove(run: Path) -> int:
+    """Delete a run tbp wrote, whole (:func:`check_removable` first); returns the bytes freed."""
+    run = Path(run)
+    check_removable(run)
+    size = _size(run)
     with checkpoint.holding_run(run):        # no training may start in it while it goes
         shutil.rmtree(run)
     return size

@@ -65,7 +65,7 @@ def _name(obj) -> str:
 RNG_STATE = {"bit_generator": str, "state": {"state": int, "inc": int}, "has_uint32": int, "uinteger": int}
 
 STATE = {"step": int, "tokens_seen?": int, "elapsed_s?": float, "best_val_loss?": (float, None),
-         "best_step?": (int, None), "data_rng?": dict, "tokenizer_sha256?": str, "stopped?": (str, None),
+         "best_step?": (int, None), "data_rng?": dict, "tokenizer_sha256?": str, "stopped?": (str, None), "evals_since_best?": int,
          "files?": {"weights": str, "best?": (str, None), "optimizer?": (str, None)}}
 
 RUN_CONFIG = {"format": int, "model": dict, "train?": (dict, None), "data?": (str, None),

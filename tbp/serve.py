@@ -18,6 +18,7 @@ are masked out of sampling, as ``tbp chat`` does); it ends at ``<|end|>`` or ``<
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -34,6 +35,7 @@ from .tokenizer import Tokenizer
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_STOP = 4                     # OpenAI's limit on stop sequences
+MAX_BODY = 16 * 2 ** 20          # bytes of one request: far more than any context holds, refused beyond
 COMPLETION_DEFAULT = 16          # OpenAI's default max_tokens for /v1/completions
 # fields a client may send at their neutral value only: anything else would be silently ignored
 NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (None, False), "echo": False,
@@ -116,7 +118,8 @@ class Served:
         for i, m in enumerate(raw):
             if not isinstance(m, dict):
                 raise BadRequest(f"messages[{i}] must be an object", "messages")
-            role = {"developer": "system"}.get(m.get("role"), m.get("role"))
+            role = m.get("role")
+            role = "system" if role == "developer" else role        # OpenAI's newer name for it
             content = m.get("content")
             if isinstance(content, list):            # content parts: text only
                 if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -300,24 +303,33 @@ class Ticket:
 
 def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None = None):
     """The Starlette application answering OpenAI's routes for ``served``."""
-    from anyio import to_thread
+    from anyio import CapacityLimiter, to_thread
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     gate: Gate | None = None            # made inside the server's event loop
+    # the threads that decode: one per place, and one more to read requests beside them
+    workers = CapacityLimiter(parallel + 1)
 
     def error(e: BadRequest) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
     def authorised(request) -> bool:
-        if api_key is None:
+        if not api_key:
             return True
-        return request.headers.get("authorization", "") == f"Bearer {api_key}"
+        given = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(given, f"Bearer {api_key}".encode())       # in constant time
 
     async def read(request):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            raise BadRequest(f"the request body is over {MAX_BODY // 2 ** 20} MiB", status=413)
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise BadRequest(f"the request body is over {MAX_BODY // 2 ** 20} MiB", status=413)
         try:
-            return json.loads(await request.body())
+            return json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise BadRequest("the request body is not valid JSON") from None
 
@@ -334,7 +346,8 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             gate = Gate(parallel, queue)
         try:
             body = await read(request)
-            req = served.chat(body) if chat else served.completion(body)
+            # encoding a long prompt takes a while: off the event loop, where other streams are sent
+            req = await to_thread.run_sync(served.chat if chat else served.completion, body, limiter=workers)
             gate.admit()
         except BadRequest as e:
             return error(e)
@@ -350,7 +363,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 steps = served.steps(req)
                 text, finish, n = [], None, 0
                 while finish is None:
-                    piece, finish, n = await to_thread.run_sync(next, steps)
+                    piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
                     text.append(piece)
         except TbpError as e:               # the model itself failed (its logits overflow): said, not a traceback
             return error(BadRequest(str(e), status=500, kind="server_error"))
@@ -370,7 +383,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 finish, n = None, 0
                 while finish is None:
                     try:
-                        piece, finish, n = await to_thread.run_sync(next, steps)
+                        piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
                     except TbpError as e:       # mid-stream: the error as the last event, as OpenAI sends one
                         yield event(BadRequest(str(e), status=500, kind="server_error").body())
                         return

@@ -79,6 +79,7 @@ class State:
     data_rng: dict = field(default_factory=dict)     # bit-generator state of the batch sampler
     tokenizer_sha256: str = ""
     stopped: str | None = None         # why training ended before max_iters: early stop, max time, interrupted
+    evals_since_best: int = 0          # evaluations in a row with no lower validation loss (--early-stop)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -181,11 +182,14 @@ class Trainer:
                 break
             if cfg.max_time and self.world.any(time.perf_counter() - t_session >= cfg.max_time):
                 st.stopped = f"max time: {cfg.max_time:g} s"
-                if self.last_saved_step != st.step:      # the last steps evaluated and kept
+                if self.last_saved_step != st.step and math.isfinite(self.last_loss):
+                    # steps of this invocation not saved yet: evaluated and kept, as at every evaluation
                     self.cb.evaluating(self)
                     metrics = {"step": st.step, "lr": lr_at(st.step - 1, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters),
                                "train_loss": self.last_loss, "elapsed_s": st.elapsed_s, **self.evaluate()}
+                    self._checked(metrics)
                     self._log(json.dumps(metrics))
+                    self._count_eval(metrics["val_loss"])
                     self.save(metrics["val_loss"])
                 else:
                     self.record_stop()
@@ -213,23 +217,19 @@ class Trainer:
                         self.cb.evaluating_split(self)
                         metrics.update(self.evaluate_split())
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
-                    if not math.isfinite(metrics["val_loss"]):
-                        raise NonFiniteError(f"step {st.step}: validation loss is {metrics['val_loss']}; "
-                                             f"not saving (last good checkpoint: step {self.last_saved_step})")
+                    self._checked(metrics)
                 t_log = time.perf_counter()                            # tokens/s: training steps only
                 self._log(json.dumps(metrics))
             self.last_loss = loss
             self.cb.step(self, metrics)
             if is_eval:
                 val = metrics["val_loss"]
-                if st.best_val_loss is None or val < st.best_val_loss:
-                    best, best_step = val, st.step
-                else:
-                    best, best_step = st.best_val_loss, st.best_step
-                since = (st.step - best_step) // cfg.eval_interval
+                self._count_eval(val)
+                since = st.evals_since_best
                 if cfg.early_stop and since >= cfg.early_stop and st.step < cfg.max_iters:
+                    best = min(val, st.best_val_loss) if st.best_val_loss is not None else val
                     st.stopped = (f"early stop: no lower validation loss in {since} evaluations (best "
-                                  f"{best:.4f} at step {best_step})")
+                                  f"{best:.4f} at step {st.best_step})")
                 self.save(val)                          # the reason rides in this commit's state.json
                 if st.stopped:
                     break
@@ -238,6 +238,18 @@ class Trainer:
         elif self.interrupted:
             self.record_stop()
         return st
+
+    def _checked(self, metrics: dict) -> None:
+        """An evaluation's figures are finite, or nothing is saved from them."""
+        if not math.isfinite(metrics["val_loss"]):
+            raise NonFiniteError(f"step {self.state.step}: validation loss is {metrics['val_loss']}; "
+                                 f"not saving (last good checkpoint: step {self.last_saved_step})")
+
+    def _count_eval(self, val_loss: float) -> None:
+        """--early-stop's count: evaluations in a row that found no lower validation loss."""
+        st = self.state
+        better = st.best_val_loss is None or val_loss < st.best_val_loss
+        st.evals_since_best = 0 if better else st.evals_since_best + 1
 
     def record_stop(self) -> None:
         """Say in the committed state.json why training ended, when this step is saved already."""

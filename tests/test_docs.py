@@ -64,7 +64,7 @@ def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     lacking = blocks.missing(blocks.needs(text))
     if lacking:
-        pytest.skip(f"docs/{page} needs {', '.join(lacking)}: pip install -e '.[{','.join(lacking)}]'")
+        pytest.skip(f"docs/{page} needs {', '.join(lacking)}: {blocks.pip(lacking)}")
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "COLUMNS": "80", "TBP_GEMM": "numpy", "MPLBACKEND": "Agg"}
@@ -89,8 +89,9 @@ def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
 
 def test_every_extra_a_page_or_line_names_exists():
     """A page's needs and a README line's tbp[extra] name extras pyproject.toml defines, with modules."""
-    import tomllib
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
     defined = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(blocks.BEYOND.values()) <= set(defined)
     assert set(blocks.EXTRAS) <= set(defined)
     named = {e for p in PAGES for e in blocks.needs((ROOT / "docs" / p).read_text(encoding="utf-8"))}
     named |= {e for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() for e in blocks.line_needs(line)}

@@ -55,7 +55,7 @@ def test_every_readme_command_runs_as_typed(tmp_path):
     for n, command in readme_commands():
         need = blocks.missing(blocks.line_needs(lines[n - 1]))
         if need:                               # a line marked tbp[extra] whose extra is not installed
-            lacking.append(f"README.md line {n} needs {', '.join(need)}: pip install -e '.[{','.join(need)}]'")
+            lacking.append(f"README.md line {n} needs {', '.join(need)}: {blocks.pip(need)}")
             continue
         t0 = time.perf_counter()
         r = subprocess.run(["bash", "-o", "pipefail", "-c", small(command)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,

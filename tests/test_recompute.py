@@ -46,8 +46,14 @@ def test_the_memory_estimate_counts_one_block_and_the_inputs():
     cfg = ModelConfig(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768)
     full, kept = memory.train_bytes(cfg, tcfg), memory.train_bytes(dataclasses.replace(cfg, recompute=True), tcfg)
     weights = memory.model_bytes(cfg)
-    assert full - kept == 4 * 1024 * 4 * (11 * (26 * 768 + 2 * 12 * 1024) - 12 * 768)
+    per_block = 26 * 768 + 2 * 12 * 1024
+    assert full - kept == 4 * 1024 * 4 * (12 * per_block - (per_block + 12 * 768))
     assert kept < weights * 4 + 4 * 2 ** 30 and full > 10 * 2 ** 30       # 4 GiB of activations at most
+    for kw in (dict(attn_impl="flash"), dict(attention="mta"), dict(dropout=0.1), dict(attn_impl="flash", n_layer=1)):
+        small = ModelConfig(vocab_size=65, n_ctx=1024, **kw)
+        parts = memory.train_parts(dataclasses.replace(small, recompute=True), tcfg)
+        plain = memory.train_parts(small, tcfg)["activations"]
+        assert parts["activations"] > 0 and (parts["activations"] < plain or small.n_layer == 1), kw
 
 
 def test_train_takes_recompute_and_a_resume_may_change_it(tmp_path, corpus_file, monkeypatch):

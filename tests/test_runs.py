@@ -152,3 +152,27 @@ def test_every_command_takes_the_run_as_checkpoint(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
     r = run(["plot", "--checkpoint", a, "--out", tmp_path / "c.png"])
     assert r.exit_code == 0 and (tmp_path / "c.png").is_file(), r.output
+
+
+def test_runs_rm_of_several_checks_them_all_before_removing_any(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, a = train(tmp_path, "a", "--max-iters", 5)
+    _, b = train(tmp_path, "b", "--max-iters", 5)
+    (b / "notes.txt").write_text("mine")
+    clean_fail(run(["runs", "rm", "a", "b", "--yes"]), 1, "nothing removed")
+    assert a.is_dir() and (b / "notes.txt").is_file()
+
+
+def test_early_stop_counts_evaluations_even_when_the_interval_changes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, d = train(tmp_path, "es2", "--max-iters", 40, "--eval-interval", 10, "--lr", "0.03", "--d-model", 32)
+    st = state(d)
+    r = run(["train", "--out", d, "--resume", "--max-iters", 4000, "--eval-interval", 7, "--early-stop", 2,
+             "--lr", "0.03", "-q"])
+    assert r.exit_code == 0, r.output
+    evals = [m for m in checkpoint.read_metrics(d) if "val_loss" in m and m["step"] > st["step"]]
+    after = state(d)                           # 3 KB read thousands of times over: it overfits, and stops
+    assert after["stopped"].startswith("early stop: no lower validation loss in 2 evaluations")
+    assert after["evals_since_best"] == 2 and after["step"] < 4000
+    assert all(e["val_loss"] >= after["best_val_loss"] for e in evals[-2:])
+    assert evals[-1]["step"] - evals[-2]["step"] == 7      # counted in evaluations, at the new interval

@@ -164,6 +164,8 @@ def test_bad_requests_get_openai_errors(server):
     assert "not trained on conversations" in e.value.body["message"]
     raw = httpx.post(server.url + "/completions", content=b"{not json")
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
+    huge = httpx.post(server.url + "/completions", content=b"x" * (17 * 2 ** 20))
+    assert huge.status_code == 413 and "over 16 MiB" in huge.json()["error"]["message"]
 
 
 def test_a_full_queue_answers_429_and_a_dropped_stream_frees_its_place(text_run):
@@ -238,6 +240,14 @@ def test_chat_completions_follow_the_runs_template(chat_server):
     from tbp.generate import Sampling
     talk = Conversation(chat_server.served.model, chat_server.served.tok, "Be loud.", Sampling(0), max_reply=30)
     assert "".join(talk.reply("the sky?")) == r.choices[0].message.content
+
+
+def test_malformed_messages_are_400_not_a_crash(chat_server):
+    for messages in ([{"role": ["user"], "content": "hi"}], [{"role": {"a": 1}, "content": "hi"}],
+                     [{"role": "user", "content": [{"type": "image_url"}]}], [{"role": "tool", "content": "x"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "text"):
+        r = httpx.post(chat_server.url + "/chat/completions", json={"model": "m", "messages": messages})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", (messages, r.text)
 
 
 def test_message_text_never_becomes_a_role_or_an_end(chat_server):

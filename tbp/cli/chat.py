@@ -19,7 +19,7 @@ from .options import FiniteFloat
 
 @click.command()
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest chat run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--system", default=None, help="A system message: the instruction the model keeps to.")
 @click.option("--messages", "messages_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Non-interactive: a JSON-lines file of conversations; each one's user messages are "

@@ -15,25 +15,25 @@ from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
-def the_run(run, kinds: tuple[str, ...] | None = None):
+def the_run(run, kinds: tuple[str, ...] | None = None, lora: bool = False):
     """The run a command reads: ``run`` as given, or the default (runlist.default_run: the run
     TBP_CHECKPOINT names, else the newest usable run of ``kinds``), named on stderr either way,
     first, so that no output comes from a run the user did not mean."""
     from .. import runlist               # the console is needed before the engine is loaded
     if run is None:
-        run, why = runlist.default_run(kinds)
+        run, why = runlist.default_run(kinds, lora=lora)
         console.print(f"[dim]run: {run} ({why}; pass --checkpoint or set {runlist.ENV} to choose)[/]")
     else:
         console.print(f"[dim]run: {run}[/]")
     return run
 
 
-def one_run(positional, option, kinds: tuple[str, ...] | None = None):
+def one_run(positional, option, kinds: tuple[str, ...] | None = None, lora: bool = False):
     """The run of a command that takes it as RUN or as --checkpoint (the same; both only if
     equal), or neither: the default (:func:`the_run`)."""
     if positional is not None and option is not None and Path(positional) != Path(option):
         raise click.UsageError(f"give the run once: RUN {positional} or --checkpoint {option}")
-    return the_run(positional or option, kinds)
+    return the_run(positional or option, kinds, lora)
 
 
 BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"

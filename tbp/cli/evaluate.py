@@ -18,7 +18,7 @@ from .options import refuse_unused
 
 @click.command("eval")
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
               help="A prepared dataset folder. Default: the one the run trained on.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,

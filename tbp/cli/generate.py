@@ -108,7 +108,7 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 
 @click.command()
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest text or pairs run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--prompt", default=None, help="Text to continue. Default: stdin when piped, else none.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Read the prompt from a file (one prompt, any number of lines).")

@@ -92,7 +92,7 @@ def info(path, run, as_json):
 
     \b
     Examples:
-      tbp info                      # the newest run under checkpoints/
+      tbp info                      # the default run (see tbp runs)
       tbp info checkpoints/pydoc --json
       tbp info data/pydoc
       tbp info checkpoints

@@ -29,7 +29,7 @@ def main():
     \b
     Quick start (offline, a few minutes on a laptop):
       tbp train            # prepares a built-in corpus, trains a small model
-      tbp generate         # samples from the newest run under checkpoints/
+      tbp generate         # samples from the newest finished run under checkpoints/
       tbp gradcheck        # proves every handwritten gradient numerically
     """
 

@@ -31,7 +31,7 @@ def merge(run, run_opt, out, force, best):
       tbp merge checkpoints/notes-lora --out checkpoints/notes-lora-merged
       tbp merge --checkpoint checkpoints/notes-lora --best --out checkpoints/notes-best
     """
-    run = one_run(run, run_opt)
+    run = one_run(run, run_opt, lora=True)
     cfg = checkpoint.read_config(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")

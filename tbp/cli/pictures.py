@@ -98,7 +98,7 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
 
 @click.command("attention")
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest text or pairs run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--prompt", required=True, help="The text whose attention to show.")
 @click.option("--layer", type=click.IntRange(min=0), default=None,
               help="Only this layer (default: every layer; in the terminal, the last one).")

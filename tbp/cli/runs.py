@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .. import checkpoint, runlist
+from .. import runlist
 from ..errors import TbpError
 from .common import console, fmt_bytes, fmt_loss
 
@@ -23,9 +23,9 @@ def runs(ctx, root, as_json):
 
     Status: training (a process is writing it), finished, early stop, max time, interrupted
     (Ctrl-C or SIGTERM, saved; --json gives the whole reason), aborted (ended without a word: killed or crashed), imported or
-    merged. The run marked * is the one generate, attention, view, eval and serve use when given
-    no --checkpoint (chat: the newest chat run): the one TBP_CHECKPOINT names, else the newest that
-    is not aborted.
+    merged. The run marked * is the one eval, serve and info use when given no --checkpoint: the
+    one TBP_CHECKPOINT names, else the newest that did not abort; generate, attention and view take
+    the newest such text or pairs run, chat the newest chat run, merge the newest LoRA run.
 
     \b
     Examples:
@@ -48,7 +48,8 @@ def runs(ctx, root, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title=f"runs under {root}/, newest first (* used when no --checkpoint is given)", title_justify="left")
+    t = Table(title=f"runs under {root}/, newest first (* the default where no --checkpoint is given)",
+              title_justify="left")
     for col, right in (("", False), ("run", False), ("kind", False), ("status", False), ("steps", True),
                        ("best val", True), ("last val", True), ("size", True)):
         t.add_column(col, justify="right" if right else "left", no_wrap=col in ("status", "steps", "best val"))
@@ -72,12 +73,11 @@ def rm(ctx, names, yes):
     (nothing removed).
     """
     root = ctx.parent.params["root"]
-    targets = [Path(n) if Path(n).is_dir() or "/" in n else root / n for n in names]
-    for t in targets:
+    targets = [root / n if (root / n).is_dir() and "/" not in n else Path(n) for n in names]
+    for t in targets:                   # every one checked before any is removed
         if not t.is_dir():
-            raise TbpError(f"{t}: no such run")
-        if not checkpoint.is_run(t):
-            raise TbpError(f"{t}: not a run (no config.json and checkpoint); nothing removed")
+            raise TbpError(f"{t}: no such run; nothing removed")
+        runlist.check_removable(t)
     if not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("removing runs asks first: pass --yes where there is no terminal to ask in")

@@ -12,7 +12,7 @@ from .common import console, the_run
 
 @click.command()
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; any other than this machine's loopback needs --api-key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="TCP port.")
@@ -37,6 +37,7 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
            -d '{"model": "dialogue", "prompt": "ROMEO:", "max_tokens": 40}'
     """
+    api_key = api_key or None               # TBP_API_KEY="" is no key
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         raise click.UsageError(f"--host {host} opens the server to other machines: give it an --api-key "
                                f"(or TBP_API_KEY)")
@@ -50,5 +51,6 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
     model, tok, _ = checkpoint.load_model(run, best=best)
     served = Served(model, tok, name or Path(run).resolve().name)
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_ids else "")
-    console.print(f"serving {run} as {served.name!r} on http://{host}:{port}/v1 ({routes}); Ctrl-C stops")
+    where = f"[{host}]" if ":" in host else host                # an IPv6 address goes in brackets
+    console.print(f"serving {run} as {served.name!r} on http://{where}:{port}/v1 ({routes}); Ctrl-C stops")
     uvicorn.run(app(served, parallel, queue, api_key), host=host, port=port, log_level="warning")

@@ -48,7 +48,7 @@ def _claim(out: Path, force: bool) -> None:
 
 @click.command("view")
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
-              help="Run directory. Default: the most recently saved run under checkpoints/.")
+              help="Run directory. Default: TBP_CHECKPOINT, else the newest text or pairs run under checkpoints/ that did not abort (tbp runs).")
 @click.option("--prompt", required=True, help="The text whose attention the page shows (at most the context).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="The HTML file to write.")
 @click.option("--compare", "more", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 from .variant import Variant
 
-
-def _activations(cfg) -> int:
-    """Numbers per token kept beyond the whole-stack estimate (memory.train_bytes): all but one
-    block's activations are dropped, one input (C) per block is kept."""
-    per_block = 26 * cfg.d_model + 2 * cfg.n_head * cfg.n_ctx
-    return -(cfg.n_layer - 1) * per_block + cfg.n_layer * cfg.d_model
+# memory.train_parts counts it: one block's share of the stack's activations, plus L inputs (B, T, C)
 
 
 VARIANT = Variant(
     key="recompute", name="activation recomputation", active=lambda cfg: cfg.recompute, axis="recompute",
     describe=lambda cfg: ("recompute", "each block's forward run again in the backward: one block's activations "
                                        "kept at a time"),
-    activations=_activations,
     model_cases=(("gpt [recompute]", dict(n_layer=2, recompute=True)),
                  ("gpt [recompute, dropout 0.1]", dict(n_layer=2, recompute=True, dropout=0.1))),
 )

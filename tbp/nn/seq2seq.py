@@ -203,7 +203,7 @@ class EncoderDecoder(LanguageModel):
         ``weights`` (B, T), when given) weigh nothing. Forward only."""
         logits = self.forward(src, tgt_in)
         tgt_out = self._check_targets(tgt_out, tgt_in)
-        return self.loss_fn.forward(logits, tgt_out, self._weights(tgt_out, weights))
+        return self.loss_fn.forward(logits, tgt_out, self._weights(tgt_out, weights), overwrite=True)
 
     def loss_and_backward(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray,
                           weights: np.ndarray | None = None) -> float:
