@@ -51,18 +51,40 @@ def include_sources(markdown: str) -> str:
 
 
 def cli_reference() -> str:
+    """Every command's ``--help`` as click prints it, then its options, each with an anchor a link
+    can point at: ``reference/cli.md#tbp-train--max-iters``."""
     import click
     from tbp.cli.main import main
 
-    def help_of(command, name: str, parent=None) -> str:
+    def help_of(command, name: str, parent=None):
         ctx = click.Context(command, info_name=name, parent=parent, terminal_width=80, max_content_width=80)
         return command.get_help(ctx), ctx
+
+    def options(command, path: str, ctx) -> str:
+        rows = []
+        for param in command.get_params(ctx):
+            if not isinstance(param, click.Option) or param.hidden:
+                continue
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            names, text = record
+            anchor = path.replace(" ", "-") + param.opts[0]                   # tbp-train--max-iters
+            rows.append(f'- <span id="{anchor}"></span>`{names}`: {html.escape(text)}')
+        return "\n".join(rows)
+
+    def section(command, name: str, parent, path: str) -> list[str]:
+        text, ctx = help_of(command, name, parent)
+        out = [f"## {path}\n\n```text\n{text}\n```\n\n" + options(command, path, ctx)]
+        if isinstance(command, click.Group):
+            for sub in sorted(command.commands):
+                out += section(command.commands[sub], sub, ctx, f"{path} {sub}")
+        return out
 
     text, root = help_of(main, "tbp")
     out = [f"```text\n{text}\n```"]
     for name in sorted(main.commands):
-        text, _ = help_of(main.commands[name], name, root)
-        out.append(f"## tbp {name}\n\n```text\n{text}\n```")
+        out += section(main.commands[name], name, root, f"tbp {name}")
     return "\n\n".join(out)
 
 

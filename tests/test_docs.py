@@ -39,6 +39,10 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "<math" in page and "arithmatex" not in page                 # every formula rendered
     assert hooks.source_of("tbp/nn/reference.py", "attention_backward")[0] in code   # the file's code
     assert any((site / "notebooks").glob("*.ipynb"))
+    cli = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    for anchor in ('id="tbp-train--max-iters"', 'id="tbp-train--early-stop"', 'id="tbp-serve--api-key"',
+                   'id="tbp-runs-rm--yes"'):
+        assert anchor in cli, anchor                                    # an anchor per command and option
 
 
 def test_the_code_a_page_shows_is_the_repositorys():
