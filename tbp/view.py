@@ -179,7 +179,7 @@ body {{ font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1180px
 h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }}
 .note {{ color: #555; }} select {{ font: inherit; margin-right: 1em; }}
 #tokens {{ font-family: ui-monospace, monospace; line-height: 2.1; padding: 8px; border: 1px solid #ddd; }}
-#tokens span {{ padding: 2px 1px; border-radius: 3px; white-space: pre; cursor: pointer; }}
+#tokens span {{ display: inline-block; padding: 2px 1px; border-radius: 3px; white-space: pre; cursor: pointer; }}
 #tokens span.focus {{ outline: 2px solid #222; }}
 </style></head>
 <body>
@@ -191,6 +191,12 @@ h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-botto
 <p class="note">Hover a token: <span style="background:rgba(31,119,180,.6)">blue</span> is what it reads
 (its row of the head's map), <span style="background:rgba(255,127,14,.6)">orange</span> what reads it (its
 column). Shades follow the square root of the weight, so small weights still show.</p>
+<p class="note">What to look for: heads that look one token back (a bright line just under the
+diagonal of the map), heads that hold on to the first token (a bright first column: a place to put
+weight that is not needed), and heads whose row for a token lights up an earlier copy of the token
+that followed it (the matching that in-context copying needs). In self-attention a token reads only
+itself and earlier tokens, so the map's upper right is empty by construction; cross-attention reads
+the whole source.</p>
 <label>layer <select id="layer"></select></label><label>head <select id="head"></select></label>
 <div id="tokens"></div><p class="note" id="reading"></p><div id="fig-map"></div></section>
 <section id="more"></section>
