@@ -302,7 +302,8 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
-          "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation")}
+          "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
+          "llmc_race": (tables_gpt2.llmc_race, "llmc_race")}
 
 
 def render(text: str) -> str:

@@ -37,3 +37,21 @@ def gpt2_generation(rows: list[dict]) -> str:
                 f"new tokens after each prompt, median of {r['rounds']}; threads: the machine's. CPU: "
                 f"{records.cpus(rows)}; commit {r['commit']}. `benchmarks/gpt2_generation.py`."]
     return "\n".join(out)
+
+
+def llmc_race(rows: list[dict]) -> str:
+    """The newest record per thread count: tbp and llm.c's full fine-tuning steps, and the ratio."""
+    newest = {}
+    for r in rows:
+        newest[r["threads"]] = r
+    out = ["| threads | tbp, tokens/s | llm.c, tokens/s | tbp ÷ llm.c |", "| ---: | ---: | ---: | ---: |"]
+    for t, r in sorted(newest.items()):
+        out.append(f"| {t} | {r['tbp_tokens_per_s']:.1f} | {r['llmc_tokens_per_s']:.1f} | "
+                   f"{r['tbp_tokens_per_s'] / r['llmc_tokens_per_s']:.2f}× |")
+    r = rows[-1]
+    out += ["", f"Full fine-tuning steps (forward, backward, AdamW) of GPT-2 124M's shape, B {r['batch']} × T "
+                f"{r['context']}, the same random weights in both; median of {len(r['tbp_step_s'])} steps after a "
+                f"warm-up step. llm.c {r['llmc_commit']} `train_gpt2.c` ({r['llmc_flags']}; {r['gcc']}); its first "
+                f"validation loss on the same batches: llm.c {r['val_loss_llmc']:.4f}, tbp {r['val_loss_tbp']:.4f}. "
+                f"CPU: {records.cpus(rows)}; commit {r['commit']}. `benchmarks/llmc_race.py`."]
+    return "\n".join(out)

@@ -78,13 +78,21 @@ def check_train_fits(cfg: ModelConfig, tcfg, what: str) -> None:
     if free is None or needed <= free:
         return
     held = ", ".join(f"{k} {v / GiB:.1f}" for k, v in parts.items())
+    fixed = needed - parts["activations"]
     ways = []
-    if not cfg.recompute and build.refusal(cfg, "recompute") is None:
-        less = train_parts(dataclasses.replace(cfg, recompute=True), tcfg)["activations"]
-        ways.append(f"--recompute (activations {less / GiB:.1f} GiB)")
-    ways += ["a smaller --batch-size or --n-ctx", "--lora-rank R (adapters only)"]
-    raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB ({held} GiB; batch {tcfg.batch_size} x context "
-                   f"{cfg.n_ctx}) and this machine has {free / GiB:.1f} GiB available; try {', or '.join(ways)}")
+    if fixed < free:                       # the activations are what does not fit
+        if not cfg.recompute and build.refusal(cfg, "recompute") is None:
+            less = train_parts(dataclasses.replace(cfg, recompute=True), tcfg)["activations"]
+            ways.append(f"--recompute (activations {less / GiB:.1f} GiB)")
+        ways.append("a smaller --batch-size or --n-ctx")
+    else:
+        ways.append(f"a smaller model (the weights, their gradients and AdamW's moments alone need "
+                    f"{fixed / GiB:.1f} GiB)")
+    if parts["weights"] < free:
+        ways.append("--lora-rank R (adapters only)")
+    raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB of memory ({held} GiB; batch {tcfg.batch_size} x "
+                   f"context {cfg.n_ctx}) and this machine has {free / GiB:.1f} GiB available; try "
+                   f"{', or '.join(ways)}")
 
 
 STEP_WORK_LIMIT = 3 * 10 ** 10       # multiply-adds of one step's heaviest variant: about 10 s on 2 cores

@@ -68,11 +68,24 @@ def test_train_takes_recompute_and_a_resume_may_change_it(tmp_path, corpus_file,
 
 def test_too_little_memory_names_what_takes_it_and_what_would_fit(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(memory, "available_bytes", lambda: 2 ** 20)            # 1 MiB free
+    seen = {}
+    real = memory.train_parts
+
+    def parts(cfg, tcfg):
+        seen["parts"] = out = real(cfg, tcfg)
+        return out
+    monkeypatch.setattr(memory, "train_parts", parts)
+    # room for the weights, gradients and moments, and half the activations
+    monkeypatch.setattr(memory, "available_bytes",
+                        lambda: sum(seen["parts"].values()) - seen["parts"]["activations"] // 2)
     r = run(["train", "--data", corpus_file, "--out", "a", "--max-iters", 2, *tiny(d_model=64, n_ctx=64)])
     clean_fail(r, 1, "training this model needs about")
     said = " ".join(r.output.split())
-    for part in ("weights", "gradients", "AdamW moments", "activations", "batch 4 x context 64",
-                 "--recompute (activations", "--lora-rank"):
+    for part in ("GiB of memory", "weights", "gradients", "AdamW moments", "activations", "batch 4 x context 64",
+                 "--recompute (activations", "a smaller --batch-size", "--lora-rank"):
         assert part in said, part
     assert not (tmp_path / "a").exists()
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)     # not even the weights fit
+    r = run(["train", "--data", corpus_file, "--out", "a", "--max-iters", 2, *tiny(d_model=64, n_ctx=64)])
+    said = " ".join(r.output.split())
+    assert "a smaller model" in said and "--recompute" not in said and "--lora-rank" not in said
