@@ -5,10 +5,12 @@ nothing here parses HTTP by hand. The model side is tbp's own KV-cached decoder
 (:func:`tbp.generate.generate_ids`), stepped one token at a time in a worker thread, so a slow
 client or a disconnect is noticed between two tokens.
 
-Admission. At most ``parallel`` requests decode at once (each with its own KV cache and random
-generator: answers never depend on what else is running), at most ``queue`` more wait for a
-place, and any further request is answered 429 at once. A client that disconnects mid-stream
-frees its place after the token being computed. The server only reads the run.
+Admission. At most ``parallel`` requests decode at once, at most ``queue`` more wait for a place,
+and any further request is answered 429 at once. With ``parallel`` above 1 the requests decoding
+are decoded together, one batched step for all of them (:class:`Batcher`), each with its own
+random generator and settings; their logits equal each one's own to float rounding. A client
+that disconnects mid-stream frees its place after the token being computed. The server only
+reads the run.
 
 Text. Prompts and message contents are encoded as text with reserved-token matching off (the
 tokenizer's rule), so no request can forge a role, an end of message or an end of text: the
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import queue
+import threading
 import time
 import uuid
 import weakref
@@ -29,7 +33,7 @@ import numpy as np
 
 from . import chat as chatfmt
 from .errors import TbpError
-from .generate import Sampling, TextStream, generate_ids
+from .generate import Sampling, TextStream, generate_ids, sample
 from .nn import build
 from .tokenizer import Tokenizer
 
@@ -78,6 +82,7 @@ class Served:
 
     def __init__(self, model, tok: Tokenizer, name: str):
         self.model, self.tok, self.name = model, tok, name
+        self.batcher = None
         self.n_ctx = model.config.n_ctx
         self.created = int(time.time())
         try:
@@ -210,29 +215,30 @@ class Served:
     # --- answering ----------------------------------------------------------------------------
     def steps(self, req: Request):
         """A generator of (text piece, finish reason or None, completion tokens): one item per
-        sampled token, the last one with the finish reason ("stop" or "length")."""
+        sampled token, the last one with the finish reason ("stop" or "length"). With a batcher
+        (``batch``), the tokens come from its one decoding step for every request at once;
+        otherwise this request is decoded on its own."""
+        if self.batcher is not None:
+            yield from self.batcher.follow(req)
+            return
         rng = np.random.default_rng(req.seed)
-        stream = TextStream(self.tok, req.stop)
+        ending = Ending(self.tok, req)
         gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)
-        n = 0
         try:
             for nxt in gen:
-                n += 1
-                t = int(nxt[0])
-                if t in req.ends:
-                    yield stream.flush(), "stop", n
+                item = ending.push(int(nxt[0]))
+                yield item
+                if item[1] is not None:
                     return
-                piece = stream.push(t)
-                if stream.done:
-                    yield piece, "stop", n
-                    return
-                if n == req.max_tokens:
-                    yield piece + stream.flush(), "length", n
-                    return
-                yield piece, None, n
-            yield stream.flush(), "length", n       # an encoder-decoder's target ran out of positions
+            yield ending.stream.flush(), "length", ending.n      # an encoder-decoder's target ran out of positions
         finally:
             gen.close()
+
+    def batch(self, slots: int) -> None:
+        """Decode up to ``slots`` requests together from now on (Batcher), where the model allows
+        sequences at their own positions (no MTA, no encoder-decoder); else they stay one by one."""
+        if slots > 1 and build.refusal(self.model.config, "rows") is None:
+            self.batcher = Batcher(self, slots)
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
@@ -267,6 +273,131 @@ class Served:
 
     def _id(self, req: Request) -> str:
         return ("chatcmpl-" if req.chat else "cmpl-") + req.id
+
+
+class Ending:
+    """One request's tokens -> (text piece, finish reason or None, tokens so far): the end at an
+    end token, a stop string or max_tokens."""
+
+    def __init__(self, tok: Tokenizer, req: Request):
+        self.req, self.stream, self.n = req, TextStream(tok, req.stop), 0
+
+    def push(self, t: int) -> tuple[str, str | None, int]:
+        self.n += 1
+        if t in self.req.ends:
+            return self.stream.flush(), "stop", self.n
+        piece = self.stream.push(t)
+        if self.stream.done:
+            return piece, "stop", self.n
+        if self.n == self.req.max_tokens:
+            return piece + self.stream.flush(), "length", self.n
+        return piece, None, self.n
+
+
+class Job:
+    """A request inside the Batcher: its slot, sampler, where its next token goes, its items out."""
+
+    def __init__(self, served: "Served", req: Request):
+        self.req, self.ending = req, Ending(served.tok, req)
+        self.rng = np.random.default_rng(req.seed)
+        self.items: queue.Queue = queue.Queue()
+        self.slot = self.position = self.last = None
+        self.cancelled = self.done = False
+
+    def advance(self, logits: np.ndarray) -> None:
+        """Sample the next token from this request's logits (V,) with its own generator."""
+        try:
+            t = int(sample(logits[None], self.req.sampling, self.rng)[0])
+        except TbpError as e:
+            self.finish(e)
+            return
+        item = self.ending.push(t)
+        self.items.put(item)
+        self.last = t
+        if item[1] is not None:
+            self.done = True
+
+    def finish(self, error: Exception) -> None:
+        self.items.put(error)
+        self.done = True
+
+
+class Batcher:
+    """Decodes every admitted request together: one thread, one batched Inference of ``slots``
+    sequences, each at its own position (Inference.step_rows). A new request is prefilled alone
+    (one batched forward of its prompt) and its cache copied into a free slot; then every step
+    feeds each active request its last token and samples each one's next token with its own
+    generator and settings. Eight streams cost about one step of eight rows instead of eight
+    steps of one. The logits equal each request's own to float rounding (the products run over
+    several rows), so a sampled token can differ from the request made alone only where two
+    tokens' probabilities tie to the last bits."""
+
+    def __init__(self, served: "Served", slots: int):
+        self.served, self.slots = served, slots
+        self.decoder = served.model.inference(slots)
+        self.prefill = served.model.inference(1)
+        self.incoming: queue.Queue = queue.Queue()
+        self.active: dict[int, Job] = {}
+        threading.Thread(target=self._run, daemon=True, name="tbp-batcher").start()
+
+    def follow(self, req: Request):
+        """Submit ``req`` and yield its items as the batcher makes them (blocking: run it in a
+        worker thread); closing the generator cancels the request."""
+        job = Job(self.served, req)
+        self.incoming.put(job)
+        try:
+            while True:
+                item = job.items.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item[1] is not None:
+                    return
+        finally:
+            job.cancelled = True
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._once()
+            except Exception as e:           # a bug: every waiting request hears of it, the server goes on
+                for job in list(self.active.values()):
+                    job.finish(e)
+                self.active.clear()
+
+    def _once(self) -> None:
+        free = [s for s in range(self.slots) if s not in self.active]
+        while free:
+            try:
+                job = self.incoming.get(block=not self.active)
+            except queue.Empty:
+                break
+            if job.cancelled:
+                continue
+            self._start(job, free.pop(0))
+        for slot, job in list(self.active.items()):
+            if job.done or job.cancelled:
+                del self.active[slot]
+        if not self.active:
+            return
+        idx = np.zeros(self.slots, np.int64)
+        pos = np.zeros(self.slots, np.int64)          # a free slot decodes a dummy token at 0: overwritten later
+        for slot, job in self.active.items():
+            idx[slot], pos[slot] = job.last, job.position
+        logits = self.decoder.step_rows(idx, pos)
+        for slot, job in self.active.items():
+            job.position += 1
+            job.advance(logits[slot])
+
+    def _start(self, job: Job, slot: int) -> None:
+        ids = job.req.ids
+        self.prefill.reset()
+        logits = self.prefill.forward(np.asarray([ids], dtype=np.int64))[0, -1]
+        self.decoder.load_row(slot, self.prefill)
+        job.slot, job.position = slot, len(ids)
+        job.advance(logits)
+        if not job.done:
+            self.active[slot] = job
 
 
 class Gate:
@@ -308,6 +439,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
+    served.batch(parallel)              # --parallel requests decoded together, where the model allows
     gate: Gate | None = None            # made inside the server's event loop
     # the threads that decode: one per place, and one more to read requests beside them
     workers = CapacityLimiter(parallel + 1)

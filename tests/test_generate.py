@@ -180,3 +180,39 @@ def test_cache_size_matches_what_the_decoder_allocates():
     model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
     # L * B * n_ctx * H * (Dk + Dv + 1) float32 numbers: 2 * 3 * 12 * 2 * (3 + 8 + 1) * 4 bytes
     assert Inference.cache_size(model, 3) == model.inference(3).cache_bytes == 6912
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(positions="rope"), dict(attention="gqa", n_kv_head=1),
+                                dict(residual="attention"), dict(tie_head=False)],
+                         ids=["learned", "rope", "gqa", "attnres", "untied"])
+def test_sequences_at_their_own_positions_decode_together_as_alone(kw):
+    """Inference.step_rows: three prompts of different lengths, prefilled alone and loaded into
+    one batched decoder, then stepped together: each row's logits are its own decoder's."""
+    from tbp.nn import GPT, ModelConfig
+    model = GPT(ModelConfig(vocab_size=30, n_ctx=32, n_layer=2, n_head=2, d_model=16, **kw), seed=3)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 30, n).tolist() for n in (3, 7, 1)]
+    together, one = model.inference(3), model.inference(1)
+    alone = [model.inference(1) for _ in prompts]
+    for b, p in enumerate(prompts):
+        one.reset()
+        one.forward(np.array([p]))
+        together.load_row(b, one)
+        alone[b].forward(np.array([p]))
+    pos = np.array([len(p) for p in prompts])
+    for tokens in rng.integers(0, 30, (5, 3)):
+        got = together.step_rows(tokens, pos).copy()
+        for b in range(3):
+            want = alone[b].forward(np.array([[tokens[b]]]))[0, -1]
+            np.testing.assert_allclose(got[b], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        pos += 1
+
+
+def test_rows_at_their_own_positions_are_refused_where_they_cannot_be():
+    from tbp.nn import GPT, ModelConfig
+    mta = GPT(ModelConfig(vocab_size=30, n_ctx=16, n_layer=1, n_head=2, d_model=16, attention="mta"), seed=0)
+    with pytest.raises(ValueError, match="one at a time"):
+        mta.inference(2).step_rows(np.zeros(2), np.zeros(2))
+    model = GPT(ModelConfig(vocab_size=30, n_ctx=16, n_layer=1, n_head=2, d_model=16), seed=0)
+    with pytest.raises(ValueError, match="positions must be in 0 .. 15"):
+        model.inference(2).step_rows(np.zeros(2), np.array([3, 16]))

@@ -202,6 +202,9 @@ class CausalSelfAttention(Module):
                                  np.empty((*shape, state.values.shape[-1]), state.values.dtype))
         return bufs
 
+    def _decode_rows(self, rows, state: DecodeState, step) -> None:
+        _decode_rows_impl(self, rows, state, step)
+
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(attention of the new rows t0 .. t1-1 to the cached ones).   [paper §3.2]
 
@@ -216,6 +219,9 @@ class CausalSelfAttention(Module):
         it the row reads only those keys and values, (B, K) for all heads or (B, Hkv, K) per
         cache head, gathered once for this layer.
         """
+        if step.positions is not None:
+            self._decode_rows(rows, state, step)
+            return
         t0, t1 = step.t0, step.t1
         s = state.scratch(t1 - t0)
         qkv, proj, proj_b = state.folded
@@ -260,6 +266,32 @@ class CausalSelfAttention(Module):
         np.dot(s.ya, proj, out=rows.out)
         if proj_b is not None:
             rows.out += proj_b
+
+
+def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
+    """One new token per sequence, each at its own position (``step.positions`` (B,)): sequences
+    of different lengths decoded together (a server's concurrent requests). Row b writes its key
+    and value at its position and attends to positions 0 .. positions[b]: the slots past that
+    (another request's leftovers) are masked out. Within the context only, no sparse rule."""
+    s = state.scratch(1)
+    qkv, proj, proj_b = state.folded
+    np.dot(rows.xa, qkv, out=s.qkv)
+    if layer.rotary is not None:
+        cos, sin = step.tables(layer.rotary)
+        rotate(s.qk, cos, sin, out=s.qk_rotated)
+        s.qk[...] = s.qk_rotated
+    pos = step.positions
+    b = np.arange(pos.size)
+    state.keys[b, :, pos] = s.k[:, :, 0]
+    state.values[b, :, pos, :-1] = s.v[:, :, 0]
+    span = step.t1
+    att = s.att[..., :span]
+    np.matmul(s.q, layer._by_cache_head(state.keys[:, :, :span]).swapaxes(-1, -2), out=att)
+    att += step.row_mask(span).reshape((pos.size,) + (1,) * (att.ndim - 2) + (span,))
+    decode_attend(att, layer._by_cache_head(state.values[:, :, :span]), s)
+    np.dot(s.ya, proj, out=rows.out)
+    if proj_b is not None:
+        rows.out += proj_b
 
 
 def gather_kept(keys: np.ndarray, values: np.ndarray, keep: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:

@@ -68,16 +68,29 @@ class Step:
     """What one forward tells its layers: the new rows are positions t0 .. t1-1, ``layer`` is
     the layer being run, ``sparse`` a :class:`Sparse` when this step thins attention (else None)."""
 
-    def __init__(self, t0: int, t1: int, dtype, sparse: Sparse | None):
+    def __init__(self, t0: int, t1: int, dtype, sparse: Sparse | None, positions: np.ndarray | None = None):
         self.t0, self.t1, self.dtype, self.sparse, self.layer = t0, t1, dtype, sparse, 0
-        self._tables = None
+        self.positions = positions        # (B,): one row per sequence, each at its own position
+        self._tables = self._mask = None
 
     def tables(self, rotary) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin (Tn, 1, Dk/2) of the rows' positions, made once per step for every layer."""
+        """cos, sin (Tn, 1, Dk/2) of the rows' positions -- with ``positions``, (B, 1, 1, Dk/2),
+        each row's own -- made once per step for every layer."""
         if self._tables is None:
-            cos, sin = rotary.tables(self.t0, self.t1 - self.t0, self.dtype)
-            self._tables = cos[:, None], sin[:, None]
+            if self.positions is not None:
+                angles = self.positions[:, None].astype(np.float64) * rotary.inv_freq       # (B, Dk/2)
+                self._tables = (np.cos(angles).astype(self.dtype)[:, None, None],
+                                np.sin(angles).astype(self.dtype)[:, None, None])
+            else:
+                cos, sin = rotary.tables(self.t0, self.t1 - self.t0, self.dtype)
+                self._tables = cos[:, None], sin[:, None]
         return self._tables
+
+    def row_mask(self, span: int) -> np.ndarray:
+        """(B, span): 0 where row b may read (slots up to its position), -inf past it."""
+        if self._mask is None:
+            self._mask = np.where(np.arange(span)[None, :] <= self.positions[:, None], 0, -np.inf).astype(self.dtype)
+        return self._mask
 
 
 class Inference:
@@ -172,6 +185,40 @@ class Inference:
             if why is not None:
                 raise ValueError(why)
         self.length = length
+
+    def step_rows(self, idx: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Logits (B, V) of one new token per sequence, idx (B,), each at its own position
+        ``positions`` (B,) -- sequences of different lengths decoded in one step (a server's
+        concurrent requests), each row's cache filled up to its position before (``load_row``).
+        The same numbers as each sequence's own one-token step, up to float rounding: the
+        products run over B rows at once. Within the context (no sliding), without a sparse
+        rule; variants whose decoding keeps more than keys and values refuse it.
+        The returned array is a buffer the next call overwrites."""
+        why = build.refusal(self.model.config, "rows")
+        if why is not None:
+            raise ValueError(why)
+        if self.sparse is not None:
+            raise ValueError("a sparse rule thins one sequence's attention; rows at their own positions take none")
+        idx = np.asarray(idx, dtype=np.int64).reshape(self.B, 1)
+        positions = np.asarray(positions, dtype=np.int64).reshape(self.B)
+        if positions.min() < 0 or positions.max() >= self.n_ctx:
+            raise ValueError(f"positions must be in 0 .. {self.n_ctx - 1}")
+        rows = self._one_row
+        span = int(positions.max()) + 1                 # t1: the slots any row reads; one new row each
+        step = Step(span - 1, span, self.dtype, None, positions)
+        self.model.embed.decode(idx, 0, rows.x, positions)
+        self.residual.decode(self.layers, rows, step, self.residual_state)
+        self.model.ln_f.decode(rows, self.norm_f)
+        np.dot(rows.xa, self.head, out=rows.logits)
+        return rows.logits
+
+    def load_row(self, row: int, one: "Inference") -> None:
+        """Copy the caches of ``one`` (an Inference of one sequence, after its prefill) into
+        sequence ``row`` of this one: a new request joins the others' decoding."""
+        if one.B != 1:
+            raise ValueError("load_row copies from an Inference of one sequence")
+        for (_, _, mine), (_, _, theirs) in zip(self.caches(), one.caches()):
+            mine[row] = theirs[0]
 
     def encode(self, src: np.ndarray) -> None:
         """An encoder-decoder's source, once: run the encoder on src (B, S) (one row is shared by

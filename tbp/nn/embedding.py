@@ -50,14 +50,17 @@ class Embedding(Module):
             self.grads["wpe"][:T] += dout.reshape(B, T, C).sum(0)
 
     # --- inference (decode.py) --------------------------------------------------------------
-    def decode(self, idx: np.ndarray, t0: int, out: np.ndarray) -> None:
-        """out (B*Tn, C) = the embeddings of tokens idx (B, Tn) at positions t0 .. t0+Tn-1."""
+    def decode(self, idx: np.ndarray, t0: int, out: np.ndarray, positions: np.ndarray | None = None) -> None:
+        """out (B*Tn, C) = the embeddings of tokens idx (B, Tn) at positions t0 .. t0+Tn-1, or with
+        ``positions`` (B,) one token per row, each at its own position."""
         B, Tn = idx.shape
         self.params["wte"].take(idx.reshape(-1), axis=0, out=out)
         wpe = self.params.get("wpe")
         if wpe is None:
             return
-        if Tn == 1:
+        if positions is not None:
+            out += wpe[positions]
+        elif Tn == 1:
             out += wpe[t0]
         else:
             out.reshape(B, Tn, -1)[...] += wpe[t0:t0 + Tn]

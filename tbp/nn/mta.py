@@ -192,7 +192,9 @@ VARIANT = Variant(
              "export": "GPT-2's attention has no convolution over its score maps",
              "gguf": "no llama.cpp architecture convolves its score maps (Multi-Token Attention)",
              "rewind": "Multi-Token Attention's cache keeps only the last rows of scores its convolutions "
-                       "read; rewinding would need rows it has overwritten"},
+                       "read; rewinding would need rows it has overwritten",
+             "rows": "Multi-Token Attention's decoding keeps rows of scores at one shared position; sequences "
+                     "at their own positions are decoded one at a time"},
     check=_check, describe=_describe,
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,

@@ -236,6 +236,7 @@ VARIANT = Variant(
              "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
              "gguf": "llama.cpp's GPT-style graphs are decoder-only, with no cross-attention (the encoder-decoder)",
              "recompute": "activation recomputation is built for the GPT's one stack of blocks (drop --recompute)",
+             "rows": "an encoder-decoder's sequences each read their own source; they are decoded one at a time",
              "lora": "LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
                      "(drop --lora-rank)",
              "chat": "conversations are for a GPT trained on a chat dataset",

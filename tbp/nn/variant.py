@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-USES = ("sparse", "export", "gguf", "lora", "chat", "bench", "rewind")      # what a variant may refuse beside other variants
+USES = ("sparse", "export", "gguf", "lora", "chat", "bench", "rewind", "rows")      # what a variant may refuse beside other variants
 
 
 @dataclass(frozen=True)
