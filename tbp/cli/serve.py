@@ -20,7 +20,8 @@ from .common import console, the_run
               help="Clients must send 'Authorization: Bearer KEY' (or set TBP_API_KEY).")
 @click.option("--name", default=None, help="The model's id in /v1/models and in answers. Default: the run's folder name.")
 @click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Requests decoded at once (each its own KV cache).")
+              help="Requests decoded at once, together: one batched step feeds them all (each its own cache, "
+                   "random generator and settings).")
 @click.option("--queue", type=click.IntRange(0, 4096), default=16, show_default=True,
               help="Requests that may wait for a place; beyond them a request is answered 429.")
 @click.option("--best", is_flag=True, help="Serve the weights with the best validation loss.")
