@@ -55,3 +55,11 @@ def read(name: str) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def newest(rows: list[dict], key) -> list[dict]:
+    """The last record for each value of ``key(record)``, in the order the keys first appear."""
+    seen = {}
+    for r in rows:
+        seen[key(r)] = r
+    return list(seen.values())

@@ -4,9 +4,7 @@ import records
 
 def recompute_memory(rows: list[dict]) -> str:
     """The newest record per (context, recompute): peak memory against tbp's estimate, step time."""
-    newest = {}
-    for r in rows:
-        newest[(r["context"], r["recompute"])] = r
+    newest = {(r["context"], r["recompute"]): r for r in records.newest(rows, lambda r: (r["context"], r["recompute"]))}
     out = ["| B × T | --recompute | peak memory (measured) | estimate: weights + gradients + AdamW | estimate: activations | "
            "step | tokens/s |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -26,9 +24,7 @@ def recompute_memory(rows: list[dict]) -> str:
 
 def gpt2_generation(rows: list[dict]) -> str:
     """The newest record per prompt length: the first token's latency, then decoding speed."""
-    newest = {}
-    for r in rows:
-        newest[r["prompt_tokens"]] = r
+    newest = {r["prompt_tokens"]: r for r in records.newest(rows, lambda r: r["prompt_tokens"])}
     out = ["| prompt | first token (prefill and one sample) | then, tokens/s |", "| ---: | ---: | ---: |"]
     for n, r in sorted(newest.items()):
         out.append(f"| {n:,} token{'s' * (n != 1)} | {r['first_token_s'] * 1000:,.0f} ms | {r['decode_tokens_per_s']:.1f} |")
@@ -41,9 +37,7 @@ def gpt2_generation(rows: list[dict]) -> str:
 
 def llmc_race(rows: list[dict]) -> str:
     """The newest record per thread count: tbp and llm.c's full fine-tuning steps, and the ratio."""
-    newest = {}
-    for r in rows:
-        newest[r["threads"]] = r
+    newest = {r["threads"]: r for r in records.newest(rows, lambda r: r["threads"])}
     out = ["| threads | tbp, tokens/s | llm.c, tokens/s | tbp ÷ llm.c |", "| ---: | ---: | ---: | ---: |"]
     for t, r in sorted(newest.items()):
         out.append(f"| {t} | {r['tbp_tokens_per_s']:.1f} | {r['llmc_tokens_per_s']:.1f} | "

@@ -2,20 +2,13 @@
 import records
 
 
-def _newest(rows: list[dict], key) -> list[dict]:
-    seen = {}
-    for r in rows:
-        seen[key(r)] = r
-    return list(seen.values())
-
-
 def _shape(m: dict) -> str:
     return f"{m['n_layer']} × {m['d_model']}, context {m['n_ctx']}, vocabulary {m['vocab_size']:,}"
 
 
 def gguf_agree(rows: list[dict]) -> str:
     """The newest record per (checkpoint, type): logits, loss and greedy text against tbp."""
-    rows = _newest(rows, lambda r: (r["checkpoint"], r["type"]))
+    rows = records.newest(rows, lambda r: (r["checkpoint"], r["type"]))
     out = ["| file | size | largest logit difference (vs tbp exact / vs tbp with llama.cpp's GELU table) | "
            "loss, tbp → llama.cpp (nats) | greedy 64 tokens identical |",
            "| --- | ---: | ---: | ---: | ---: |"]
@@ -35,7 +28,7 @@ def gguf_agree(rows: list[dict]) -> str:
 
 def gguf_speed(rows: list[dict]) -> str:
     """The newest record per (checkpoint, threads): batch-1 decoding, tbp and llama.cpp per file type."""
-    rows = _newest(rows, lambda r: (r["checkpoint"], r["threads"]))
+    rows = records.newest(rows, lambda r: (r["checkpoint"], r["threads"]))
     out = ["| model | threads | tbp (float32) | llama.cpp f32 | llama.cpp f16 | llama.cpp q8_0 |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
