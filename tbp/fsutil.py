@@ -36,25 +36,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Temp file in the same directory, fsync, os.replace, fsync the directory.
+@contextlib.contextmanager
+def atomic_file(path: str | Path):
+    """Yield a temporary path in ``path``'s folder for the caller (or a library) to write whole;
+    then fsync it, os.replace it onto ``path`` and fsync the folder.
 
     ``os.replace`` puts a new file where the old name was: a symlink planted at ``path`` is
     replaced, never written through.
 
-    A failure (a full disk, a file-size limit) removes the temporary file, leaves ``path`` as
-    it was, and raises an OSError that names ``path``, not the temporary file."""
+    A failure (a full disk, a file-size limit, Ctrl-C) removes the temporary file, leaves
+    ``path`` as it was, and an OSError names ``path``, not the temporary file."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     except OSError as e:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -63,6 +68,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             raise OSError(e.errno, e.strerror or str(e), str(path)) from None
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """``data`` as the whole of ``path``, atomically (:func:`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -142,14 +154,7 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
     or holds only files tbp writes there (``patterns``, fnmatch, with ``marker`` among them), and
     it is not, does not contain and does not lie inside any of the command's ``inputs``."""
     out = Path(out)
-    here = out.resolve()                    # also for a folder not made yet: never inside an input
-    for given in inputs:
-        if given is None:
-            continue
-        src = Path(given).resolve()
-        if here == src or here in src.parents or src in here.parents:
-            raise TbpError(f"{out}: is (or holds, or lies inside) this command's own input {given}; "
-                           f"choose another output folder")
+    refuse_inputs(out, inputs, "folder")
     if not out.exists():
         return
     if not out.is_dir():
@@ -157,12 +162,33 @@ def check_replaceable(out: Path, patterns: tuple[str, ...], marker: str, what: s
     names = [str(p.relative_to(out)) for p in out.rglob("*")]
     if not names:
         return
-    foreign = [n for n in names if not any(fnmatch.fnmatch(n, pat) for pat in patterns)]
+    foreign = foreign_files(out, patterns)
     if foreign:
         raise TbpError(f"{out}: holds files tbp did not write ({', '.join(sorted(foreign)[:3])}); "
                        f"refusing to replace it, even with --force")
     if marker not in names:
         raise TbpError(f"{out}: is not {what} (no {marker}); refusing to replace it, even with --force")
+
+
+def refuse_inputs(out: Path, inputs: tuple, kind: str) -> None:
+    """Raise TbpError if the output ``out`` is, holds or lies inside any of the command's
+    ``inputs`` (resolved: also for an output not made yet)."""
+    here = Path(out).resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        src = Path(given).resolve()
+        if here == src or here in src.parents or src in here.parents:
+            raise TbpError(f"{out}: is (or holds, or lies inside) this command's own input {given}; "
+                           f"choose another output {kind}")
+
+
+def foreign_files(folder: Path, patterns: tuple[str, ...]) -> list[str]:
+    """The files under ``folder`` (relative names) that match none of ``patterns`` (fnmatch):
+    what tbp did not write there."""
+    folder = Path(folder)
+    names = (str(p.relative_to(folder)) for p in folder.rglob("*"))
+    return [n for n in names if not any(fnmatch.fnmatch(n, pat) for pat in patterns)]
 
 
 class Held(TbpError):

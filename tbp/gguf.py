@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import TbpError
-from .fsutil import _UMASK, _fsync_dir
+from .fsutil import atomic_file, refuse_inputs
 from .nn import GPT, ModelConfig, build
 from .tokenizer import ASSISTANT, END, EOT, Tokenizer
 
@@ -198,10 +197,7 @@ def is_tbp_gguf(path: Path) -> bool:
 def claim(out: Path, force: bool, inputs: tuple = ()) -> None:
     """--out of a GGUF export: a new file, or with --force a GGUF file tbp wrote."""
     out = Path(out)
-    for given in inputs:
-        src = Path(given).resolve()
-        if out.resolve() == src or src in out.resolve().parents:
-            raise TbpError(f"{out}: lies inside this command's own input {given}; choose another output file")
+    refuse_inputs(out, inputs, "file")
     if out.suffix != ".gguf":
         raise TbpError(f"{out}: a GGUF export's --out is a file ending in .gguf")
     if os.path.lexists(out):
@@ -211,7 +207,7 @@ def claim(out: Path, force: bool, inputs: tuple = ()) -> None:
             raise TbpError(f"{out}: is not a GGUF file tbp wrote; refusing to replace it, even with --force")
 
 
-def _stored(gguf, name: str, a: np.ndarray, kind: str):
+def _stored(gguf, a: np.ndarray, kind: str):
     """(array, raw dtype or None) as the file holds it: 1-D tensors (norms, biases) stay f32;
     matrices become f16, or q8_0 where their rows split into blocks of 32 (else f16, as llama.cpp's
     own converter does)."""
@@ -242,9 +238,7 @@ def export_gguf(model: GPT, tok: Tokenizer, out: Path, kind: str = "f32", name: 
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind]
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_file(out) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
         w.add_name(name)
         w.add_string(MARK, __version__)
@@ -276,22 +270,12 @@ def export_gguf(model: GPT, tok: Tokenizer, out: Path, kind: str = "f32", name: 
             w.add_eot_token_id(voc["eot"])
             w.add_chat_template(voc["template"])
         for tname, a in arrays.items():
-            data, raw = _stored(gguf, tname, a, kind)
+            data, raw = _stored(gguf, a, kind)
             w.add_tensor(tname, data, raw_dtype=raw)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, out)
-        _fsync_dir(out.parent)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise OSError(e.errno, e.strerror or str(e), str(out)) from None
-        raise
     return {"architecture": arch, "tokenizer": voc["model"], "type": kind, "bytes": out.stat().st_size,
             "tensors": len(arrays)}
 

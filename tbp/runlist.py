@@ -17,14 +17,13 @@ and other kinds are passed over, and the command says which run it took and what
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import shutil
 from pathlib import Path
 
 from . import checkpoint
 from .errors import TbpError
-from .fsutil import is_held
+from .fsutil import foreign_files, is_held
 
 ROOT = Path("checkpoints")
 ENV = "TBP_CHECKPOINT"
@@ -135,8 +134,7 @@ def check_removable(run: Path) -> None:
     run = Path(run)
     if not checkpoint.is_run(run):
         raise TbpError(f"{run}: not a run (no config.json and checkpoint); nothing removed")
-    foreign = [str(p.relative_to(run)) for p in run.rglob("*")
-               if not any(fnmatch.fnmatch(str(p.relative_to(run)), pat) for pat in checkpoint.RUN_FILES)]
+    foreign = foreign_files(run, checkpoint.RUN_FILES)
     if foreign:
         raise TbpError(f"{run}: holds files tbp did not write ({', '.join(sorted(foreign)[:3])}); nothing removed")
     if is_held(run):
