@@ -9,6 +9,8 @@ from .. import checkpoint
 from ..errors import TbpError
 from .common import console, the_run
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback: no key needed
+
 
 @click.command()
 @click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None,
@@ -39,7 +41,7 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
            -d '{"model": "dialogue", "prompt": "ROMEO:", "max_tokens": 40}'
     """
     api_key = api_key or None               # TBP_API_KEY="" is no key
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    if host not in LOCAL_HOSTS and not api_key:
         raise click.UsageError(f"--host {host} opens the server to other machines: give it an --api-key "
                                f"(or TBP_API_KEY)")
     try:
