@@ -1,4 +1,8 @@
 """What the CLI test modules share: invoking `tbp`, asserting a clean refusal, a tiny run."""
+import os
+import shutil
+
+import pytest
 from click.testing import CliRunner
 
 from tbp.cli import main
@@ -36,3 +40,37 @@ def train_tiny(tmp_path, corpus_file, monkeypatch, out, iters, *extra):
     r = run(["train", "--data", corpus_file, "--out", out, "--max-iters", iters, *TINY, *extra])
     assert r.exit_code == 0, r.output
     return tmp_path / out
+
+
+def browser():
+    """Headless Chromium driven by Selenium, with the network cut: every http(s) request is
+    refused (a proxy that does not exist, and the DevTools block list), so a page that needs the
+    network fails in the test as it would offline. Needs Chromium and its driver (Debian:
+    chromium, chromium-driver; CI installs both, see .ci/run) and Selenium: skipped with the
+    reason where they are missing, and failed instead under CI=true."""
+    why = None
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        why = "selenium is not installed"
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if why is None and not (chromium and driver_path):
+        why = "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser tests: {why}")
+        pytest.skip(why)
+    os.environ["SE_OFFLINE"] = "true"                # never look for a driver on the network
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000",
+              "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["http://*", "https://*"]})
+    return driver
+

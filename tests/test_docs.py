@@ -20,19 +20,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 import blocks  # noqa: E402
+from helpers import browser  # noqa: E402
 from test_readme import small  # noqa: E402
 
 PAGES = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
 RUNNABLE = [p for p in PAGES if blocks.runnable((ROOT / "docs" / p).read_text(encoding="utf-8"))]
 
 
-def test_the_site_builds_in_strict_mode(tmp_path):
-    """Warnings (a dead link, a missing reference, an unknown source name, a bad formula) fail."""
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built once, in strict mode: a warning (a dead link, a missing reference, an unknown
+    source name, a bad formula) fails the build."""
     pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    out = tmp_path_factory.mktemp("docs") / "site"
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    site = tmp_path / "site"
+    return out
+
+
+def test_the_site_builds_in_strict_mode(site):
     page = (site / "learn" / "3-self-attention.html").read_text(encoding="utf-8")   # offline: file URLs
     import hooks
     code = html.unescape(re.sub(r"<[^>]+>", "", page))
@@ -43,6 +50,31 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     for anchor in ('id="tbp-train--max-iters"', 'id="tbp-train--early-stop"', 'id="tbp-serve--api-key"',
                    'id="tbp-runs-rm--yes"'):
         assert anchor in cli, anchor                                    # an anchor per command and option
+
+
+def test_search_works_offline_from_the_files(site):
+    """The built site opened as file:// URLs in Chromium with the network cut: a query typed into
+    the search box lists pages that hold the word, and nothing the site loads asks the network."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    remote = re.compile(r"<(script|link)[^>]*(src|href)=\"(https?:)?//")      # a script or style from afar
+    assert not [p for p in site.rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
+    driver = browser()
+    try:
+        driver.get((site / "learn" / "index.html").as_uri())
+        driver.find_element(By.TAG_NAME, "body").send_keys("/")          # the theme's key for search
+        box = driver.find_element(By.CSS_SELECTOR, "input.md-search__input")
+        WebDriverWait(driver, 10).until(lambda d: box.is_displayed())
+        box.send_keys("softmax")
+        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item"))
+        items = driver.find_elements(By.CSS_SELECTOR, ".md-search-result__item")
+        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, ".md-search-result__link")]
+        assert len(items) >= 3 and any("3-self-attention.html" in u for u in links), links
+        assert all(u.startswith("file://") for u in links)
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe                                       # no request was refused
+    finally:
+        driver.quit()
 
 
 def test_the_code_a_page_shows_is_the_repositorys():

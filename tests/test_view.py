@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import CORPUS
-from helpers import clean_fail, run, train_tiny
+from helpers import browser, clean_fail, run, train_tiny
 
 from tbp import checkpoint
 
@@ -105,35 +105,11 @@ def test_a_run_without_metrics_still_shows_its_prompt(page, tmp_path):
                     tmp_path / "c.html"]), 1, "no metrics.jsonl lines to compare")
 
 
-def _browser():
-    why = None
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        why = "selenium is not installed"
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if why is None and not (chromium and driver_path):
-        why = "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)"
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the browser tests: {why}")
-        pytest.skip(why)
-    os.environ["SE_OFFLINE"] = "true"                # never look for a driver on the network
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver_path), options=opts)
-
-
 def test_in_a_real_browser_hovering_a_token_shows_what_it_reads(page, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     path, weights, _ = page
-    driver = _browser()
+    driver = browser()
     try:
         driver.get(path.as_uri())
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
