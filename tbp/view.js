@@ -24,10 +24,18 @@ function figureIn(parent, key) {
   draw(div.id, D.figures[key]);
 }
 
+// "what to look for", under each chart that has a note (view.py's NOTES)
+function noteAfter(element, key) {
+  const p = document.createElement("p");
+  p.className = "note look";
+  p.textContent = D.notes[key];
+  element.after(p);
+}
+
 document.getElementById("about").textContent =
   `runs: ${D.about.runs.join(", ")} · ${D.about.model} · ${D.about.prompt_tokens} prompt tokens`;
 for (const key of ["curves", "grad_norm", "update_ratio", "stream_rms"]) {
-  if (D.figures[key]) draw("fig-" + key, D.figures[key]);
+  if (D.figures[key]) { draw("fig-" + key, D.figures[key]); noteAfter(document.getElementById("fig-" + key), key); }
   else document.getElementById("fig-" + key).textContent = key === "curves" ? "" :
     "(no per-layer statistics in this run's metrics: it was trained before they were recorded)";
 }
@@ -52,7 +60,7 @@ function current() {
 const strip = document.getElementById("tokens");
 function label(t) { return t.replace(/\n/g, "⏎").replace(/\t/g, "⇥") || "∅"; }
 // Plotly renders a subset of HTML in tick labels: a token is shown as text, its <, > and & as entities
-function plotText(t) { return label(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
+function plotText(t) { return label(t).replace(/ /g, "␣").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
 function makeStrip() {
   strip.innerHTML = "";
   const add = (tok, i, kind) => {
@@ -100,6 +108,7 @@ function focus(kind, i) {
 
 function drawMap() {
   const M = current();
+  markCurrent();
   draw("fig-map", {data: [{type: "heatmap", z: M, colorscale: "Blues", reversescale: true, x: keys.map((_, i) => i),
                            y: rows.map((_, i) => i),
                            hovertemplate: "row %{y} → key %{x}: %{z}<extra></extra>"}],
@@ -110,18 +119,57 @@ function drawMap() {
                                     title: {text: "query"}}}});
 }
 
+// --- the overview: every layer x head map in small, drawn on canvases; a click opens it above ---
+const overview = document.getElementById("overview");
+document.getElementById("note-overview").textContent = D.notes.overview;
+overview.style.gridTemplateColumns = `repeat(${Math.min(maps[0].length, 8)}, minmax(60px, 120px))`;
+function paint(canvas, M) {
+  canvas.width = M[0].length; canvas.height = M.length;           // one pixel per weight, scaled by CSS
+  const ctx = canvas.getContext("2d"), img = ctx.createImageData(canvas.width, canvas.height);
+  M.forEach((row, r) => row.forEach((w, c) => {
+    const i = 4 * (r * canvas.width + c), a = Math.sqrt(Math.max(w, 0));   // the strip's square-root shade
+    img.data[i] = 255 - a * 224; img.data[i + 1] = 255 - a * 136; img.data[i + 2] = 255 - a * 75; img.data[i + 3] = 255;
+  }));
+  ctx.putImageData(img, 0, 0);
+}
+maps.forEach((L, l) => L.forEach((M, h) => {
+  const fig = document.createElement("figure");
+  fig.dataset.layer = String(l); fig.dataset.head = String(h);
+  const canvas = document.createElement("canvas"), cap = document.createElement("figcaption");
+  cap.textContent = `layer ${l} · head ${h}`;
+  fig.append(canvas, cap);
+  overview.appendChild(fig);
+  paint(canvas, M);
+  fig.addEventListener("click", () => {
+    layerSel.value = String(l); headSel.value = String(h);
+    drawMap();
+    document.getElementById("fig-map").scrollIntoView({block: "center"});
+  });
+}));
+function markCurrent() {
+  for (const f of overview.children)
+    f.classList.toggle("current", f.dataset.layer === layerSel.value && f.dataset.head === headSel.value);
+}
+
 layerSel.addEventListener("change", drawMap);
 headSel.addEventListener("change", drawMap);
 makeStrip();
 drawMap();
 
-if (D.figures.depth) figureIn(section("Attention Residuals over depth",
-  "What each sublayer's input takes from the embedding and each earlier output, averaged over the prompt."), "depth");
-if (D.figures.kept) figureIn(section("Sparse decoding: kept positions",
-  "Row t: the cached positions the layers after the selection layer attend to when decoding token t."), "kept");
+if (D.figures.depth) {
+  const s = section("Attention Residuals over depth",
+    "What each sublayer's input takes from the embedding and each earlier output, averaged over the prompt.");
+  figureIn(s, "depth"); noteAfter(s.lastChild, "depth");
+}
+if (D.figures.kept) {
+  const s = section("Sparse decoding: kept positions",
+    "Row t: the cached positions the layers after the selection layer attend to when decoding token t.");
+  figureIn(s, "kept"); noteAfter(s.lastChild, "kept");
+}
 const mta = Object.keys(D.figures).filter(k => k.startsWith("mta-"));
 if (mta.length) {
   const s = section("Multi-Token Attention kernels",
     "Each layer's learned key-query convolution; the menu of each chart chooses the head.");
   mta.forEach(k => figureIn(s, k));
+  noteAfter(s.lastChild, "mta");
 }

@@ -80,10 +80,11 @@ def layers_figures(go, metrics: list[dict]) -> dict[str, object]:
         if not groups:
             continue
         z = [[np.log10(max(m["layers"][key].get(g, 0.0), 1e-30)) for m in evals] for g in groups]
-        fig = go.Figure(go.Heatmap(z=_r(z), x=steps, y=[_text(g) for g in groups], colorscale="Viridis",
-                                   colorbar={"title": "log10"}))
-        fig.update_layout(title=title, xaxis_title="step", height=max(320, 16 * len(groups)), margin={"t": 40},
-                          yaxis={"autorange": "reversed"})
+        fig = go.Figure(go.Heatmap(z=_r(z), x=steps, y=list(range(len(groups))), colorscale="Viridis",
+                                   colorbar={"title": "log10"}, customdata=[[_text(g)] * len(steps) for g in groups],
+                                   hovertemplate="%{customdata} at step %{x}: %{z}<extra></extra>"))
+        fig.update_layout(title=title, xaxis_title="step", height=max(320, ROW_PX * len(groups) + 120),
+                          margin={"t": 40}, yaxis=_row_axis(groups))
         out[key] = fig
     if any("stream_rms" in m["layers"] for m in evals):
         fig = go.Figure()
@@ -98,17 +99,44 @@ def layers_figures(go, metrics: list[dict]) -> dict[str, object]:
     return out
 
 
-def heatmap(go, z, x, y, title: str, xlabel: str, ylabel: str):
-    fig = go.Figure(go.Heatmap(z=_r(z), x=list(range(len(x))), y=list(range(len(y))), colorscale="Blues", reversescale=True,
+def _tick(token: str) -> str:
+    """A token as an axis label, its whitespace made visible (a space would leave a row unnamed)."""
+    return _text(token.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅")
+
+
+ROW_PX = 20                 # a heat map's row: room for its label, so that every row is named
+
+
+def _row_axis(labels: list[str], title: str | None = None) -> dict:
+    """A heat map's rows as positions 0 .. n-1 with every one labelled: given as categories,
+    Plotly drops labels that would crowd (every other one on a tall map); given as explicit
+    ticks, with a row tall enough for its text, each row keeps its name."""
+    axis = {"tickvals": list(range(len(labels))), "ticktext": [_tick(t) for t in labels],
+            "autorange": "reversed", "tickfont": {"size": 11}}
+    return {**axis, "title": title} if title else axis
+
+
+def heatmap(go, z, x, y, title: str, xlabel: str, ylabel: str, colorscale=None):
+    scale = {"colorscale": "Blues", "reversescale": True} if colorscale is None else {"colorscale": colorscale}
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(x))), y=list(range(len(y))), **scale,
                                customdata=[[_text(f"{y[r]!r} → {x[c]!r}") for c in range(len(x))]
                                            for r in range(len(y))],
                                hovertemplate="%{customdata}: %{z}<extra></extra>"))
     fig.update_layout(title=title, xaxis={"title": xlabel, "tickvals": list(range(len(x))),
-                                          "ticktext": [_text(t) for t in x]},
-                      yaxis={"title": ylabel, "tickvals": list(range(len(y))), "ticktext": [_text(t) for t in y],
-                             "autorange": "reversed"},
-                      height=max(360, 18 * len(y) + 160), margin={"t": 40})
+                                          "ticktext": [_tick(t) for t in x], "tickfont": {"size": 11}},
+                      yaxis=_row_axis(y, ylabel), height=max(360, ROW_PX * len(y) + 160), margin={"t": 40})
     return fig
+
+
+# a dropped position (0) salmon, a kept one (a share of heads, up to 1) pale to dark blue; a
+# future position has no value (None) and shows the grey of the plot behind it
+KEPT_COLOURS = [[0.0, "#f4a582"], [1e-6, "#deebf7"], [1.0, "#08519c"]]
+
+
+def kept_map(kept: list[list[float]]) -> list[list[float | None]]:
+    """tbp.lookinside's kept map (row t: 1 kept, 0 not) with the positions after t (not yet
+    written when token t is decoded) as None, so that dropped and future never share a colour."""
+    return [[v if c <= r else None for c, v in enumerate(row)] for r, row in enumerate(kept)]
 
 
 def data_for_prompt(model, tok, ids: list[int], rule=None) -> dict:
@@ -132,21 +160,53 @@ def data_for_prompt(model, tok, ids: list[int], rule=None) -> dict:
     return d
 
 
-def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "tbp view") -> str:
-    """The whole HTML document."""
+NOTES = {   # one line under each chart: what to look for in it
+    "curves": "What to look for: both curves falling is learning; validation flattening or rising while "
+              "training still falls is the model memorising its training text (overfitting). The gap between "
+              "them at the end is what more data or dropout would close.",
+    "grad_norm": "What to look for: a row orders of magnitude darker than the others learns little (its "
+                 "gradient vanishes on the way back); a bright column across every row is a loss spike.",
+    "update_ratio": "What to look for: how far each step moves a group relative to its size. Around -3 (a "
+                    "thousandth per step) is a common rule of thumb for a healthy pace; rows far above it move "
+                    "too fast to be stable, rows far below barely train.",
+    "stream_rms": "What to look for: the residual stream grows with depth, since each sublayer adds to it; "
+                  "growth that steepens over training means late layers drown what earlier ones wrote.",
+    "overview": "Every layer's heads at once, the same maps in small: click one to open it above. Look for "
+                "heads that repeat across layers and the few with a sharp pattern (a line, a column).",
+    "depth": "What to look for: a plain residual gives every source the same weight; an operation that "
+             "puts most of its weight on the embedding or on one earlier output has learned to skip the rest.",
+    "kept": "Blue: kept (darker where more heads keep it); salmon: cached but dropped; grey: not yet "
+            "written when that row is decoded. Look for the positions every row keeps (often the first tokens "
+            "and the latest): what the rule finds indispensable.",
+    "mta": "What to look for: weight away from a kernel's centre mixes neighbouring queries' or keys' scores, "
+           "so a position's attention depends on several tokens matching at once, not one.",
+}
+
+
+def plotly_file() -> tuple[str, str]:
+    """(file name, text) of the Plotly bundle for pages that load it from beside themselves."""
+    plotly, _ = _plotly()
+    return f"plotly-{plotly.__version__}.min.js", plotly.offline.get_plotlyjs()
+
+
+def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "tbp view",
+         plotly_src: str | None = None) -> str:
+    """The whole HTML document: Plotly inlined (one self-contained file), or with ``plotly_src``
+    read from that file beside the page (:func:`plotly_file`), which pages in one folder share."""
     plotly, go = _plotly()
     figs = {"curves": curves_figure(go, runs), **layers_figures(go, runs[0]["metrics"])}
     data = data_for_prompt(model, tok, ids, rule)
     if "depth" in data:
         dep = data["depth"]
-        figs["depth"] = heatmap(go, dep["mean"], dep["sources"], dep["operations"],
+        figs["depth"] = heatmap(go, _r(dep["mean"]), dep["sources"], dep["operations"],
                                 "Attention Residuals: mean depth weights over the prompt", "source",
                                 "operation: a sublayer's input")
     if "kept" in data:
         k = data["kept"]
-        figs["kept"] = heatmap(go, k["map"], data["tokens"], data["tokens"],
+        figs["kept"] = heatmap(go, kept_map(k["map"]), data["tokens"], data["tokens"],
                                f"{k['rule']}, K = {k['budget']}: the positions each decoding step keeps",
-                               "cached position", "token being decoded")
+                               "cached position", "token being decoded", colorscale=KEPT_COLOURS)
+        figs["kept"].update_layout(plot_bgcolor="#e8e8e8")
     for layer, ks in data.get("mta", {}).items():
         for name, theta in ks.items():
             H = len(theta)
@@ -164,9 +224,11 @@ def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "
              "model": f"{cfg.n_layer} layer{'s' * (cfg.n_layer > 1)} × {cfg.d_model}, {cfg.n_head} heads",
              "prompt_tokens": len(ids)}
     return TEMPLATE.format(
-        marker=MARKER, title=html.escape(title), plotly=plotly.offline.get_plotlyjs(),
+        marker=MARKER, title=html.escape(title),
+        plotly=(f"<script>{plotly.offline.get_plotlyjs()}</script>" if plotly_src is None
+                else f'<script src="{html.escape(plotly_src)}"></script>'),
         about=html.escape(json.dumps(about)),
-        data=_script_json({"about": about, "prompt": data,
+        data=_script_json({"about": about, "prompt": data, "notes": NOTES,
                            "figures": {k: json.loads(f.to_json()) for k, f in figs.items()}}),
         script=(Path(__file__).with_name("view.js")).read_text(encoding="utf-8"))
 
@@ -181,6 +243,10 @@ h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-botto
 #tokens {{ font-family: ui-monospace, monospace; line-height: 2.1; padding: 8px; border: 1px solid #ddd; }}
 #tokens span {{ display: inline-block; padding: 2px 1px; border-radius: 3px; white-space: pre; cursor: pointer; }}
 #tokens span.focus {{ outline: 2px solid #222; }}
+#overview {{ display: grid; gap: 10px; }}
+#overview figure {{ margin: 0; cursor: pointer; text-align: center; font-size: 12px; color: #555; }}
+#overview canvas {{ width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }}
+#overview figure.current canvas {{ outline: 2px solid #222; }}
 </style></head>
 <body>
 <h1>{title}</h1>
@@ -198,9 +264,10 @@ that followed it (the matching that in-context copying needs). In self-attention
 itself and earlier tokens, so the map's upper right is empty by construction; cross-attention reads
 the whole source.</p>
 <label>layer <select id="layer"></select></label><label>head <select id="head"></select></label>
-<div id="tokens"></div><p class="note" id="reading"></p><div id="fig-map"></div></section>
+<div id="tokens"></div><p class="note" id="reading"></p><div id="fig-map"></div>
+<h2>All layers and heads</h2><p class="note" id="note-overview"></p><div id="overview"></div></section>
 <section id="more"></section>
-<script>{plotly}</script>
+{plotly}
 <script type="application/json" id="tbp-data">{data}</script>
 <script>{script}</script>
 </body></html>

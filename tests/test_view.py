@@ -56,7 +56,7 @@ def test_the_page_holds_the_numbers_of_tbp_attention_json(page):
     assert data["tokens"] == weights["tokens"] and data["ids"] == weights["ids"]
     for layer, w in weights["layers"].items():
         assert data["attention"][int(layer)] == w
-    assert embedded(path)["figures"]["grad_norm"]["data"][0]["y"][:3] == ["wte", "wpe", "h.0.ln_1"]
+    assert embedded(path)["figures"]["grad_norm"]["layout"]["yaxis"]["ticktext"][:3] == ["wte", "wpe", "h.0.ln_1"]
 
 
 def test_bad_input_one_line(page, tmp_path):
@@ -137,6 +137,72 @@ def test_in_a_real_browser_hovering_a_token_shows_what_it_reads(page, tmp_path):
         driver.quit()
 
 
+def test_in_a_real_browser_every_row_is_named_and_the_overview_opens_a_head(page):
+    """Every heat-map row carries its label (whitespace shown as a visible mark), each chart has
+    its "what to look for" line, and the overview holds one map per layer and head: a click on
+    one selects that layer and head above."""
+    from selenium.webdriver.common.by import By
+    path, weights, _ = page
+    driver = browser()
+    try:
+        driver.get(path.as_uri())
+        T = len(weights["tokens"])
+        for fig in ("fig-map", "fig-grad_norm", "fig-update_ratio"):
+            labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{fig} .ytick text")]
+            rows = T if fig == "fig-map" else len(embedded(path)["figures"][fig[4:]]["data"][0]["y"])
+            assert len(labels) == rows and all(x.strip() for x in labels), (fig, labels)
+        assert "␣" in [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#fig-map .ytick text")]  # "the cat"
+        looks = driver.find_elements(By.CSS_SELECTOR, "p.look")
+        assert len(looks) >= 4 and all("look for" in p.text for p in looks[1:])
+        tiles = driver.find_elements(By.CSS_SELECTOR, "#overview figure")
+        L, H = len(weights["layers"]), len(weights["layers"]["0"])
+        assert len(tiles) == L * H
+        assert [t.get_attribute("class") for t in tiles].count("current") == 1
+        tiles[1].click()                                            # layer 0, head 1
+        assert driver.execute_script("return [layer.value, head.value]") == ["0", "1"]
+        assert "current" in tiles[1].get_attribute("class")
+        title = driver.find_element(By.CSS_SELECTOR, "#fig-map .gtitle").text
+        assert "layer 0" in title and "head 1" in title
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+def test_with_the_library_beside_the_page_is_small_and_still_offline(page, tmp_path):
+    """--plotly beside writes the chart library once next to the page; the page (a tenth of the
+    inlined one's size or less) draws from it with the network cut; a file of that name that is
+    not the library is left alone, with one line."""
+    from selenium.webdriver.common.by import By
+    from tbp.view import plotly_file
+    _, _, run_dir = page
+    out = tmp_path / "pages"
+    out.mkdir()
+    for name in ("a.html", "b.html"):
+        r = run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", out / name, "--plotly", "beside"])
+        assert r.exit_code == 0, r.output
+    lib = out / plotly_file()[0]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["a.html", "b.html", lib.name])
+    assert (out / "a.html").stat().st_size * 10 < page[0].stat().st_size
+    driver = browser()
+    try:
+        driver.get((out / "b.html").as_uri())
+        assert driver.find_elements(By.CSS_SELECTOR, "#fig-curves .main-svg")
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+    lib.write_text("// someone else's file\n")
+    r = run(["view", "--checkpoint", run_dir, "--prompt", PROMPT, "--out", out / "c.html", "--plotly", "beside"])
+    clean_fail(r, 1, "is not this Plotly's bundle")
+    assert lib.read_text() == "// someone else's file\n" and not (out / "c.html").exists()
+
+
+def test_dropped_and_future_positions_never_share_a_colour():
+    from tbp.view import KEPT_COLOURS, kept_map
+    shown = kept_map([[1, 0, 0], [1, 1, 0], [0.5, 0, 1]])
+    assert shown == [[1, None, None], [1, 1, None], [0.5, 0, 1]]     # future: no value, the plot's grey
+    assert KEPT_COLOURS[0] == [0.0, "#f4a582"] and KEPT_COLOURS[1][0] > 0   # dropped (0) has its own colour
+
+
 class _CharTok:
     def decode(self, ids):
         return "".join(chr(97 + i % 26) for i in ids)
@@ -213,7 +279,9 @@ def test_data_in_the_page_is_only_ever_text():
     figures = data["figures"]
     names = [t["name"] for t in figures["curves"]["data"]]
     assert names[0] == 'run &lt;!--&lt;script&gt;&amp;"x": train'
-    assert figures["grad_norm"]["data"][0]["y"] == ["&lt;b&gt;h.0&lt;/b&gt;", "h.1&amp;"]
+    assert figures["grad_norm"]["layout"]["yaxis"]["ticktext"] == ["&lt;b&gt;h.0&lt;/b&gt;", "h.1&amp;"]
+    assert {c for row in figures["grad_norm"]["data"][0]["customdata"] for c in row} == \
+        {"&lt;b&gt;h.0&lt;/b&gt;", "h.1&amp;"}
     kept = figures["kept"]["layout"]["xaxis"]["ticktext"]
     assert kept[0] == "&lt;!--&lt;script" and kept[3] == "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"
     assert all("<" not in c and ">" not in c for row in figures["kept"]["data"][0]["customdata"] for c in row)

@@ -55,9 +55,13 @@ def _claim(out: Path, force: bool) -> None:
               help="Another run whose training curves to overlay (repeat for several).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
 @click.option("--force", is_flag=True, help="Replace an existing page that tbp view wrote.")
+@click.option("--plotly", "plotly_mode", type=click.Choice(["inline", "beside"]), default="inline", show_default=True,
+              help="inline: the chart library inside the page, one self-contained file (most of its ~5 MiB); "
+                   "beside: the library written once next to the page as plotly-<version>.min.js, which pages in "
+                   "the same folder share, and each page a few hundred KiB. Both open offline.")
 @sparse_options("Also show the positions a sparse decoder keeps at each step of the prompt.", budget=16)
-def view(run, prompt, out, more, best, force, sparse, budget, sparse_layers):
-    """Write one self-contained HTML page of a run: no server, no network, any browser.
+def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, sparse_layers):
+    """Write one HTML page of a run that any browser opens: no server, no network.
 
     Training and validation curves (of --compare runs too), each layer's gradient norm, update
     ratio and input RMS over training, and for the prompt: attention per layer and head, where
@@ -87,6 +91,22 @@ def view(run, prompt, out, more, best, force, sparse, budget, sparse_layers):
             raise click.BadParameter(f"the prompt is {len(ids):,} tokens; this model's context is "
                                      f"{model.config.n_ctx:,}", param_hint="--prompt")
     from ..view import page
-    text = page(runs, model, tok, ids, rule, title=f"tbp view · {Path(run).name}")
+    src = _library_beside(out) if plotly_mode == "beside" else None
+    text = page(runs, model, tok, ids, rule, title=f"tbp view · {Path(run).name}", plotly_src=src)
     atomic_write_text(out, text)
     console.print(f"wrote {out} ({len(text) / 2 ** 20:.1f} MiB, {len(ids)} prompt tokens)")
+
+
+def _library_beside(out: Path) -> str:
+    """Plotly's bundle written next to ``out`` unless that file is already there and the same;
+    a file of that name with other contents is not tbp's to replace. Returns its name."""
+    from ..view import plotly_file
+    name, js = plotly_file()
+    lib = out.parent / name
+    if lib.exists():
+        if not lib.is_file() or lib.read_text(encoding="utf-8", errors="replace") != js:
+            raise TbpError(f"{lib}: exists and is not this Plotly's bundle; move it, or use --plotly inline")
+        return name
+    atomic_write_text(lib, js)
+    console.print(f"wrote {lib} (the chart library, shared by pages in {out.parent or '.'})")
+    return name
