@@ -9,10 +9,16 @@
   is written (latex2mathml), so formulas render with no script and no network.
 - ``<!-- cli-reference -->`` becomes every command's ``--help``, as click formats it for a
   80-column terminal, one section per command: the reference cannot disagree with the CLI.
+- ``<!-- lines: tbp/nn/reference.py::attention_backward (3.6) -->`` regions show, under an
+  equation, the lines of code marked with its number (sources.py).
+- A runnable block followed by ``<!-- output -->`` shows what it printed when the site was
+  built (outputs.py): the gradcheck rows and the "Try it" results are never typed by hand.
 - Every page of the learner's path, the designs and the how-to guides with runnable blocks
   (blocks.py) is also written as a Jupyter notebook,
   ``notebooks/<page>.ipynb``: its text as Markdown cells, its ```python blocks as code cells,
-  its ```bash blocks as ``%%bash`` cells; the page links to it.
+  its ```bash blocks as ``%%bash`` cells, and the plain twin's functions (the regions from
+  ``tbp/nn/reference.py``) as code cells too, so that a learner can change one and run it; the
+  page links to it.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, str(Path(__file__).parent))
 import blocks  # noqa: E402
+import outputs  # noqa: E402
 import sources  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +101,10 @@ def notebook_name(src_uri: str) -> str:
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     markdown = include_sources(markdown)
+    try:
+        markdown = outputs.fill(markdown, page.file.src_uri)
+    except RuntimeError as e:
+        raise PluginError(str(e)) from None
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
     if page.file.src_uri.startswith(NOTEBOOK_SECTIONS) and blocks.runnable(markdown):
@@ -112,16 +123,47 @@ def _mathml(latex: str, display: bool, page) -> str:
         raise PluginError(f"{page.file.src_uri}: cannot render ${latex}$: {e}") from e
 
 
+TAG = re.compile(r"\\tag\{([^}]*)\}")
+
+
+def _display(latex: str, page) -> str:
+    """A display formula; its ``\\tag{3.6}`` as the equation's number at the right margin, with
+    an anchor (``#eq-3.6``) that the lines under it and other pages can point at."""
+    tag = TAG.search(latex)
+    math = _mathml(TAG.sub("", latex), True, page)
+    if tag is None:
+        return f'<div class="math">{math}</div>'
+    n = html.escape(tag[1])
+    return f'<div class="math numbered" id="eq-{n}">{math}<span class="eqno">({n})</span></div>'
+
+
 def on_page_content(content: str, page, config, files) -> str:
     content = re.sub(r'<div class="arithmatex">\\\[(.*?)\\\]</div>',
-                     lambda m: f'<div class="math">{_mathml(m[1], True, page)}</div>', content, flags=re.S)
+                     lambda m: _display(m[1], page), content, flags=re.S)
     return re.sub(r'<span class="arithmatex">\\\((.*?)\\\)</span>',
                   lambda m: _mathml(m[1], False, page), content, flags=re.S)
 
 
+TWIN = "tbp/nn/reference.py"
+TWIN_IMPORT = ("# the plain twin's functions below call each other and these helpers (softmax, linear_forward, ...)\n"
+               "import numpy as np\nfrom tbp.nn.reference import *  # noqa: F403")
+
+
+def runnable_twin(markdown: str) -> str:
+    """The page with each plain-twin region's code fenced as ```python, so that the notebook runs
+    it (the page shows it as {.python .no-run}: it only defines functions)."""
+    return sources.SOURCE.sub(
+        lambda m: m[0].replace("```{.python .no-run}", "```python") if m["path"] == TWIN else m[0], markdown)
+
+
 def notebook(markdown: str) -> dict:
     cells = []
-    for b in blocks.blocks(include_sources(markdown)):
+    markdown = include_sources(markdown)
+    twin = runnable_twin(markdown)
+    if twin != markdown:
+        cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                      "source": TWIN_IMPORT})
+    for b in blocks.blocks(twin):
         if b.kind == "python":
             cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
                           "source": b.code})

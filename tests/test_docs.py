@@ -95,32 +95,112 @@ def test_every_page_with_code_is_found():
     assert len(RUNNABLE) >= 15 and "learn/3-self-attention.md" in RUNNABLE
 
 
+def run_in_order(items, tmp_path, monkeypatch, where: str) -> None:
+    """Run (kind, line, code) items as a reader would, in one fresh folder holding examples/:
+    python in one namespace, like a notebook, each bash line in its own shell with the small
+    sizes of test_readme.py appended to tbp train/generate/chat. A failure names the place."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "COLUMNS": "80", "TBP_GEMM": "numpy", "MPLBACKEND": "Agg"}
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__main__"}
+    for kind, line, code in items:
+        if kind == "python":
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    exec(compile(code, f"{where}:{line}", "exec"), namespace)
+            except Exception as e:
+                raise AssertionError(f"{where} line {line}: the python block fails: {e!r}\n"
+                                     f"{out.getvalue()[-2000:]}") from e
+            continue
+        for n, command in blocks.commands(blocks.Block("bash", line, code)):
+            r = subprocess.run(["bash", "-o", "pipefail", "-c", small(command)], cwd=tmp_path, env=env,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, (f"{where} line {n}: {command}\nexit {r.returncode}\n"
+                                       f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+
+
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     lacking = blocks.missing(blocks.needs(text))
     if lacking:
         pytest.skip(f"docs/{page} needs {', '.join(lacking)}: {blocks.pip(lacking)}")
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "COLUMNS": "80", "TBP_GEMM": "numpy", "MPLBACKEND": "Agg"}
-    monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": "__main__"}
-    for block in blocks.runnable(text):
-        if block.kind == "python":
-            out = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(out):
-                    exec(compile(block.code, f"docs/{page}:{block.line}", "exec"), namespace)
-            except Exception as e:
-                raise AssertionError(f"docs/{page} line {block.line}: the python block fails: {e!r}\n"
-                                     f"{out.getvalue()[-2000:]}") from e
+    run_in_order([(b.kind, b.line, b.code) for b in blocks.runnable(text)], tmp_path, monkeypatch, f"docs/{page}")
+
+
+LEARN = sorted(p for p in PAGES if re.match(r"learn/\d", p))
+
+
+@pytest.mark.parametrize("page", LEARN)
+def test_each_equation_of_the_path_sits_above_the_lines_that_compute_it(page):
+    """On every page of §1-§7, each display equation (outside a derivation box) carries a number,
+    \\tag{n.m}, and right under it one or more regions showing the code lines marked with that
+    number; numbers are unique, and each page has its picture, its proof's output and its
+    "Try it" output generated at build time."""
+    import outputs
+    import sources
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tags, in_fence = [], False
+    for i, line in enumerate(lines):
+        in_fence ^= line.strip().startswith("```")
+        if in_fence or not line.startswith("$$"):        # indented $$: inside a note, a derivation step
             continue
-        for n, command in blocks.commands(block):
-            r = subprocess.run(["bash", "-o", "pipefail", "-c", small(command)], cwd=tmp_path, env=env,
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
-            assert r.returncode == 0, (f"docs/{page} line {n}: {command}\nexit {r.returncode}\n"
-                                       f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        tag = re.search(r"\\tag\{(\d+\.\d+)\}", line)
+        assert tag, f"docs/{page} line {i + 1}: a display equation without a number: {line[:60]}"
+        below = next(x for x in lines[i + 1:] if x.strip())
+        assert below.startswith("<!-- lines: ") and below.endswith(f"({tag[1]}) -->"), \
+            f"docs/{page} line {i + 1}: equation ({tag[1]}) has no lines under it"
+        tags.append(tag[1])
+    section = page.split("/")[1].split("-")[0]
+    assert tags and len(tags) == len(set(tags)) and all(t.split(".")[0] == section for t in tags), tags
+    assert f"../images/flow-{section}.svg" in text
+    marked = outputs._marked(text)
+    runnable = blocks.runnable(text)
+    gradcheck = [b.line for b in runnable if "tbp gradcheck" in b.code]
+    assert gradcheck and set(gradcheck) <= set(marked)                # the proof's rows, generated
+    assert runnable[-1].line in marked                                 # the "Try it" output, generated
+    assert sources.include_sources(text) == text
+
+
+def test_a_lines_region_needs_marked_lines_and_shows_them_in_place():
+    import sources
+    with pytest.raises(ValueError, match=r"marks no line with eq. \(9.9\)"):
+        sources.include_sources("<!-- lines: tbp/nn/reference.py::attention_forward (9.9) -->\n<!-- /lines -->")
+    shown = sources.include_sources("<!-- lines: tbp/nn/reference.py::attention_backward (3.6) -->\n<!-- /lines -->")
+    assert "dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))" in shown
+    assert "for h, (q, k, v, P) in enumerate(per_head):" in shown     # the loop it sits in
+    assert "dq = dS @ k" not in shown                                  # (3.7)'s line is not (3.6)'s
+    assert sources.tags("x = 1  # (B, T)   eqs. (3.3), (4.1)") == ["3.3", "4.1"] and sources.tags("# (B, T)") == []
+
+
+def test_the_pictures_are_what_the_script_draws():
+    r = subprocess.run([sys.executable, str(ROOT / "docs" / "diagrams.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_built_pages_number_equations_and_show_generated_output(site):
+    page = (site / "learn" / "3-self-attention.html").read_text(encoding="utf-8")
+    assert 'id="eq-3.6"' in page and '<span class="eqno">(3.6)</span>' in page
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert "What it printed when this site was built" in shown and "tensors pass" in shown
+    assert "plain twin, cached rows against all rows at once:" in shown
+    assert "<!-- output -->" not in page and "\\tag" not in page
+
+
+@pytest.mark.parametrize("page", LEARN)
+def test_each_learn_notebook_runs_with_the_plain_twin_as_code(page, tmp_path, monkeypatch):
+    """The page's notebook: the plain twin's functions are code cells (after one import cell), and
+    every cell runs in order, the twin's definitions included."""
+    import hooks
+    nb = hooks.notebook((ROOT / "docs" / page).read_text(encoding="utf-8"))
+    code = [c["source"] for c in nb["cells"] if c["cell_type"] == "code"]
+    twin = [c for c in code if re.match(r"def \w+\(", c)]
+    assert twin and code[0] == hooks.TWIN_IMPORT
+    items = [("bash", 1, c[len("%%bash\n"):]) if c.startswith("%%bash\n") else ("python", 1, c) for c in code]
+    run_in_order(items, tmp_path, monkeypatch, f"notebook of docs/{page}")
 
 
 def test_every_extra_a_page_or_line_names_exists():
@@ -142,3 +222,8 @@ def test_the_block_reader_runs_bash_and_python_only():
     found = [(b.kind, b.line, b.code) for b in blocks.runnable(page)]
     assert found == [("bash", 10, "tbp info  # a comment\npip install x"), ("python", 17, "print(1)")]
     assert blocks.commands(blocks.runnable(page)[0]) == [(10, "tbp info")]
+
+
+def test_the_path_sends_the_reader_to_tbp_view_where_it_shows_the_section():
+    for page in ("learn/3-self-attention.md", "learn/4-multi-head.md", "learn/7-gpt.md"):
+        assert "../how-to/generate.md#in-a-browser-tbp-view" in (ROOT / "docs" / page).read_text(encoding="utf-8")

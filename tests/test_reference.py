@@ -188,3 +188,19 @@ def test_the_reference_attention_equals_loops_over_queries(rng):
                 heads[b, i, h * Dv:(h + 1) * Dv] = sum(
                     wj * qkv[j, 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] for j, wj in enumerate(w))
     np.testing.assert_allclose(y, heads @ w_proj, **TOL)
+
+
+@pytest.mark.parametrize("d_qk,bias", [(4, True), (3, False)])
+def test_the_plain_kv_cache_loop_gives_the_full_forward_row_by_row(rng, d_qk, bias):
+    """ref.attention_decode, one token at a time from an empty cache, gives every row of the
+    causal ref.attention_forward; and the fast layer's cached decoding equals both (test_generate)."""
+    H, Dv = 2, 4
+    w_attn = rng.standard_normal((C, H * (2 * d_qk + Dv)))
+    b_attn = rng.standard_normal(H * (2 * d_qk + Dv)) if bias else None
+    w_proj, b_proj = rng.standard_normal((H * Dv, C)), (rng.standard_normal(C) if bias else None)
+    x = rng.standard_normal((B, T, C))
+    full, _ = ref.attention_forward(x, w_attn, b_attn, w_proj, b_proj, H, d_qk)
+    cache = ref.empty_cache(B, H, d_qk, Dv)
+    rows = [ref.attention_decode(x[:, t:t + 1], cache, w_attn, b_attn, w_proj, b_proj, H, d_qk) for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(rows, axis=1), full, **TOL)
+    assert cache["k"][0].shape == (B, T, d_qk) and cache["v"][1].shape == (B, T, Dv)
