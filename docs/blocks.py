@@ -9,6 +9,7 @@ contents, a sketch) is fenced as ```text, ```console, ```json or similar, or as
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 RUN = ("bash", "python")
@@ -75,7 +76,8 @@ def blocks(text: str) -> list[Block]:
             continue
         lines.append(line)
     out.append(Block(kind, start, "\n".join(lines)))
-    return [b for b in out if b.code.strip()]
+    # a block inside a note (an exercise's answer) is indented with the note: read it without
+    return [Block(b.kind, b.line, b.code if b.kind == "md" else textwrap.dedent(b.code)) for b in out if b.code.strip()]
 
 
 def without_comment(line: str) -> str:
