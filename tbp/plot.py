@@ -176,8 +176,15 @@ def attention_figure(weights: dict, tokens: list[str], title: str = "layer {laye
     H, T, Tk = weights[layers[0]].shape
     cell = min(0.3, 5.0 / max(T, Tk, 1))
     side, width = max(1.8, T * cell), max(1.8, Tk * cell)
-    fig = figure(min(1.2 + H * width, 40), min(0.8 + len(layers) * (side + 0.5), 60))
-    axes = np.atleast_2d(fig.subplots(len(layers), H, squeeze=False))
+    # several layers: a row of H heads each; one layer: its heads in a near-square grid, so that
+    # the picture stays readable at the width of a page or a screen
+    cols = H if len(layers) > 1 else math.ceil(math.sqrt(H))
+    rows = len(layers) if len(layers) > 1 else math.ceil(H / cols)
+    fig = figure(min(1.2 + cols * width, 40), min(0.8 + rows * (side + 0.5), 60))
+    grid = np.atleast_2d(fig.subplots(rows, cols, squeeze=False))
+    for ax in grid.flat[len(layers) * H:]:
+        ax.set_visible(False)
+    axes = grid.reshape(-1)[:len(layers) * H].reshape(len(layers), H)
     labels = [token_label(t) for t in tokens]
     key_labels = labels if keys is None else [token_label(t) for t in keys]
     step = max(1, math.ceil(max(T, Tk) / 40))        # at most ~40 tick labels per axis
@@ -191,9 +198,9 @@ def attention_figure(weights: dict, tokens: list[str], title: str = "layer {laye
             ax.set_title(title.format(layer=layer, head=h), fontsize=9)
             ax.set_xticks(range(0, Tk, step), key_labels[::step], rotation=90, fontsize=7, family="monospace")
             ax.set_yticks(range(0, T, step), labels[::step], fontsize=7, family="monospace")
-    for ax in axes[-1]:
+    for ax in grid[-1]:
         ax.set_xlabel(xlabel, fontsize=8)
-    for ax in axes[:, 0]:
+    for ax in grid[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=0.6, label=f"{label} (square-root scale, as in the terminal)")
+    fig.colorbar(image, ax=grid, shrink=0.6, label=f"{label} (square-root scale, as in the terminal)")
     return fig
