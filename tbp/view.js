@@ -32,6 +32,11 @@ function noteAfter(element, key) {
   element.after(p);
 }
 
+const config = document.getElementById("config");
+for (const [what, value] of D.about.config) {
+  const tr = config.insertRow();
+  tr.insertCell().textContent = what; tr.insertCell().textContent = value;
+}
 document.getElementById("about").textContent =
   `runs: ${D.about.runs.join(", ")} · ${D.about.model} · ${D.about.prompt_tokens} prompt tokens`;
 for (const key of ["curves", "grad_norm", "update_ratio", "stream_rms"]) {
@@ -101,6 +106,11 @@ function focus(kind, i) {
       shade(span, 0, "0,0,0");
     }
   }
+  // the hovered token's row of the map (a key's: its column), outlined
+  const rect = kind === "key" ? {x0: i - 0.5, x1: i + 0.5, y0: -0.5, y1: rows.length - 0.5}
+                              : {x0: -0.5, x1: keys.length - 0.5, y0: i - 0.5, y1: i + 0.5};
+  Plotly.relayout("fig-map", {shapes: [{type: "rect", xref: "x", yref: "y", ...rect,
+                                        line: {color: "#d62728", width: 2}}]});
   const who = kind === "key" ? keys[i] : rows[i];
   document.getElementById("reading").textContent =
     `layer ${layerSel.value}, head ${headSel.value}: token ${i} ${JSON.stringify(who)}`;

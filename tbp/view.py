@@ -183,6 +183,26 @@ NOTES = {   # one line under each chart: what to look for in it
 }
 
 
+def run_table(model, metrics: list[dict]) -> list[list[str]]:
+    """(what, value) rows of the run's configuration: the model's shape, every setting that is
+    not its default, its size, and where training stopped."""
+    import dataclasses
+    cfg = model.config
+    rows = [["parameters", f"{sum(int(p.size) for p in model.params.values()):,}"]]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size") or value != f.default:
+            rows.append([f.name, str(value)])
+    evals = [m for m in metrics if "val_loss" in m]
+    if metrics:
+        rows.append(["steps", f"{metrics[-1]['step']:,}"])
+    if evals:
+        best = min(evals, key=lambda m: m["val_loss"])
+        rows.append(["validation loss", f"{evals[-1]['val_loss']:.4f} last, {best['val_loss']:.4f} best "
+                                        f"(step {best['step']:,})"])
+    return [[_text(a), _text(b)] for a, b in rows]
+
+
 def plotly_file() -> tuple[str, str]:
     """(file name, text) of the Plotly bundle for pages that load it from beside themselves."""
     plotly, _ = _plotly()
@@ -222,7 +242,7 @@ def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "
     cfg = model.config
     about = {"runs": [r["label"] for r in runs],
              "model": f"{cfg.n_layer} layer{'s' * (cfg.n_layer > 1)} × {cfg.d_model}, {cfg.n_head} heads",
-             "prompt_tokens": len(ids)}
+             "prompt_tokens": len(ids), "config": run_table(model, runs[0]["metrics"])}
     return TEMPLATE.format(
         marker=MARKER, title=html.escape(title),
         plotly=(f"<script>{plotly.offline.get_plotlyjs()}</script>" if plotly_src is None
@@ -243,6 +263,7 @@ h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-botto
 #tokens {{ font-family: ui-monospace, monospace; line-height: 2.1; padding: 8px; border: 1px solid #ddd; }}
 #tokens span {{ display: inline-block; padding: 2px 1px; border-radius: 3px; white-space: pre; cursor: pointer; }}
 #tokens span.focus {{ outline: 2px solid #222; }}
+#config td {{ padding: 1px 12px 1px 0; font-size: 13px; }} #config td:first-child {{ color: #555; }}
 #overview {{ display: grid; gap: 10px; }}
 #overview figure {{ margin: 0; cursor: pointer; text-align: center; font-size: 12px; color: #555; }}
 #overview canvas {{ width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }}
@@ -251,6 +272,7 @@ h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; border-botto
 <body>
 <h1>{title}</h1>
 <p class="note" id="about"></p>
+<details id="run"><summary>The run's configuration</summary><table id="config"></table></details>
 <section id="training"><h2>Training</h2><div id="fig-curves"></div>
 <div id="fig-grad_norm"></div><div id="fig-update_ratio"></div><div id="fig-stream_rms"></div></section>
 <section id="attention"><h2>Attention</h2>

@@ -122,6 +122,8 @@ def test_in_a_real_browser_hovering_a_token_shows_what_it_reads(page, tmp_path):
         ActionChains(driver).move_to_element(spans[t]).perform()
         after = [s.get_attribute("style") for s in spans]
         assert after != before and "focus" in spans[t].get_attribute("class")
+        outline = driver.execute_script("return document.getElementById('fig-map').layout.shapes[0]")
+        assert (outline["y0"], outline["y1"]) == (t - 0.5, t + 0.5)     # the hovered token's row, outlined
         last = str(len(weights["layers"]) - 1)                 # the page opens on the last layer, head 0
         row = np.array(weights["layers"][last][0])             # (T, T) of head 0
         shown = [float(s.get_attribute("data-weight") or "nan") for s in spans]
@@ -154,6 +156,9 @@ def test_in_a_real_browser_every_row_is_named_and_the_overview_opens_a_head(page
         assert "␣" in [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#fig-map .ytick text")]  # "the cat"
         looks = driver.find_elements(By.CSS_SELECTOR, "p.look")
         assert len(looks) >= 4 and all("look for" in p.text for p in looks[1:])
+        config = dict(driver.execute_script(
+            "return [...document.querySelectorAll('#config tr')].map(r => [...r.cells].map(c => c.textContent))"))
+        assert config["n_layer"] == "1" and int(config["parameters"].replace(",", "")) > 0 and config["steps"] == "10"
         tiles = driver.find_elements(By.CSS_SELECTOR, "#overview figure")
         L, H = len(weights["layers"]), len(weights["layers"]["0"])
         assert len(tiles) == L * H
