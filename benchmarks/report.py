@@ -298,6 +298,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_quality": (tables_precision.quality, "precision_quality"),
           "precision_speed": (tables_precision.speed, "precision_speed"),
           "precision_products": (tables_precision.products, "precision_products"),
+          "decode_weights": (tables_precision.decode_weights, "decode_weights"),
           "gpt2_parity": (gpt2_parity, "gpt2_parity"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),

@@ -73,3 +73,22 @@ def products(rows: list[dict]) -> str:
                 f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
                 f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
+
+
+def decode_weights(rows: list[dict]) -> str:
+    """One token's products at GPT-2 124M's shapes per weight storage and library, newest record
+    per CPU, beside the machine's read bandwidth (decode_weights.py)."""
+    out = []
+    for r in records.newest(rows, lambda r: r["cpu"]):
+        roof = r["read_gb_s"]["2"]
+        out += [f"**{r['cpu']}** (bf16 units: {r['bf16_units'] or 'none'}; read bandwidth {r['read_gb_s']['1']:.1f} "
+                f"GB/s on one thread, {roof:.1f} on two):", "",
+                "| weights through | bytes per weight | ms per token | GB/s read | share of the two-thread read bandwidth |",
+                "| --- | ---: | ---: | ---: | ---: |"]
+        for name, a in r["arms"].items():
+            out.append(f"| {name} | {a['bytes_per_weight']} | {a['ms_per_token']:.1f} | {a['gb_s']:.1f} | "
+                       f"{a['gb_s'] / roof:.0%} |")
+        out += ["", f"{r['weights'] / 1e6:.1f} M weights (12 blocks and the tied head of GPT-2 124M), one row "
+                    f"vector each, batch 1; medians of {r['rounds']} rounds, the arms interleaved; NumPy's BLAS: "
+                    f"{r['numpy_blas']}; MKL {r['mkl']}; commit {r['commit']}.", ""]
+    return "\n".join(out).rstrip()
