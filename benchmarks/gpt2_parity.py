@@ -20,6 +20,11 @@ transformers, and tbp on the path (neither is a tbp dependency):
 About 8 GB of memory (two float64 models with gradients and moments) and a few minutes on 2 cores.
 A real GPT-2 checkpoint changes nothing here but the numbers' sizes: ``--weights DIR`` (a local
 Hugging Face GPT-2 folder) uses it instead of random weights.
+
+``--small --fixture DIR`` runs the same comparison at a reduced shape (2 x 32, 4 heads, vocabulary
+260, context 32, B 2 x T 16) and writes what the test suite needs to repeat it without torch:
+the exported Hugging Face folder and transformers' own float64 logits, loss, gradients and
+AdamW losses (``expected.npz``). tests/test_gpt2_parity.py holds tbp to those numbers.
 """
 import argparse
 import sys
@@ -42,6 +47,8 @@ import records                                            # noqa: E402
 
 B, T, STEPS, LR = 4, 64, 10, 1e-4
 CFG = dict(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768)
+SMALL = dict(vocab_size=260, n_ctx=32, n_layer=2, n_head=4, d_model=32)
+SMALL_BATCH = (2, 16)
 
 
 def gpt2_sized_tokenizer(vocab_size: int) -> Tokenizer:
@@ -99,6 +106,32 @@ def gradients(ours, theirs, x, y) -> dict:
             "loss_torch": loss.item(), "grads": grads, "grad_max": max(grads.values())}
 
 
+def fixture(folder: Path, theirs, x, y, out: Path) -> None:
+    """transformers' float64 logits, loss, every gradient (under tbp's names) and the AdamW steps'
+    losses on (x, y), beside the Hugging Face folder they came from, for the test suite."""
+    import shutil
+    shutil.copytree(folder, out / "hf", dirs_exist_ok=True)
+    theirs.zero_grad()
+    logits, loss = torch_loss(theirs, x, y)
+    loss.backward()
+    params = dict(theirs.named_parameters())
+    arrays = {"x": x, "y": y, "logits": logits.detach().numpy(), "loss": np.array(loss.item())}
+    for name, p in params.items():
+        arrays[f"grad/{name}"] = p.grad.detach().numpy()
+    opt = torch.optim.AdamW(theirs.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        step_loss = torch_loss(theirs, x, y)[1]
+        step_loss.backward()
+        opt.step()
+        losses.append(step_loss.item())
+    arrays["adamw_losses"] = np.array(losses)
+    np.savez_compressed(out / "expected.npz", **arrays)
+    (out / "VERSIONS").write_text(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+                                  f"numpy {np.__version__}; written by benchmarks/gpt2_parity.py --small --fixture\n")
+
+
 def adamw_steps(ours, theirs, x, y) -> dict:
     """STEPS AdamW steps on the same batch; each step's loss before its update, both engines."""
     opt_ours = AdamW(ours.layout, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8)
@@ -121,18 +154,24 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", type=Path, help="a local Hugging Face GPT-2 folder instead of random weights")
     p.add_argument("--record", action="store_true", help="append the result to results/gpt2_parity.jsonl")
+    p.add_argument("--small", action="store_true", help=f"the reduced shape {SMALL}, batch {SMALL_BATCH}")
+    p.add_argument("--fixture", type=Path, help="with --small: write the test suite's fixture to this folder")
     a = p.parse_args()
+    cfg, (batch, T_) = (SMALL, SMALL_BATCH) if a.small else (CFG, (B, T))
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, CFG["vocab_size"], (B, T + 1))
-    x, y = tokens[:, :T], tokens[:, 1:]
+    tokens = rng.integers(0, cfg["vocab_size"], (batch, T_ + 1))
+    x, y = tokens[:, :T_], tokens[:, 1:]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder = a.weights
         if folder is None:
             folder = work / "export"
-            hf.export_hf(GPT(ModelConfig(**CFG), seed=0), gpt2_sized_tokenizer(CFG["vocab_size"]), folder)
+            hf.export_hf(GPT(ModelConfig(**cfg), seed=0), gpt2_sized_tokenizer(cfg["vocab_size"]), folder)
+        if a.fixture is not None:
+            a.fixture.mkdir(parents=True, exist_ok=True)
+            fixture(folder, models_from(folder, work, np.float64)[1], x, y, a.fixture)
         ours, theirs = models_from(folder, work, np.float64)
         f64 = gradients(ours, theirs, x, y)
         print(f"float64: logits {f64['logits']:.1e}, loss {f64['loss']:.1e} ({f64['loss_tbp']:.6f}), "
@@ -150,7 +189,7 @@ def main():
     print("parity holds" if ok else "PARITY FAILS", f"({time.perf_counter() - t0:.0f} s)")
     if a.record:
         records.append("gpt2_parity", {
-            "weights": "random, seed 0" if a.weights is None else str(a.weights), "config": CFG, "batch": [B, T],
+            "weights": "random, seed 0" if a.weights is None else str(a.weights), "config": cfg, "batch": [batch, T_],
             "steps": STEPS, "lr": LR, "float64": f64, "float64_steps": steps64, "float32_steps": steps32,
             "holds": ok, "torch": torch.__version__, "transformers": transformers.__version__,
             "numpy": np.__version__, "commit": records.commit()})

@@ -265,8 +265,9 @@ def mpi_zero(rows: list[dict]) -> str:
 
 def gpt2_parity(rows: list[dict]) -> str:
     """The newest full-size comparison with transformers: each quantity's largest relative
-    difference, and the AdamW steps' largest loss difference."""
-    r = rows[-1]
+    difference, and the AdamW steps' largest loss difference (the reduced shape of the suite's
+    fixture, --small, is not this table's)."""
+    r = [x for x in rows if x["config"]["n_layer"] == 12][-1]
     f64, s64, s32 = r["float64"], r["float64_steps"], r["float32_steps"]
     worst = max(f64["grads"], key=f64["grads"].get)
     out = ["| what | largest difference | bound |", "| --- | ---: | ---: |",
