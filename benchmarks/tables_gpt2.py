@@ -36,16 +36,20 @@ def gpt2_generation(rows: list[dict]) -> str:
 
 
 def llmc_race(rows: list[dict]) -> str:
-    """The newest record per thread count: tbp and llm.c's full fine-tuning steps, and the ratio."""
-    newest = {r["threads"]: r for r in records.newest(rows, lambda r: r["threads"])}
-    out = ["| threads | tbp, tokens/s | llm.c, tokens/s | tbp ÷ llm.c |", "| ---: | ---: | ---: | ---: |"]
-    for t, r in sorted(newest.items()):
-        out.append(f"| {t} | {r['tbp_tokens_per_s']:.1f} | {r['llmc_tokens_per_s']:.1f} | "
-                   f"{r['tbp_tokens_per_s'] / r['llmc_tokens_per_s']:.2f}× |")
-    r = rows[-1]
-    out += ["", f"Full fine-tuning steps (forward, backward, AdamW) of GPT-2 124M's shape, B {r['batch']} × T "
-                f"{r['context']}, the same random weights in both; median of {len(r['tbp_step_s'])} steps after a "
-                f"warm-up step. llm.c {r['llmc_commit']} `train_gpt2.c` ({r['llmc_flags']}; {r['gcc']}); its first "
-                f"validation loss on the same batches: llm.c {r['val_loss_llmc']:.4f}, tbp {r['val_loss_tbp']:.4f}. "
-                f"CPU: {records.cpus(rows)}; commit {r['commit']}. `benchmarks/llmc_race.py`."]
+    """The newest record per context and thread count: tbp and llm.c's full fine-tuning steps,
+    and the ratio."""
+    newest = {(r["context"], r["threads"]): r for r in records.newest(rows, lambda r: (r["context"], r["threads"]))}
+    out = ["| B × T | threads | tbp, tokens/s | llm.c, tokens/s | tbp ÷ llm.c | llm.c's first validation loss | tbp's, "
+           "the same batches |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (T, t), r in sorted(newest.items()):
+        out.append(f"| {r['batch']} × {T:,} | {t} | {r['tbp_tokens_per_s']:.1f} | {r['llmc_tokens_per_s']:.1f} | "
+                   f"{r['tbp_tokens_per_s'] / r['llmc_tokens_per_s']:.2f}× | {r['val_loss_llmc']:.4f} | "
+                   f"{r['val_loss_tbp']:.4f} |")
+    shown = list(newest.values())
+    r = shown[-1]
+    out += ["", f"Full fine-tuning steps (forward, backward, AdamW) of GPT-2 124M's shape, the same random weights in "
+                f"both; the median of each run's steps after a warm-up step ({', '.join(sorted({str(len(x['tbp_step_s'])) for x in shown}))} "
+                f"steps). llm.c {r['llmc_commit']} `train_gpt2.c` ({r['llmc_flags']}; {r['gcc']}); the validation "
+                f"losses show that the weights crossed over intact. CPU: {records.cpus(shown)}; commits "
+                f"{', '.join(sorted({x['commit'] for x in shown}))}. `benchmarks/llmc_race.py`."]
     return "\n".join(out)
