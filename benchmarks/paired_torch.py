@@ -22,7 +22,8 @@ mkl wheel's, from tbp's own environment):
     PYTHONPATH=. .torchenv/bin/python benchmarks/paired_torch.py --mkl .venv/lib/libmkl_rt.so.3
 
 --bf16 adds the mixed-precision arms to the training cases: tbp with --precision bf16's
-products (MKL's bf16 GEMM with --mkl, else the NumPy twin) and PyTorch under
+products (oneDNN's with --onednn PATH of libdnnl, else MKL's bf16 GEMM with --mkl, else the
+NumPy twin) and PyTorch under
 torch.autocast("cpu", dtype=torch.bfloat16). The case gpt2 is GPT-2 124M's shape (12 x 768,
 12 heads, vocabulary 50,257) at B 4, T 64. PyTorch's model is initialised as GPT-2 is
 (normal 0.02, zero biases) and subnormals are flushed to zero: with PyTorch's default
@@ -53,6 +54,7 @@ import torch.nn.functional as F
 
 from tbp.bench import machine, train_step
 from tbp.blas import MKL, MKLBF16
+from tbp.onednn import OneDNN, OneDNNBF16
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import GPT, ModelConfig, gemm
 from tbp.optim import AdamW
@@ -218,6 +220,7 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--json", action="store_true", help="also print one JSON line of everything")
     p.add_argument("--bf16", action="store_true", help="add tbp bf16 and PyTorch bf16-autocast arms to training")
+    p.add_argument("--onednn", help="path of libdnnl: tbp's bf16 arm uses oneDNN's products")
     p.add_argument("--record", action="store_true", help="append each row to results/precision_speed.jsonl")
     a = p.parse_args()
     torch.set_flush_denormal(True)
@@ -228,7 +231,8 @@ def main():
     report = {"machine": info, "torch": torch.__version__, "mkl": lib and lib.version, "rows": []}
     libs = {"tbp": None, **({"tbp+mkl": lib} if lib else {})}
     if a.bf16:
-        libs["tbp-bf16"] = MKLBF16(lib) if lib else gemm.BF16()
+        libs["tbp-bf16"] = OneDNNBF16(OneDNN(a.onednn)) if a.onednn else MKLBF16(lib) if lib else gemm.BF16()
+    bf16_library = ("onednn" if a.onednn else "mkl" if lib else "numpy twin") if a.bf16 else None
     for case in a.cases.split(","):
         for threads in ([None] if case == "generate" else [int(t) for t in a.threads.split(",")]):
             rng = np.random.default_rng(0)
@@ -260,6 +264,7 @@ def main():
                 records.append("precision_speed", {"case": case, "label": label, "threads": threads,
                                                    "rounds": a.rounds, "torch": torch.__version__,
                                                    "mkl": lib and lib.version, "bf16_units": info["bf16_units"],
+                                                   "bf16_library": bf16_library,
                                                    "commit": records.commit(), "arms": res})
     if a.json:
         print(json.dumps(report))

@@ -17,7 +17,8 @@ workers each run one-thread BLAS, and a run whose NumPy BLAS uses more threads m
 against that.
 
 ``TBP_GEMM`` overrides the choice: ``numpy`` (never MKL; bit-for-bit the same as a machine
-without it), ``mkl`` (always, an error if it cannot be loaded), ``auto`` (the default).
+without it), ``mkl`` (always, an error if it cannot be loaded), ``onednn`` (bf16 runs: oneDNN's
+product, an error if it cannot be loaded), ``auto`` (the default).
 Results equal NumPy's to float32 rounding, not bit for bit, so a run is repeatable bit for
 bit given the same choice; set ``TBP_GEMM`` to pin it.
 
@@ -25,9 +26,12 @@ bit given the same choice; set ``TBP_GEMM`` to pin it.
 bfloat16 operands and accumulate in float32. MKL's ``cblas_gemm_bf16bf16f32`` does them where it
 loads (converting each float32 operand to bf16 first, round to nearest even); elsewhere, or with
 ``TBP_GEMM=numpy``, the engine's plain twin (``gemm.BF16``: round, then a float32 product) does
-the same arithmetic. Whether bf16 is *faster* is measured like MKL's sgemm, against the fp32
-choice, on the model's shapes: it depends on the CPU (MKL's bf16 kernels are made for Intel's
-AMX and AVX512-BF16 units; on an AMD EPYC with AVX512-BF16 they measured slower than fp32, see
+the same arithmetic. oneDNN's matrix product (``tbp.onednn``, the ``onednn`` extra: the library
+PyTorch's CPU autocast runs on) does it too, and chooses its kernel by the instructions the CPU
+reports, whoever made it. Whether bf16 is *faster* is measured like MKL's sgemm, against the
+fp32 choice, on the model's shapes, for each bf16 library that loads, and the fastest is used:
+it depends on the CPU (MKL's bf16 kernels are made for Intel's AMX and AVX512-BF16 units; on an
+AMD EPYC with AVX512-BF16 they measured slower than fp32, oneDNN's faster, see
 docs/how-to/precision.md), and the choice says so in one line.
 """
 from __future__ import annotations
@@ -216,7 +220,7 @@ PRECISIONS = ("fp32", "bf16")
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The library chosen for the engine's products, and why."""
-    name: str                  # "numpy" or "mkl" (fp32); "numpy-bf16" or "mkl-bf16" (bf16)
+    name: str                  # "numpy" or "mkl" (fp32); "numpy-bf16", "mkl-bf16" or "onednn-bf16" (bf16)
     reason: str                # one line for a person
     ratio: float | None = None  # its time / the alternative's on the model's products, when measured
     precision: str = "fp32"
@@ -273,8 +277,8 @@ def measure(lib, shapes, rounds: int = 5, against=None) -> float:
 
 def _mode() -> str:
     mode = os.environ.get("TBP_GEMM", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "numpy", "mkl"):
-        raise TbpError(f"TBP_GEMM must be auto, numpy or mkl, got {mode!r}")
+    if mode not in ("auto", "numpy", "mkl", "onednn"):
+        raise TbpError(f"TBP_GEMM must be auto, numpy, mkl or onednn, got {mode!r}")
     return mode
 
 
@@ -287,8 +291,8 @@ def choose(shapes: tuple, blas_threads: int | None = None, precision: str = "fp3
     if precision != "fp32":
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     mode = _mode()
-    if mode == "numpy":
-        return Choice("numpy", "TBP_GEMM=numpy")
+    if mode in ("numpy", "onednn"):                   # oneDNN serves bf16 runs only
+        return Choice("numpy", f"TBP_GEMM={mode}")
     own, lib = numpy_blas(), mkl()
     if mode == "mkl":
         if lib is None:
@@ -305,27 +309,43 @@ def choose(shapes: tuple, blas_threads: int | None = None, precision: str = "fp3
 
 
 def choose_bf16(shapes: tuple, blas_threads: int | None = None) -> Choice:
-    """bf16 products: MKL's where it loads, else the NumPy twin -- the same arithmetic either way,
-    so a bf16 run is a bf16 run on any machine. Whether it is faster than fp32 is measured
-    here (against the fp32 choice, on these shapes, paired round by round) and said, never
-    assumed: the run goes on in bf16 as asked either way."""
+    """bf16 products: oneDNN's or MKL's where they load, else the NumPy twin -- the same
+    arithmetic either way, so a bf16 run is a bf16 run on any machine. Each library that loads
+    is measured against the fp32 choice (on these shapes, paired round by round) and the fastest
+    is used; whether it beats fp32 is said, never assumed: the run goes on in bf16 as asked."""
+    from . import onednn
     hw = bf16_hardware()
     units = f"this CPU's bf16 units: {hw}" if hw else "this CPU reports no bf16 units"
-    mode, lib = _mode(), mkl()
-    if mode == "numpy" or lib is None or not lib.has_bf16:
-        why = "TBP_GEMM=numpy" if mode == "numpy" else \
-            "MKL not installed: pip install 'tbp[mkl]'" if lib is None else f"MKL {lib.version} has no bf16 product"
-        if mode == "mkl":
+    mode, lib, dnnl = _mode(), mkl(), onednn.onednn()
+    if mode == "onednn":
+        if dnnl is None:
+            raise TbpError("TBP_GEMM=onednn, but oneDNN cannot be loaded: pip install 'tbp[onednn]'")
+        return Choice("onednn-bf16", f"oneDNN {dnnl.version} bf16 products, TBP_GEMM=onednn ({units})",
+                      precision="bf16")
+    mkl_ok = lib is not None and lib.has_bf16
+    if mode == "mkl":
+        if not mkl_ok:
+            why = "MKL not installed: pip install 'tbp[mkl]'" if lib is None else f"MKL {lib.version} has no bf16 product"
             raise TbpError(f"TBP_GEMM=mkl, but {why}")
+        return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, TBP_GEMM=mkl ({units})", precision="bf16")
+    if mode == "numpy" or not (mkl_ok or dnnl is not None):
+        why = "TBP_GEMM=numpy" if mode == "numpy" else \
+            "neither oneDNN nor MKL installed: pip install 'tbp[onednn]'" if lib is None else \
+            f"MKL {lib.version} has no bf16 product and oneDNN is not installed: pip install 'tbp[onednn]'"
         return Choice("numpy-bf16", f"bf16 rounding emulated in NumPy ({why}): bf16's arithmetic, slower than "
                                     f"fp32", precision="bf16", slower=True)
-    if mode == "mkl":
-        return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, TBP_GEMM=mkl ({units})", precision="bf16")
     fp32 = choose(shapes, blas_threads, "fp32")
-    ratio = _measured_bf16(tuple(shapes), blas_threads, fp32.name)
+    found = {}
+    if dnnl is not None:
+        found["onednn-bf16"] = (f"oneDNN {dnnl.version}", _measured_bf16(tuple(shapes), blas_threads, fp32.name, "onednn"))
+    if mkl_ok:
+        found["mkl-bf16"] = (f"MKL {lib.version}", _measured_bf16(tuple(shapes), blas_threads, fp32.name, "mkl"))
+    name = min(found, key=lambda k: found[k][1])
+    who, ratio = found[name]
     slower = ratio > 1.0
     verdict = f"{ratio:.2f}x the time of fp32's ({fp32.name})" + ("; fp32 is faster here" if slower else "")
-    return Choice("mkl-bf16", f"MKL {lib.version} bf16 products, measured at {verdict} ({units})", ratio,
+    others = "".join(f"; {w} measured at {r:.2f}x" for k, (w, r) in found.items() if k != name)
+    return Choice(name, f"{who} bf16 products, measured at {verdict}{others} ({units})", ratio,
                   precision="bf16", slower=slower)
 
 
@@ -335,14 +355,21 @@ def _measured(shapes: tuple, blas_threads: int | None) -> float:
 
 
 @functools.cache
-def _measured_bf16(shapes: tuple, blas_threads: int | None, fp32: str) -> float:
-    return measure(MKLBF16(mkl()), shapes, against=mkl() if fp32 == "mkl" else None)
+def _measured_bf16(shapes: tuple, blas_threads: int | None, fp32: str, which: str = "mkl") -> float:
+    return measure(library(Choice(f"{which}-bf16", "")), shapes, against=mkl() if fp32 == "mkl" else None)
+
+
+@functools.cache
+def _onednn_bf16():
+    from . import onednn
+    return onednn.OneDNNBF16(onednn.require())
 
 
 def library(choice: Choice):
-    """The object the engine's seam runs ``choice``'s products with (None: NumPy's own)."""
+    """The object the engine's seam runs ``choice``'s products with (None: NumPy's own). One
+    oneDNN product object serves every run of the process (its compiled products are kept)."""
     return {"numpy": lambda: None, "mkl": mkl, "numpy-bf16": gemm.BF16,
-            "mkl-bf16": lambda: MKLBF16(mkl())}[choice.name]()
+            "mkl-bf16": lambda: MKLBF16(mkl()), "onednn-bf16": _onednn_bf16}[choice.name]()
 
 
 @contextlib.contextmanager

@@ -93,11 +93,24 @@ def mkl():
     return blas.MKLBF16(lib)
 
 
+@pytest.fixture(params=["mkl", "onednn"])
+def bf16lib(request):
+    """Each library that does bf16 products: MKL's cblas_gemm_bf16bf16f32, oneDNN's matmul."""
+    if request.param == "mkl":
+        return request.getfixturevalue("mkl")
+    from tbp import onednn
+    lib = onednn.onednn()
+    if lib is None:
+        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
+    return onednn.OneDNNBF16(lib)
+
+
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
-def test_mkl_bf16_products_equal_the_twin_to_float32_accumulation(mkl, rng, ta, tb):
+def test_bf16_library_products_equal_the_twin_to_float32_accumulation(bf16lib, rng, ta, tb):
+    mkl = bf16lib
     m, k, n = 96, 160, 112
-    assert m * k * n >= blas.MIN_WORK                          # MKL's, not the twin's fallback
+    assert m * k * n >= blas.MIN_WORK                          # the library's, not the twin's fallback
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
     a, b = (a.T if ta else a), (b.T if tb else b)
@@ -110,9 +123,27 @@ def test_mkl_bf16_products_equal_the_twin_to_float32_accumulation(mkl, rng, ta, 
     assert np.abs(np.dot(a, b) - twin).max() > 10 * np.abs(mkl.matmul(a, b) - twin).max()   # bf16, not sgemm
 
 
-def test_mkl_bf16_leaves_small_products_to_the_twin_exactly(mkl, rng):
+def test_a_bf16_library_leaves_small_products_to_the_twin_exactly(bf16lib, rng):
     a, b = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
-    np.testing.assert_array_equal(mkl.matmul(a, b), gemm.BF16.matmul(a, b))
+    np.testing.assert_array_equal(bf16lib.matmul(a, b), gemm.BF16.matmul(a, b))
+
+
+def test_onednn_products_from_several_threads_are_each_their_own(rng):
+    """Workers call one library object at once (a stream and memory objects per thread): every
+    thread's product is its own operands'."""
+    from concurrent.futures import ThreadPoolExecutor
+    from tbp import onednn
+    lib = onednn.onednn()
+    if lib is None:
+        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
+    prod = onednn.OneDNNBF16(lib)
+    pairs = [(rng.standard_normal((96, 160)).astype(np.float32), rng.standard_normal((160, 112)).astype(np.float32))
+             for _ in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda ab: prod.matmul(*ab), pairs * 3))
+    for (a, b), out in zip(pairs * 3, got):
+        twin = gemm.BF16.matmul(a, b)
+        assert np.abs(out - twin).max() <= 160 * 2.0 ** -24 * (np.abs(a) @ np.abs(b)).max()
 
 
 def _step(precision: str, seed: int = 0):
@@ -158,22 +189,55 @@ def test_the_bf16_choice_says_what_it_does(monkeypatch):
     c = blas.choose(blas.products(64, 128), None, "bf16")
     assert (c.name, c.precision, c.slower) == ("numpy-bf16", "bf16", True) and "emulated in NumPy" in c.reason
     monkeypatch.setenv("TBP_GEMM", "auto")
+    from tbp import onednn
     monkeypatch.setattr(blas, "mkl", lambda: None)
+    monkeypatch.setattr(onednn, "onednn", lambda: None)
     c = blas.choose(blas.products(64, 128), None, "bf16")
-    assert c.name == "numpy-bf16" and "pip install 'tbp[mkl]'" in c.reason
-    monkeypatch.setenv("TBP_GEMM", "mkl")
-    with pytest.raises(TbpError, match="TBP_GEMM=mkl"):
-        blas.choose(blas.products(64, 128), None, "bf16")
+    assert c.name == "numpy-bf16" and "pip install 'tbp[onednn]'" in c.reason
+    for mode in ("mkl", "onednn"):
+        monkeypatch.setenv("TBP_GEMM", mode)
+        with pytest.raises(TbpError, match=f"TBP_GEMM={mode}"):
+            blas.choose(blas.products(64, 128), None, "bf16")
     with pytest.raises(ValueError, match="precision"):
         blas.choose(blas.products(64, 128), None, "fp16")
 
 
 def test_a_measured_bf16_choice_names_its_ratio_and_the_cpu(mkl, monkeypatch):
     monkeypatch.setenv("TBP_GEMM", "auto")
-    c = blas.choose(blas.products(64, 256), None, "bf16")
+    from tbp import onednn
+    with monkeypatch.context() as m:
+        m.setattr(onednn, "onednn", lambda: None)                     # MKL alone
+        c = blas.choose(blas.products(64, 256), None, "bf16")
     assert c.name == "mkl-bf16" and c.ratio is not None and f"{c.ratio:.2f}x" in c.reason
     assert c.slower == (c.ratio > 1.0)
     assert ("bf16 units" in c.reason)
+    if onednn.onednn() is None:
+        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
+    c = blas.choose(blas.products(64, 256), None, "bf16")             # both: the faster, the other named
+    assert c.name in ("mkl-bf16", "onednn-bf16") and "oneDNN" in c.reason and "MKL" in c.reason
+    other = blas._measured_bf16(blas.products(64, 256), None, "numpy", "mkl" if c.name == "onednn-bf16" else "onednn")
+    assert c.ratio <= other
+    monkeypatch.setenv("TBP_GEMM", "onednn")
+    assert blas.choose(blas.products(64, 256), None, "bf16").name == "onednn-bf16"
+
+
+def test_onednns_rounding_is_the_engines_bit_for_bit(rng):
+    """The reorder that feeds oneDNN's products rounds as gemm.round_bf16 does: ties to even,
+    infinities, NaNs and values past bf16's largest, in C and in transposed layouts."""
+    from tbp import onednn
+    lib = onednn.onednn()
+    if lib is None:
+        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
+    prod = onednn.OneDNNBF16(lib)
+    x = (rng.standard_normal((64, 48)) * 10.0 ** rng.integers(-30, 30, (64, 48))).astype(np.float32)
+    x[0, :6] = [np.inf, -np.inf, 3.3961e38, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -0.0]    # overflow, both ties
+    for view in (x, x.T):
+        got = prod._bf16(view, "a")
+        want = gemm.round_bf16(np.ascontiguousarray(view))
+        back = (got.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_array_equal(back, want)
+    x[1, 1] = np.nan
+    assert np.isnan((prod._bf16(x, "a").astype(np.uint32) << 16).view(np.float32)[1, 1])
 
 
 def test_bf16_with_float64_is_a_usage_error(tmp_path, corpus_file, monkeypatch):
