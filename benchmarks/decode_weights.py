@@ -12,7 +12,9 @@ rate. The arms, interleaved round by round in one process (medians of ``--rounds
 - mkl bf16: cblas_gemm_bf16bf16f32, the weights stored once as bf16 (half the bytes), the
   activation rounded to bf16 per product;
 - mkl bf16 packed: the same with the weights packed once by cblas_gemm_bf16bf16f32_pack;
-- mkl int8: cblas_gemm_s8u8s32, int8 weights (a quarter of the bytes) and a uint8 activation.
+- mkl int8: cblas_gemm_s8u8s32, int8 weights (a quarter of the bytes) and a uint8 activation;
+- onednn bf16, on one OpenMP thread and on two: oneDNN's matmul (tbp.onednn, the library tbp's
+  bf16 training uses), the weights stored once as bf16.
 
 Beside them, the machine's read bandwidth: NumPy summing 1 GiB, on one thread and on two (two
 halves at once), the roofline a streaming product cannot beat. Only the time is measured
@@ -94,7 +96,12 @@ class Arms:
         self.x16 = {k: blas.bf16_bits(x) for k, x in self.x32.items()}
         self.x8 = {k: rng.integers(-127, 128, (1, k), dtype=np.int8) for k in (C, 4 * C)}
         self.offset = np.zeros(1, np.int32)
-        self.bytes = {"numpy": 4, "mkl sgemm": 4, "mkl bf16": 2, "mkl bf16 packed": 2, "mkl int8": 1}
+        self.bytes = {"numpy": 4, "mkl sgemm": 4, "mkl bf16": 2, "mkl bf16 packed": 2, "mkl int8": 1,
+                      "onednn bf16, 1 thread": 2, "onednn bf16, 2 threads": 2}
+        from tbp import onednn
+        self.dnnl = onednn.onednn()
+        if self.dnnl is not None:
+            self.dnnl_products = {(k, n): onednn.product(self.dnnl, 1, k, n, False) for k, n in set(SHAPES)}
 
     def numpy(self):
         for (k, _), w in zip(SHAPES, self.w32):
@@ -124,9 +131,21 @@ class Arms:
             self.int8(ROW_MAJOR, NO_TRANS, NO_TRANS, FIX_OFFSET, 1, n, k, 1.0, self.x8[k].ctypes.data, k, 0,
                       w.ctypes.data, n, -128, 0.0, out.ctypes.data, n, self.offset.ctypes.data)
 
+    def onednn_bf16(self, threads: int):
+        def run():
+            self.dnnl.stream()                                  # this thread's stream (which sets 1 thread)
+            self.dnnl._omp_threads(threads)
+            for (k, n), w in zip(SHAPES, self.w16):
+                self.dnnl_products[(k, n)](self.x16[k], w, np.empty((1, n), np.float32))
+            self.dnnl._omp_threads(1)
+        return run
+
     def each(self):
-        return {"numpy": self.numpy, "mkl sgemm": self.mkl_sgemm, "mkl bf16": self.mkl_bf16,
+        arms = {"numpy": self.numpy, "mkl sgemm": self.mkl_sgemm, "mkl bf16": self.mkl_bf16,
                 "mkl bf16 packed": self.mkl_bf16_packed, "mkl int8": self.mkl_int8}
+        if self.dnnl is not None and self.dnnl._omp_threads is not None:
+            arms.update({"onednn bf16, 1 thread": self.onednn_bf16(1), "onednn bf16, 2 threads": self.onednn_bf16(2)})
+        return arms
 
 
 def main():
@@ -147,6 +166,7 @@ def main():
             times[name].append(time.perf_counter() - t)
     roof = bandwidth()
     rec = {"weights": weights, "rounds": a.rounds, "mkl": arms.version, "numpy_blas": blas.numpy_blas(),
+           "onednn": arms.dnnl.version if arms.dnnl is not None else None,
            "bf16_units": blas.bf16_hardware(), "read_gb_s": {str(k): round(v, 2) for k, v in roof.items()},
            "arms": {}, "commit": records.commit()}
     for name, ts in times.items():

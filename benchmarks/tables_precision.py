@@ -36,23 +36,30 @@ ARMS = ("tbp", "tbp+mkl", "tbp-bf16", "torch", "torch-bf16")
 
 
 def speed(rows: list[dict]) -> str:
-    """Training tokens/s of every arm, paired in one process, with bf16's gain over fp32 in each engine."""
-    out = ["| case | threads | " + " | ".join(ARMS) + " | tbp bf16 / tbp fp32 | PyTorch bf16 / fp32 | "
-           "tbp bf16 / PyTorch bf16 |", "| --- | ---: |" + " ---: |" * (len(ARMS) + 3)]
+    """Training tokens/s of every arm, paired in one process, with bf16's gain over fp32 in each
+    engine: the newest record per case, thread count and library of tbp's bf16 products (the
+    first records, without that field, ran MKL's)."""
+    def library(r):
+        return r.get("bf16_library") or ("mkl" if r.get("mkl") else "numpy twin")
+    rows = records.newest(rows, lambda r: (library(r), r["case"], r["threads"]))
+    rows.sort(key=lambda r: (library(r) != "onednn", ("small", "wide", "gpt2").index(r["case"]), r["threads"]))
+    out = ["| case | threads | tbp bf16 by | " + " | ".join(ARMS) + " | tbp bf16 / tbp fp32 | PyTorch bf16 / fp32 | "
+           "tbp bf16 / PyTorch bf16 |", "| --- | ---: | --- |" + " ---: |" * (len(ARMS) + 3)]
+    names = {"onednn": "oneDNN", "mkl": "MKL", "numpy twin": "NumPy twin"}
     for r in rows:
         arms = r["arms"]
         best32 = max(arms[a]["tokens_per_s"] for a in ("tbp", "tbp+mkl") if a in arms)
         cells = [f"{arms[a]['tokens_per_s']:,.0f}" if a in arms else "" for a in ARMS]
-        out.append(f"| {r['label'].split(',')[0].removeprefix('train ')} | {r['threads']} | " + " | ".join(cells)
-                   + f" | {arms['tbp-bf16']['tokens_per_s'] / best32:.2f}× | {arms['torch-bf16']['ratio']:.2f}× | "
-                   f"{arms['tbp-bf16']['ratio_torch_bf16']:.2f}× |")
+        out.append(f"| {r['label'].split(',')[0].removeprefix('train ')} | {r['threads']} | {names[library(r)]} | "
+                   + " | ".join(cells) + f" | {arms['tbp-bf16']['tokens_per_s'] / best32:.2f}× | "
+                   f"{arms['torch-bf16']['ratio']:.2f}× | {arms['tbp-bf16']['ratio_torch_bf16']:.2f}× |")
     out += ["", f"Tokens/s are medians over {', '.join(sorted({str(r['rounds']) for r in rows}))} rounds in which "
                 f"the arms take turns (`benchmarks/paired_torch.py --bf16`). The two PyTorch columns' ratios are "
                 f"medians of the rounds' ratios; tbp bf16 / tbp fp32 is the ratio of the medians, fp32 being the "
-                f"faster of tbp's two libraries (NumPy's OpenBLAS, `tbp`, or MKL, `tbp+mkl`). MKL {', '.join(sorted({str(r['mkl']) for r in rows}))}, "
-                f"PyTorch {', '.join(sorted({r['torch'] for r in rows}))}; bf16 units: "
-                f"{', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; commits "
-                f"{', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"faster of tbp's two libraries (NumPy's OpenBLAS, `tbp`, or MKL, `tbp+mkl`). MKL "
+                f"{', '.join(sorted({str(r['mkl']) for r in rows}))}, PyTorch {', '.join(sorted({r['torch'] for r in rows}))}; "
+                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
+                f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
 
 
@@ -90,5 +97,6 @@ def decode_weights(rows: list[dict]) -> str:
                        f"{a['gb_s'] / roof:.0%} |")
         out += ["", f"{r['weights'] / 1e6:.1f} M weights (12 blocks and the tied head of GPT-2 124M), one row "
                     f"vector each, batch 1; medians of {r['rounds']} rounds, the arms interleaved; NumPy's BLAS: "
-                    f"{r['numpy_blas']}; MKL {r['mkl']}; commit {r['commit']}.", ""]
+                    f"{r['numpy_blas']}; MKL {r['mkl']}"
+                    f"{'; oneDNN ' + r['onednn'] if r.get('onednn') else ''}; commit {r['commit']}.", ""]
     return "\n".join(out).rstrip()
