@@ -15,7 +15,8 @@ not speeds to compare with anything but each other. The table is `report.py`'s `
 
 `products` times each training product of a model alone, one BLAS thread, on a quiet machine:
 NumPy's sgemm, MKL's sgemm, MKL's bf16 product with its operands converted first (what a bf16
-step pays) and without (the product alone), and the conversion alone; medians of paired
+step pays) and without (the product alone), the conversion alone, and oneDNN's bf16 product
+with its own conversion (tbp.onednn, where the onednn extra is installed); medians of paired
 rounds, as GFLOP/s beside the machine's measured float32 peak. Records:
 results/precision_products.jsonl; the table `precision_products`.
 
@@ -89,6 +90,9 @@ def products(shapes: list[str], rounds: int) -> None:
     if lib is None or not lib.has_bf16:
         sys.exit("products: needs MKL with its bf16 product (pip install -e '.[mkl]')")
     bf16 = blas.MKLBF16(lib)
+    from tbp import onednn
+    dnnl = onednn.onednn()
+    dnnl_bf16 = onednn.OneDNNBF16(dnnl) if dnnl is not None else None
     with blas_threads(1):
         peak = matmul_peak_gflops()
         for name in shapes:
@@ -107,6 +111,8 @@ def products(shapes: list[str], rounds: int) -> None:
                                                                     ab.ctypes.data, la[1], bb.ctypes.data, lb[1],
                                                                     0.0, out.ctypes.data, n),
                         "conversion alone": lambda: (blas.bf16_bits(a), blas.bf16_bits(b))}
+                if dnnl_bf16 is not None:
+                    arms["onednn bf16 with conversion"] = lambda: dnnl_bf16.matmul(a, b)
                 times = {arm: [] for arm in arms}
                 for fn in arms.values():
                     fn()
@@ -119,6 +125,7 @@ def products(shapes: list[str], rounds: int) -> None:
                 gflops = {arm: 2 * m * k * n / (t / 1e3) / 1e9 for arm, t in ms.items() if arm != "conversion alone"}
                 rec = {"model": name, "m": m, "k": k, "n": n, "transposed": list(shape[3:]), "ms": ms, "gflops": gflops,
                        "peak_fp32_gflops": peak, "rounds": rounds, "mkl": lib.version,
+                       "onednn": dnnl.version if dnnl is not None else None,
                        "bf16_units": machine()["bf16_units"], "commit": records.commit()}
                 records.append("precision_products", rec)
                 print(f"{name} {m}x{k}x{n}: " + " · ".join(f"{arm} {g:.0f}" for arm, g in gflops.items())

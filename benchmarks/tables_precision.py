@@ -63,20 +63,24 @@ def speed(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-PRODUCT_ARMS = ("numpy sgemm", "mkl sgemm", "mkl bf16 with conversion", "mkl bf16 product alone")
+PRODUCT_ARMS = ("numpy sgemm", "mkl sgemm", "mkl bf16 with conversion", "mkl bf16 product alone",
+                "onednn bf16 with conversion")
 
 
 def products(rows: list[dict]) -> str:
     """GFLOP/s of each training product, one thread, fp32 and bf16, and the conversion's share."""
     out = ["| model | m × k × n | " + " | ".join(PRODUCT_ARMS) + " | conversion, share of the bf16 product |",
            "| --- | --- |" + " ---: |" * (len(PRODUCT_ARMS) + 1)]
+    rows = records.newest(rows, lambda r: (r["model"], r["m"], r["k"], r["n"], tuple(r["transposed"])))
     for r in rows:
         share = r["ms"]["conversion alone"] / r["ms"]["mkl bf16 with conversion"]
         out.append(f"| {r['model']} | {r['m']} × {r['k']} × {r['n']} | "
-                   + " | ".join(f"{r['gflops'][a]:.0f}" for a in PRODUCT_ARMS) + f" | {100 * share:.0f} % |")
+                   + " | ".join(f"{r['gflops'][a]:.0f}" if a in r["gflops"] else "" for a in PRODUCT_ARMS)
+                   + f" | {100 * share:.0f} % |")
     peak = statistics.median(r["peak_fp32_gflops"] for r in rows)
     out += ["", f"GFLOP/s, one thread, medians of {rows[0]['rounds']} paired rounds; this machine's float32 "
-                f"matmul peak (1,024³, NumPy): {peak:.0f} GFLOP/s. MKL {', '.join(sorted({r['mkl'] for r in rows}))}; "
+                f"matmul peak (1,024³, NumPy): {peak:.0f} GFLOP/s. MKL {', '.join(sorted({r['mkl'] for r in rows}))}"
+                f"{'; oneDNN ' + ', '.join(sorted({r['onednn'] for r in rows if r.get('onednn')})) if any(r.get('onednn') for r in rows) else ''}; "
                 f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
                 f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
