@@ -60,10 +60,20 @@ def train_once(precision: str, seed: int, threads: int, extra: list[str]) -> dic
             "model": config["model"], "train": config["train"], "commit": commit}
 
 
+def library(products: str) -> str:
+    """Which library did a run's bf16 products, from its start-of-run line ("oneDNN 3.2.0 bf16
+    products, measured ...", "MKL 2026.2 bf16 products ...", "bf16 rounding emulated in NumPy")."""
+    return "onednn" if products.startswith("oneDNN") else "mkl" if products.startswith("MKL") else \
+        "fp32" if products == "fp32" else "numpy twin"
+
+
 def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
-    done = {(r["precision"], r["seed"], tuple(r.get("extra", []))) for r in records.read(NAME)
+    from tbp import blas
+    now = blas.choose(blas.products(128, 128), None, "bf16").name.removesuffix("-bf16")   # this machine's bf16
+    done = {(r["precision"], r["seed"], tuple(r.get("extra", [])), library(r["products"])) for r in records.read(NAME)
             if r["precision"] == "fp32" or r.get("evaluated_with") == "fp32"}      # fp32's never changed
-    todo = [(p, s) for s in seeds for p in ("fp32", "bf16") if (p, s, tuple(extra)) not in done]
+    todo = [(p, s) for s in seeds for p in ("fp32", "bf16")
+            if (p, s, tuple(extra), "fp32" if p == "fp32" else now) not in done]
     threads = 1 if jobs > 1 else 0
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(train_once, p, s, threads, extra): (p, s) for p, s in todo}

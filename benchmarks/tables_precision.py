@@ -12,8 +12,11 @@ def quality(rows: list[dict]) -> str:
     evaluated with bf16 products, are their own row."""
     rows = [r for r in rows if not r.get("extra")]
     arms = {"fp32": lambda r: r["precision"] == "fp32",
-            "bf16": lambda r: r["precision"] == "bf16" and r.get("evaluated_with") == "fp32",
-            "bf16, evaluated with bf16 products": lambda r: r["precision"] == "bf16" and "evaluated_with" not in r}
+            "bf16 (oneDNN)": lambda r: r["precision"] == "bf16" and r.get("evaluated_with") == "fp32"
+            and r["products"].startswith("oneDNN"),
+            "bf16 (MKL)": lambda r: r["precision"] == "bf16" and r.get("evaluated_with") == "fp32"
+            and r["products"].startswith("MKL"),
+            "bf16 (MKL), evaluated with bf16 products": lambda r: r["precision"] == "bf16" and "evaluated_with" not in r}
     by = {arm: {r["seed"]: r["val_split_loss"] for r in rows if keep(r)} for arm, keep in arms.items()}
     by = {arm: losses for arm, losses in by.items() if losses}
     out = ["| training products | evaluated with | seeds | validation loss, whole split (mean ± 95 % t) | "
@@ -69,7 +72,7 @@ PRODUCT_ARMS = ("numpy sgemm", "mkl sgemm", "mkl bf16 with conversion", "mkl bf1
 
 def products(rows: list[dict]) -> str:
     """GFLOP/s of each training product, one thread, fp32 and bf16, and the conversion's share."""
-    out = ["| model | m × k × n | " + " | ".join(PRODUCT_ARMS) + " | conversion, share of the bf16 product |",
+    out = ["| model | m × k × n | " + " | ".join(PRODUCT_ARMS) + " | NumPy's conversion, share of MKL's converted product |",
            "| --- | --- |" + " ---: |" * (len(PRODUCT_ARMS) + 1)]
     rows = records.newest(rows, lambda r: (r["model"], r["m"], r["k"], r["n"], tuple(r["transposed"])))
     for r in rows:
