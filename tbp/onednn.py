@@ -60,7 +60,17 @@ class OneDNN:
     """libdnnl loaded once: a CPU engine, and a stream per calling thread."""
 
     def __init__(self, path: str):
-        lib = ctypes.CDLL(path)
+        # OpenMP reads its thread count when its runtime loads (with libdnnl, here): one thread, so
+        # that no team of idle threads spins beside NumPy's BLAS; the variable is not left set for
+        # child processes (their BLAS would read it)
+        unset = "OMP_NUM_THREADS" not in os.environ
+        if unset:
+            os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            lib = ctypes.CDLL(path)
+        finally:
+            if unset:
+                del os.environ["OMP_NUM_THREADS"]
         self.lib, self.path = lib, path
         lib.dnnl_version.restype = ctypes.POINTER(Version)           # every other call returns a status
         v = lib.dnnl_version().contents
@@ -197,6 +207,8 @@ class OneDNNBF16(gemm.BF16):
             return False
         if any(s <= 0 or s % 4 for s in a.strides + b.strides):
             return False
+        self.dnnl.stream()               # first: it holds this thread to one OpenMP thread, which a
+        #                                  primitive reads when compiled (two would oversubscribe the cores)
         prod = self._compile(("matmul", m, k, n, accumulate), lambda: product(self.dnnl, m, k, n, accumulate))
         prod(self._bf16(a, "a"), self._bf16(b, "b"), out)
         return True

@@ -40,8 +40,9 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
     --iters steps. Generation: batch-1 sampling from a one-token prompt. Also reports the
     achieved GFLOP/s (from the model's FLOP count) and this machine's float32 matmul peak,
     and which library did the products: NumPy's BLAS, or MKL where the `mkl` extra is
-    installed and measured faster for this model (TBP_GEMM=numpy|mkl|auto pins it). By
-    default fp32 and bf16 training steps are timed paired, with the CPU's bf16 units.
+    installed and measured faster for this model; for bf16, oneDNN (the `onednn` extra) or
+    MKL, whichever measured faster (TBP_GEMM=numpy|mkl|onednn|auto pins it). By default fp32
+    and bf16 training steps are timed paired, with the CPU's bf16 units.
 
     \b
     Examples:
