@@ -25,7 +25,7 @@ mkl wheel's, from tbp's own environment):
 products (oneDNN's with --onednn PATH of libdnnl, else MKL's bf16 GEMM with --mkl, else the
 NumPy twin) and PyTorch under
 torch.autocast("cpu", dtype=torch.bfloat16). The case gpt2 is GPT-2 124M's shape (12 x 768,
-12 heads, vocabulary 50,257) at B 4, T 64. PyTorch's model is initialised as GPT-2 is
+12 heads, vocabulary 50,257) at B 4, T 64; gpt2-1024 the same at T 1,024. PyTorch's model is initialised as GPT-2 is
 (normal 0.02, zero biases) and subnormals are flushed to zero: with PyTorch's default
 initialisation its fp32 steps on random tokens slow down several-fold on subnormal arithmetic.
 The flush is the process's (torch.set_flush_denormal), so tbp's arms run with it too, which
@@ -65,7 +65,8 @@ import records                                            # noqa: E402
 
 V = 65
 TRAIN = {"small": ((4, 4, 128, 64), 12, 5, V), "wide": ((6, 6, 384, 256), 8, 1, V),   # model, batch, steps a
-         "gpt2": ((12, 12, 768, 64), 4, 1, 50257)}                                      # sample, vocabulary
+         "gpt2": ((12, 12, 768, 64), 4, 1, 50257),                                      # sample, vocabulary
+         "gpt2-1024": ((12, 12, 768, 1024), 4, 1, 50257)}                               # GPT-2's whole context
 GENERATE = (4, 4, 128, 1024)
 
 

@@ -45,7 +45,7 @@ def speed(rows: list[dict]) -> str:
     def library(r):
         return r.get("bf16_library") or ("mkl" if r.get("mkl") else "numpy twin")
     rows = records.newest(rows, lambda r: (library(r), r["case"], r["threads"]))
-    rows.sort(key=lambda r: (library(r) != "onednn", ("small", "wide", "gpt2").index(r["case"]), r["threads"]))
+    rows.sort(key=lambda r: (library(r) != "onednn", ("small", "wide", "gpt2", "gpt2-1024").index(r["case"]), r["threads"]))
     out = ["| case | threads | tbp bf16 by | " + " | ".join(ARMS) + " | tbp bf16 / tbp fp32 | PyTorch bf16 / fp32 | "
            "tbp bf16 / PyTorch bf16 |", "| --- | ---: | --- |" + " ---: |" * (len(ARMS) + 3)]
     names = {"onednn": "oneDNN", "mkl": "MKL", "numpy twin": "NumPy twin"}
