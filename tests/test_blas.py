@@ -169,7 +169,7 @@ def test_bench_reports_the_library_and_a_bad_setting_is_one_line(tmp_path):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert (res["train_gemm"], res["train_gemm_reason"]) == ("numpy", "TBP_GEMM=numpy")
     bad = subprocess.run(base, capture_output=True, text=True, env={**os.environ, "TBP_GEMM": "fast"})
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == ["Error: TBP_GEMM must be auto, numpy or mkl, got 'fast'"]
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == ["Error: TBP_GEMM must be auto, numpy, mkl or onednn, got 'fast'"]
 
 
 def test_a_bad_setting_leaves_blas_as_it_was(monkeypatch):
