@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import glob
 import os
 import sys
@@ -106,30 +107,26 @@ class OneDNN:
 
 
 class Primitive:
-    """A compiled oneDNN primitive with its arguments' descriptors, and per thread the memory
-    objects that point it at each call's buffers."""
+    """A compiled oneDNN primitive and the memory objects that point it at each call's buffers.
+    One thread runs it (a primitive keeps its own scratch memory: OneDNNBF16 compiles one per
+    thread)."""
 
     def __init__(self, dnnl: OneDNN, pd: Ptr, args: list[tuple[int, Ptr]]):
-        self.dnnl, self.args = dnnl, args
-        self.primitive = Ptr()
-        dnnl._ok(dnnl.lib.dnnl_primitive_create(ctypes.byref(self.primitive), pd), "primitive")
-        self._local = threading.local()
+        lib, ok = dnnl.lib, dnnl._ok
+        self.dnnl, self.primitive, self.mems = dnnl, Ptr(), []
+        ok(lib.dnnl_primitive_create(ctypes.byref(self.primitive), pd), "primitive")
+        for _, d in args:
+            m = Ptr()
+            ok(lib.dnnl_memory_create(ctypes.byref(m), d, dnnl.engine, None), "memory")
+            self.mems.append(m)
+        self.exec = (ExecArg * len(args))(*[ExecArg(arg, m) for (arg, _), m in zip(args, self.mems)])
 
     def __call__(self, *arrays: np.ndarray) -> None:
         lib, ok = self.dnnl.lib, self.dnnl._ok
-        mems = getattr(self._local, "mems", None)
-        if mems is None:
-            mems = []
-            for _, d in self.args:
-                m = Ptr()
-                ok(lib.dnnl_memory_create(ctypes.byref(m), d, self.dnnl.engine, None), "memory")
-                mems.append(m)
-            self._local.mems = mems
-            self._local.exec = (ExecArg * len(mems))(*[ExecArg(arg, m) for (arg, _), m in zip(self.args, mems)])
-        for m, x in zip(mems, arrays):
+        for m, x in zip(self.mems, arrays):
             ok(lib.dnnl_memory_set_data_handle(m, Ptr(x.ctypes.data)), "data handle")
         stream = self.dnnl.stream()
-        ok(lib.dnnl_primitive_execute(self.primitive, stream, len(mems), self._local.exec), "execute")
+        ok(lib.dnnl_primitive_execute(self.primitive, stream, len(self.mems), self.exec), "execute")
         ok(lib.dnnl_stream_wait(stream), "stream wait")
 
 
@@ -175,8 +172,7 @@ class OneDNNBF16(gemm.BF16):
 
     def __init__(self, dnnl: OneDNN):
         self.dnnl = dnnl
-        self._compiled: dict[tuple, Primitive] = {}
-        self._lock = threading.Lock()
+        self._compiled: dict[tuple, Primitive] = {}     # by thread and what it computes
         self._local = threading.local()
 
     def _compile(self, key: tuple, make) -> Primitive:
@@ -185,8 +181,7 @@ class OneDNNBF16(gemm.BF16):
         key = (threading.get_ident(), *key)
         found = self._compiled.get(key)
         if found is None:
-            with self._lock:
-                found = self._compiled[key] = make()
+            found = self._compiled[key] = make()
         return found
 
     def _bf16(self, x: np.ndarray, which: str) -> np.ndarray:
@@ -225,22 +220,15 @@ class OneDNNBF16(gemm.BF16):
             out += gemm.BF16.matmul(a, b)
 
 
-_loaded: OneDNN | None = None
-_tried = False
-
-
+@functools.cache
 def onednn() -> OneDNN | None:
     """oneDNN found beside this Python (the onednn-cpu-gomp wheel), loaded once; None if none."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        for path in _candidates():
-            try:
-                _loaded = OneDNN(path)
-                break
-            except (OSError, AttributeError, RuntimeError):
-                continue
-    return _loaded
+    for path in _candidates():
+        try:
+            return OneDNN(path)
+        except (OSError, AttributeError, RuntimeError):
+            continue
+    return None
 
 
 def require() -> OneDNN:
