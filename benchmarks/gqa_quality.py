@@ -25,6 +25,8 @@ results/gqa_quality.jsonl, results/gqa_speed.jsonl; tables ``gqa_quality`` and `
 
     python benchmarks/gqa_quality.py sweep neighbours seeds --jobs 2
     python benchmarks/gqa_quality.py speed
+
+``TBP_GEMM`` is pinned to ``numpy`` unless set; ``TBP_RESULTS=DIR`` reruns it from scratch.
 """
 import argparse
 import concurrent.futures
@@ -128,6 +130,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="trainings side by side, one thread each")
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
+    records.pin_gemm()
     for phase in a.phases:
         if phase == "sweep":
             run_all([(4, lr, s) for s in (1, 2) for lr in SWEEP], a.jobs)

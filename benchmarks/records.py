@@ -1,5 +1,15 @@
 """Results as data: every measurement is one JSON line in benchmarks/results/, with what it ran
-on (the commit, the CPU, the versions) beside its configuration and its numbers."""
+on (the commit, the CPU, the versions, the matrix-product library) beside its configuration and
+its numbers.
+
+``TBP_RESULTS=DIR`` sends every script's records to another folder: the study scripts skip the
+runs their records already hold, so a fresh folder reruns a study from scratch, e.g.
+
+    TBP_RESULTS=/tmp/fresh python benchmarks/gqa_quality.py sweep neighbours seeds
+
+Every record names the matrix-product library it ran with (``TBP_GEMM``): it changes the last
+bits of every run. The quality studies pin it to ``numpy`` unless it is set (``pin_gemm``); the
+speed benchmarks leave it to choose, since choosing the fastest is what they measure."""
 import json
 import os
 import platform
@@ -7,7 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("TBP_RESULTS") or Path(__file__).resolve().parent / "results")
+
+
+def pin_gemm() -> str:
+    """Pin the matrix-product library for this process and the runs it starts (``TBP_GEMM``,
+    default ``numpy``: the same products on every machine), and return it."""
+    os.environ.setdefault("TBP_GEMM", "numpy")
+    return os.environ["TBP_GEMM"]
 
 
 def cpu() -> str:
@@ -45,7 +62,7 @@ def commit(tree: Path | None = None) -> str:
 def append(name: str, record: dict) -> None:
     """Add one record to benchmarks/results/NAME.jsonl."""
     RESULTS.mkdir(exist_ok=True)
-    base = {"cpu": cpu(), "python": sys.version.split()[0]}
+    base = {"cpu": cpu(), "python": sys.version.split()[0], "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
     with open(RESULTS / f"{name}.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({**base, **record}) + "\n")
 
