@@ -18,6 +18,15 @@ def timing(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+POOL = 300_000          # the study's training examples (mta_find_block.py --examples), drawn with replacement
+
+
+def repeated(draws: int, pool: int = POOL) -> float:
+    """The expected share of ``draws`` examples, drawn uniformly with replacement from ``pool``,
+    that repeat one drawn before: 1 - E[distinct] / draws, E[distinct] = pool (1 - (1 - 1/pool)^draws)."""
+    return 1 - pool * (1 - (1 - 1 / pool) ** draws) / draws
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
@@ -48,8 +57,8 @@ def seeds(rows: list[dict]) -> str:
         return "(no runs after the sweep yet)"
     runs = {arm: {r["seed"]: r for r in rows if r["arm"] == arm} for arm in NAMES}
     seed_list = sorted({s for got in runs.values() for s in got})
-    out = ["| arm | lr | steps | " + " | ".join(f"seed {s}" for s in seed_list) + " | mean error | − standard, paired |",
-           "| --- | ---: | ---: |" + " ---: |" * len(seed_list) + " ---: | ---: |"]
+    out = ["| arm | lr | steps | repeats | " + " | ".join(f"seed {s}" for s in seed_list) + " | mean error | − standard, paired |",
+           "| --- | ---: | ---: | ---: |" + " ---: |" * len(seed_list) + " ---: | ---: |"]
     error = {arm: {s: r["error"] for s, r in got.items()} for arm, got in runs.items()}
     for arm, got in runs.items():
         if not got:
@@ -69,9 +78,13 @@ def seeds(rows: list[dict]) -> str:
             d, dh, n = stats.paired(error[arm], error["standard"])
             diff = f"{100 * d:+.1f} ± {100 * dh:.1f} points ({n} seeds)" if n > 1 else f"{100 * d:+.1f} points (1 seed)"
         mean = _pct(m) + ("" if h != h else f" ± {100 * h:.1f}")
-        out.append(f"| {NAMES[arm]} | {r0['lr']:g} | {r0['steps']:,} | " + " | ".join(cells) + f" | {mean} | {diff} |")
+        draws = r0["steps"] * r0["config"]["train"]["batch_size"]
+        out.append(f"| {NAMES[arm]} | {r0['lr']:g} | {r0['steps']:,} | {100 * repeated(draws):.0f} % | " + " | ".join(cells)
+                   + f" | {mean} | {diff} |")
     n = rows[0]["examples"]
-    out += ["", f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
+    out += ["", f"Repeats: the expected share of an arm's training draws (steps × batch) that repeat an example "
+                f"already drawn, the batches being drawn with replacement from {POOL:,} examples. "
+                f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
                 f"mean's ± is a 95 % t interval over the seeds, and the paired difference pairs seeds (the same "
                 f"initial draw and batches). CPU: {records.cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
     return "\n".join(out)
