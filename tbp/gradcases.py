@@ -310,7 +310,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
                                           ("rope", 4, True, "dense", True),
                                           ("flash + rope, d_qk=2", 2, True, "flash", True)):
         attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
-                                   rotary=Rotary(dk) if rope else None, tiles=(2, 3))
+                                   **({"positions": Rotary(dk)} if rope else {}), tiles=(2, 3))
         out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
     # each variant's own layers (nn/variant.py): Multi-Token Attention, grouped-query attention, ...
     for variant in VARIANTS:

@@ -27,7 +27,7 @@ def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, n_kv_head, op
     options = dict(options)
     rope = options.pop("rope", False)
     layer = GroupedQueryAttention(C, 4, 4, C // 4, rng, np.float64, n_kv_head,
-                                  rotary=Rotary(4) if rope else None, **options)
+                                  **({"positions": Rotary(4)} if rope else {}), **options)
     randomize(layer, rng)
     x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     layer.zero_grad()

@@ -69,7 +69,7 @@ def test_the_flash_layer_equals_the_dense_layer(rng, rope, d_qk):
     layers = []
     for impl in ("dense", "flash"):
         layers.append(CausalSelfAttention(8, 2, d_qk, 4, np.random.default_rng(0), np.float64, impl=impl,
-                                          rotary=Rotary(d_qk) if rope else None, tiles=(3, 5)))
+                                          **({"positions": Rotary(d_qk)} if rope else {}), tiles=(3, 5)))
     x, dy = rng.standard_normal((2, 11, 8)), rng.standard_normal((2, 11, 8))
     outs = []
     for layer in layers:

@@ -12,7 +12,7 @@ from .kernels import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,
                       attend_causal_blocks_backward, causal_mask, kernel, padding_mask, query_blocks)
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
-from .rope import Rotary, rotate
+from .positions import LEARNED, Positions
 from .sparse import select
 
 
@@ -33,10 +33,12 @@ class CausalSelfAttention(Module):
     ``impl`` picks the kernel once (kernels.py): "dense" keeps P (B, H, T, T) for the backward
     (causal: in query blocks of ``split_rows`` rows that skip the masked part); "flash"
     computes the same numbers in tiles (``tiles`` = (block_q, block_k)) and keeps only each
-    row's log-sum-exp. ``rotary``: a Rotary, to rotate queries and keys by their positions
-    (rope.py), or None. ``window``: each query attends to at most this many positions;
-    rotary models set it to their context, so a sequence longer than the context is sliding-
-    window attention -- exactly what the sliding KV cache computes. None: no limit.
+    row's log-sum-exp. ``positions`` (positions.py): what the model's positions scheme does in
+    attention -- transform queries and keys (rotary), add a term to the scores -- or nothing
+    (learned positions, the default). ``window``: each query attends to at most this many
+    positions; a model without learned positions sets it to its context, so a sequence longer
+    than the context is sliding-window attention -- exactly what the sliding KV cache computes.
+    None: no limit.
 
     The keys and values are ``n_kv_head`` heads (here H, one per query head); a variant that
     shares them between groups of query heads passes ``n_kv_head`` and changes :meth:`_expand`,
@@ -45,30 +47,27 @@ class CausalSelfAttention(Module):
 
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02,
-                 impl: str = "dense", rotary: Rotary | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
+                 impl: str = "dense", positions: Positions = LEARNED, tiles: tuple = (BLOCK_Q, BLOCK_K),
                  window: int | None = None, split_rows: int = SPLIT_ROWS, n_kv_head: int | None = None):
         super().__init__()
         self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal
         self.n_kv_head = n_kv_head or n_head
-        self.impl, self.rotary, self.window = impl, rotary, window
+        self.impl, self.positions, self.window = impl, positions, window
         # the key bias adds one constant to every score of a row, which the softmax ignores: its
         # gradient is exactly zero, unless rotation by position makes the shift differ per key
-        self.key_bias_inert = rotary is None
-        self.kernel = kernel(impl, causal, window, split_rows, tiles)
+        self.key_bias_inert = not positions.rotates
+        self.kernel = kernel(impl, causal, window, split_rows, tiles, positions.bias)
         self.c_attn = Linear(d_model, (n_head + self.n_kv_head) * d_qk + self.n_kv_head * d_v, rng, dtype, bias)
         self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))   # a scalar of the model's dtype
 
     @classmethod
-    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
-        """Layer ``layer`` of a model configured by ``cfg`` (build.py)."""
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float,
+                    positions: Positions = LEARNED):
+        """Layer ``layer`` of a model configured by ``cfg``, with the model's ``positions``
+        (build.py makes both)."""
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, cfg.causal, proj_std,
-                   cfg.attn_kernel, rotary=cls.rotary_of(cfg), window=cfg.n_ctx if cfg.positions == "rope" else None)
-
-    @staticmethod
-    def rotary_of(cfg) -> Rotary | None:
-        """The rotation ``cfg``'s positions ask for, or None (learned positions)."""
-        return Rotary(cfg.d_qk, cfg.rope_base) if cfg.positions == "rope" else None
+                   cfg.attn_kernel, positions=positions, window=positions.window(cfg.n_ctx))
 
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*Dk + Hkv*(Dk+Dv)) -> q (B, H, T, Dk), k (B, Hkv, T, Dk), v (B, Hkv, T, Dv) views."""
@@ -94,8 +93,7 @@ class CausalSelfAttention(Module):
         keys (an encoder's padded source positions), 0 elsewhere; non-causal dense kernel only.
         ``noise``: dropout's (dropout.Noise), training only: the weights' mask is drawn here."""
         q, k, v = self._heads(self.c_attn.forward(x))
-        if self.rotary is not None:
-            q, k = self.rotary.forward(q), self.rotary.forward(k)          # rotated copies
+        q, k = self.positions.rotate(q, k)                                 # rotary: rotated copies
         B, H, T, _ = q.shape
         qs = q * self.scale               # (B, H, T, Dk): scaling q is cheaper than scaling S
         merged = np.empty((B, T, H * self.d_v), dtype=qs.dtype)            # heads side by side
@@ -115,7 +113,8 @@ class CausalSelfAttention(Module):
         The key bias gets an exactly zero gradient in exact arithmetic: every row of dS sums to
         zero (softmax is invariant to a shift of its scores), so sum_t dk[t] = 0.
         The kernel computes dS its own way (flash: tile by tile from the saved log-sum-exp);
-        with rotary positions, dq and dk are rotated back (the transpose of the rotation).
+        with rotary positions, dq and dk are rotated back (the transpose of the rotation). A
+        positions bias on S has no parameter: dS is the same with it.
         """
         qs, k, v, saved, y = self.cache
         B, H, T, _ = qs.shape
@@ -127,9 +126,7 @@ class CausalSelfAttention(Module):
         self.kernel.backward(dy, qs, k, v, y, saved, (dq, dk_heads, dv_heads))
         self._reduce(dk_heads, dv_heads, dk, dv)
         dq *= self.scale
-        if self.rotary is not None:
-            dq[...] = self.rotary.backward(dq)
-            dk[...] = self.rotary.backward(dk)
+        self.positions.rotate_back(dq, dk)
         return self.c_attn.backward(dqkv)                                  # (B, T, C)
 
     def weights(self) -> np.ndarray:
@@ -209,10 +206,11 @@ class CausalSelfAttention(Module):
         """rows.out = c_proj(attention of the new rows t0 .. t1-1 to the cached ones).   [paper §3.2]
 
         The new rows' keys and values are written into the cache first. Past the cache (t1 >
-        n_ctx, one row at a time, rotary positions only) the cache is a ring: position t lives
-        in slot t mod n_ctx, and the row attends to all n_ctx slots, the last n_ctx positions.
-        Attention is a weighted sum over a set, so the order of the slots does not matter, and
-        rotated keys carry their own positions.
+        n_ctx, one row at a time, positions without a learned table only) the cache is a ring:
+        position t lives in slot t mod n_ctx, and the row attends to all n_ctx slots, the last
+        n_ctx positions. Attention is a weighted sum over a set, so the order of the slots does
+        not matter: rotated keys carry their own positions, and a positions bias is given each
+        slot's position (Step.slots).
 
         Sparse decoding (one row within the cache; ``step.sparse``): at a selection layer the
         row attends densely and its pre-softmax scores choose the kept set; at the layers after
@@ -226,10 +224,7 @@ class CausalSelfAttention(Module):
         s = state.scratch(t1 - t0)
         qkv, proj, proj_b = state.folded
         np.dot(rows.xa, qkv, out=s.qkv)                             # [q * scale | k | v], (N, .)
-        if self.rotary is not None:                                 # rotate q and k in place
-            cos, sin = step.tables(self.rotary)
-            rotate(s.qk, cos, sin, out=s.qk_rotated)
-            s.qk[...] = s.qk_rotated
+        self.positions.rotate_rows(s.qk, s.qk_rotated, step)        # rotary: q and k in place
         keys, values = state.keys, state.values
         n_ctx = keys.shape[2]
         s0 = t0 % n_ctx if t1 > n_ctx else t0                       # first slot written
@@ -256,6 +251,11 @@ class CausalSelfAttention(Module):
             span = keep.shape[-1]
         att = s.att[..., :span]                                     # (B, H, Tn, span)
         np.matmul(s.q, self._by_cache_head(cached_k).swapaxes(-1, -2), out=att)
+        if keep is None:
+            bias = step.once(("bias", self.positions), lambda: self.positions.bias(step.rows(), step.slots(span, n_ctx),
+                                                                         att.dtype))
+            if bias is not None:                                    # (H, Tn, span), per head as att groups them
+                att += bias.reshape(att.shape[1:])
         if chooses:                                                 # (B, H, t1), kept for looking inside
             scores = s.scores[..., :span]
             scores[...] = att[..., 0, :].reshape(att.shape[0], self.n_head, span)
@@ -276,10 +276,7 @@ def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
     s = state.scratch(1)
     qkv, proj, proj_b = state.folded
     np.dot(rows.xa, qkv, out=s.qkv)
-    if layer.rotary is not None:
-        cos, sin = step.tables(layer.rotary)
-        rotate(s.qk, cos, sin, out=s.qk_rotated)
-        s.qk[...] = s.qk_rotated
+    layer.positions.rotate_rows(s.qk, s.qk_rotated, step)
     pos = step.positions
     b = np.arange(pos.size)
     state.keys[b, :, pos] = s.k[:, :, 0]
@@ -288,6 +285,9 @@ def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
     att = s.att[..., :span]
     np.matmul(s.q, layer._by_cache_head(state.keys[:, :, :span]).swapaxes(-1, -2), out=att)
     att += step.row_mask(span).reshape((pos.size,) + (1,) * (att.ndim - 2) + (span,))
+    bias = step.once(("bias", layer.positions), lambda: layer.positions.bias(step.rows(), np.arange(span), att.dtype))
+    if bias is not None:                                            # (B, H, 1, span)
+        att += bias.reshape(att.shape)
     decode_attend(att, layer._by_cache_head(state.values[:, :, :span]), s)
     np.dot(s.ya, proj, out=rows.out)
     if proj_b is not None:

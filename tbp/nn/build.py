@@ -1,5 +1,6 @@
-"""The registry: which class each config value stands for, every variant's declaration, and
-the one way a model is built.
+"""The builder: which class each config value stands for, every variant's declaration, and
+the one way a model is built. The model's parts that several layers share (its positions
+object, from the registry's ``positions`` axis) are made here once and handed in.
 
 A config value maps to a class here; the class builds itself from the config
 (``from_config``), and what the rest of tbp asks of a variant it asks through ``active``,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attnres, config, dropout, flash, gqa, mta, recompute, rope
+from . import attnres, config, designs, dropout, flash, gqa, mta, positions as _positions, recompute, registry, rope  # noqa: F401
 from .attention import CausalSelfAttention
 from .attnres import DepthResidual
 from .config import ConfigError, ModelConfig
@@ -25,14 +26,21 @@ ATTENTION = {"standard": CausalSelfAttention, "mta": MultiTokenAttention, "gqa":
 RESIDUAL = {"sum": Sum, "attention": DepthResidual}
 ARCH: dict[str, type] = {}          # "gpt": GPT (gpt.py), "encoder-decoder": EncoderDecoder (seq2seq.py)
 
-# every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py
+# every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py, the
+# designs' (tbp/nn/designs/) are declared in the registry
 VARIANTS: list[Variant] = [mta.VARIANT, gqa.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT, dropout.VARIANT,
-                           recompute.VARIANT]
+                           recompute.VARIANT, *registry.VARIANTS]
 
 
-def attention(cfg: ModelConfig, rng: np.random.Generator, dtype, layer: int, proj_std: float):
-    """Layer ``layer``'s self-attention, of the kind ``cfg.attention`` names."""
-    return ATTENTION[cfg.attention].from_config(cfg, rng, dtype, layer, proj_std)
+def positions(cfg: ModelConfig):
+    """The positions object ``cfg.positions`` names (positions.py; registered in registry.py)."""
+    return registry.POSITIONS[cfg.positions](cfg)
+
+
+def attention(cfg: ModelConfig, rng: np.random.Generator, dtype, layer: int, proj_std: float, pos=None):
+    """Layer ``layer``'s self-attention, of the kind ``cfg.attention`` names, with the model's
+    positions object ``pos`` (made from ``cfg`` when not given)."""
+    return ATTENTION[cfg.attention].from_config(cfg, rng, dtype, layer, proj_std, pos or positions(cfg))
 
 
 def attention_class(cfg: ModelConfig) -> type:

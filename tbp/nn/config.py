@@ -13,6 +13,8 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from . import registry
+
 
 class ConfigError(ValueError):
     """An option value outside its declared range or choices (a usage error, not a bug)."""
@@ -96,7 +98,7 @@ def _check(name: str, value, kind, meta) -> None:
 ACTIVATIONS = ("gelu", "relu")
 ATTN_IMPLS = ("auto", "dense", "flash")
 FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, docs/designs/flash-attention.md)
-POSITIONS = ("learned", "rope")
+POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
 ARCHS = ("gpt", "encoder-decoder")
 ATTENTIONS = ("standard", "mta", "gqa")
 RESIDUALS = ("sum", "attention")
@@ -139,9 +141,10 @@ class ModelConfig(DictConfig):
     attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "
                                     "backward; flash computes the same numbers in tiles with O(T) memory; "
                                     f"auto: flash from a context of {FLASH_FROM_T} on.", choices=ATTN_IMPLS)
-    positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or rope "
-                                       "(queries and keys rotated by position; generation slides past the "
-                                       "context).", choices=POSITIONS, gpt2="learned")
+    positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or a "
+                                       "scheme without one, which reads past the context as a sliding window "
+                                       "(rope: queries and keys rotated by position; the designs add others).",
+                            choices=POSITIONS, gpt2="learned")
     rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
                               min=1.0, min_open=True)
     attention: str = option("standard", "standard; mta: Multi-Token Attention, a learned convolution over "

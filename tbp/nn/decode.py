@@ -19,7 +19,7 @@ What a layer must provide to decode (the attention kinds, the MLP, cross-attenti
   the norm ``ln`` that feeds it, its caches (self-attention: keys and values), its scratch;
 - ``decode(rows, state, step)``: read the normalised new rows ``rows.xa`` ([xhat, 1],
   (N, C + 1), N = B Tn) and write the sublayer's output into ``rows.out`` (N, C). ``step``
-  (:class:`Step`) says which positions the rows are, with the rotary tables and the sparse
+  (:class:`Step`) says which positions the rows are, with what a positions scheme makes once per step and the sparse
   decoding state.
 
 The residual scheme runs the layers (``decode(layers, rows, step, state)``, residual.py): it forms each
@@ -71,20 +71,26 @@ class Step:
     def __init__(self, t0: int, t1: int, dtype, sparse: Sparse | None, positions: np.ndarray | None = None):
         self.t0, self.t1, self.dtype, self.sparse, self.layer = t0, t1, dtype, sparse, 0
         self.positions = positions        # (B,): one row per sequence, each at its own position
-        self._tables = self._mask = None
+        self._once: dict = {}
+        self._mask = None
 
-    def tables(self, rotary) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin (Tn, 1, Dk/2) of the rows' positions -- with ``positions``, (B, 1, 1, Dk/2),
-        each row's own -- made once per step for every layer."""
-        if self._tables is None:
-            if self.positions is not None:
-                angles = self.positions[:, None].astype(np.float64) * rotary.inv_freq       # (B, Dk/2)
-                self._tables = (np.cos(angles).astype(self.dtype)[:, None, None],
-                                np.sin(angles).astype(self.dtype)[:, None, None])
-            else:
-                cos, sin = rotary.tables(self.t0, self.t1 - self.t0, self.dtype)
-                self._tables = cos[:, None], sin[:, None]
-        return self._tables
+    def once(self, key, make):
+        """``make()``, made once per step and shared by every layer (keyed by ``key``, e.g. the
+        positions object whose rotary tables or score bias it is)."""
+        if key not in self._once:
+            self._once[key] = make()
+        return self._once[key]
+
+    def rows(self) -> np.ndarray:
+        """The new rows' positions: (Tn,), t0 .. t1-1, or (B, 1), each sequence's own."""
+        return self.positions[:, None] if self.positions is not None else np.arange(self.t0, self.t1)
+
+    def slots(self, span: int, n_ctx: int) -> np.ndarray:
+        """(span,) the position each of the cache's first ``span`` slots holds: slot s holds s
+        within the context; past it (one row at t0, a ring of n_ctx slots) the latest position
+        t <= t0 with t = s mod n_ctx."""
+        s = np.arange(span)
+        return s if self.t1 <= n_ctx else self.t0 - (self.t0 - s) % n_ctx
 
     def row_mask(self, span: int) -> np.ndarray:
         """(B, span): 0 where row b may read (slots up to its position), -inf past it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .positions import add_bias
 from .variant import Variant
 
 BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/long_context.py)
@@ -54,10 +55,12 @@ def _key_range(i0: int, i1: int, Tk: int, offset: int, causal: bool, window) -> 
 
 def flash_forward(qs: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
                   block_q: int = BLOCK_Q, block_k: int = BLOCK_K, out: np.ndarray | None = None,
-                  window: int | None = None):
+                  window: int | None = None, bias=None):
     """qs (B, H, Tq, Dk) pre-scaled queries, k (B, H, Tk, Dk), v (B, H, Tk, Dv) ->
     (y (B, H, Tq, Dv), lse (B, H, Tq)). ``out`` receives y (it may be a strided view).
-    ``window`` (causal only): each query sees at most that many positions, itself included."""
+    ``window`` (causal only): each query sees at most that many positions, itself included.
+    ``bias(rows, keys, dtype)`` -> (H, bq, bk): a positions scheme's score term, added to each
+    tile's scores with its mask (positions.py)."""
     B, H, Tq, _ = qs.shape
     Tk, Dv = k.shape[2], v.shape[3]
     offset = Tk - Tq
@@ -80,6 +83,8 @@ def flash_forward(qs: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = T
                 mask = _mask(i0, i1, j0, j1, offset, dtype, window)
                 if mask is not None:
                     s += mask
+            if bias is not None:
+                add_bias(s, bias, np.arange(i0, i1) + offset, np.arange(j0, j1))
             m_new = np.maximum(m, np.maximum.reduce(s, axis=-1, keepdims=True))
             shift = m_new
             if window is not None:
@@ -100,10 +105,11 @@ def flash_forward(qs: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = T
 
 def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray, y: np.ndarray,
                    lse: np.ndarray, causal: bool = True, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-                   out: tuple | None = None, window: int | None = None):
+                   out: tuple | None = None, window: int | None = None, bias=None):
     """Gradients of the scalar behind dy (B, H, Tq, Dv) with respect to qs, k and v, recomputing
     each tile's probabilities from lse. Returns (dqs, dk, dv); ``out`` = three arrays to write
-    them into (views are fine)."""
+    them into (views are fine). ``bias``: as in :func:`flash_forward`, added again where P is
+    recomputed."""
     B, H, Tq, _ = qs.shape
     Tk = k.shape[2]
     offset = Tk - Tq
@@ -131,6 +137,8 @@ def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray,
                 mask = _mask(i0, i1, j0, j1, offset, dtype, window)
                 if mask is not None:
                     s += mask
+            if bias is not None:
+                add_bias(s, bias, np.arange(i0, i1) + offset, np.arange(j0, j1))
             s -= L[:, :, i0:i1]
             p = np.exp(s, out=s)                                          # exact P from the saved lse
             dy_i = dy[:, :, i0:i1]

@@ -49,15 +49,16 @@ class Block(Module):
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0,
-                 residual=None, additions: int | None = None):
+                 residual=None, additions: int | None = None, positions=None):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
         # residual projections by 1/sqrt(2L) (--proj-init scaled); on nanoGPT's 4-layer recipe
         # that measured worse (val 1.904 vs 1.876 after 2000 steps), so it is not the default.
         # additions: the sums into this block's residual stream (default 2 per block).
+        # positions: the model's positions object (build.py makes it once; from cfg if not given).
         proj_std = init.residual_proj_std(cfg, additions or 2 * cfg.n_layer)
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        self.attn = build.attention(cfg, rng, dtype, layer, proj_std)
+        self.attn = build.attention(cfg, rng, dtype, layer, proj_std, positions)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
         self.attn_res, self.mlp_res = (residual or Sum()).block_ops(layer)
@@ -260,10 +261,11 @@ class GPT(LanguageModel):
         self._setup(cfg, dtype)
         self._block_inputs = self._noise = None            # recompute.py: what the last forward kept
         rng = np.random.default_rng(seed)
+        positions = build.positions(cfg)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
-                               learned_positions=cfg.positions == "learned")
+                               learned_positions=positions.embeds)
         residual = build.residual(cfg, self.dtype)
-        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual) for i in range(cfg.n_layer))
+        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual, positions=positions) for i in range(cfg.n_layer))
         self.residual = residual            # after the blocks: its parameters follow theirs (res_f)
         self._head_and_pack(cfg, rng)
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from .attention import CausalSelfAttention
 from .config import ConfigError
+from .positions import LEARNED, Positions
 from .rope import Rotary
 from .sparse import PER_HEAD, select
 from .variant import Variant
@@ -45,11 +46,11 @@ class GroupedQueryAttention(CausalSelfAttention):
         self.group = n_head // n_kv_head                                   # G: query heads per key head
 
     @classmethod
-    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
-        rope = cfg.positions == "rope"
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float,
+                    positions: Positions = LEARNED):
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.n_kv_head, bias=cfg.bias,
                    causal=cfg.causal, proj_std=proj_std, impl=cfg.attn_kernel,
-                   rotary=CausalSelfAttention.rotary_of(cfg), window=cfg.n_ctx if rope else None)
+                   positions=positions, window=positions.window(cfg.n_ctx))
 
     def _expand(self, k: np.ndarray, v: np.ndarray):
         """k (B, Hkv, T, Dk), v (B, Hkv, T, Dv) -> one copy per query head, (B, H, T, .)."""
@@ -116,7 +117,7 @@ VARIANT = Variant(
          lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 3, C // 4, rng, dtype, 2)),
         ("attention [gqa: multi-query, flash in tiles + rope]",
          lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 1, impl="flash",
-                                                        tiles=(2, 3), rotary=Rotary(2))),
+                                                        tiles=(2, 3), positions=Rotary(2))),
         ("attention [gqa: 2 key/value heads, causal query blocks]",
          lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 2, split_rows=2))),
     model_cases=(("gpt [gqa: 2 key/value heads for 4]", dict(attention="gqa", n_head=4, n_kv_head=2)),

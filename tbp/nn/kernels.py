@@ -10,8 +10,10 @@ signature, whatever the form:
     P = kernel.weights(qs, k, saved)                     (B, H, Tq, Tk), for looking inside
 
 ``saved`` is the kernel's own business: the probabilities P (dense), P in query blocks
-(causal dense), or each row's log-sum-exp (flash). Rotary positions are applied by the layer
-before the kernel; a window (sliding-window attention) is the kernel's.
+(causal dense), or each row's log-sum-exp (flash). A positions scheme's rotation is applied by
+the layer before the kernel; its additive score term (``bias``, positions.py) and a window
+(sliding-window attention) are the kernel's: each form adds the bias to the scores it computes,
+where it adds the mask.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from . import gemm
 from .flash import BLOCK_K, BLOCK_Q, flash_backward, flash_forward
+from .positions import add_bias
 
 
 _MASKS: dict = {}
@@ -96,7 +99,7 @@ def query_blocks(T: int, rows: int = SPLIT_ROWS) -> list[tuple[int, int]]:
 
 def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                          rows: int = SPLIT_ROWS, window: int | None = None,
-                         key_mask: np.ndarray | None = None, drop: np.ndarray | None = None) -> tuple:
+                         key_mask: np.ndarray | None = None, drop: np.ndarray | None = None, bias=None) -> tuple:
     """Causal ``attend`` with the queries in blocks; returns each block's P.
 
     Queries [a, b) may read only keys [0, b), so block i's scores are (b - a, b): the masked
@@ -105,7 +108,7 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     as well, without its recomputation in the backward. qs, k (B, H, T, Dk); v (B, H, T, Dv);
     out (B, H, T, Dv); ``rows``: the blocks' size (query_blocks); ``window``: each query reads at
     most this many positions (applied only past it, T > window); ``key_mask`` (B, 1, 1, T),
-    additive, on keys no query may read.
+    additive, on keys no query may read; ``bias``: a positions scheme's score term (positions.py).
     """
     T = qs.shape[2]
     mask = causal_mask(T, 0, qs.dtype, window if window and T > window else None)
@@ -113,6 +116,8 @@ def attend_causal_blocks(qs: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.n
     for a, b in query_blocks(T, rows):
         att = gemm.batched_matmul(qs[:, :, a:b], k[:, :, :b].transpose(0, 1, 3, 2))   # (B, H, b - a, b)
         att += mask[a:b, :b]
+        if bias is not None:
+            add_bias(att, bias, np.arange(a, b), np.arange(b))
         blocks.append(attend(att, v[:, :, :b], None if key_mask is None else key_mask[..., :b], out=out[:, :, a:b],
                              drop=None if drop is None else drop[:, :, a:b, :b]))
     return tuple(blocks)
@@ -151,10 +156,15 @@ class Dense:
     """Every score kept: P (B, H, Tq, Tk) is what the backward reads. Non-causal (an encoder,
     cross-attention), with an optional additive key mask (B, 1, 1, Tk) for padding."""
 
+    def __init__(self, bias=None):
+        self.bias = bias
+
     def forward(self, qs, k, v, out, key_mask=None, drop=None):
         if drop is not None:
             raise ValueError("dropout is for causal self-attention here")
         att = gemm.batched_matmul(qs, k.transpose(0, 1, 3, 2))            # (B, H, Tq, Tk)
+        if self.bias is not None:
+            add_bias(att, self.bias, np.arange(att.shape[2]), np.arange(att.shape[3]))
         return attend(att, v, key_mask, out=out)
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:
@@ -171,13 +181,13 @@ class CausalBlocks:
     the window, it is one block, the full square (a window's masked part is on the left).
     ``saved`` is (the rows a block, each block's P, dropout's mask or None)."""
 
-    def __init__(self, rows: int = SPLIT_ROWS, window: int | None = None):
-        self.rows, self.window = rows, window
+    def __init__(self, rows: int = SPLIT_ROWS, window: int | None = None, bias=None):
+        self.rows, self.window, self.bias = rows, window, bias
 
     def forward(self, qs, k, v, out, key_mask=None, drop=None):
         T = qs.shape[2]
         rows = T if key_mask is not None or (self.window and T > self.window) else self.rows
-        return rows, attend_causal_blocks(qs, k, v, out, rows, self.window, key_mask, drop), drop
+        return rows, attend_causal_blocks(qs, k, v, out, rows, self.window, key_mask, drop, self.bias), drop
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:
         rows, blocks, drop = saved
@@ -196,16 +206,18 @@ class Flash:
     """FlashAttention (flash.py): the same numbers in tiles, keeping only each row's
     log-sum-exp L (B, H, Tq); ``tiles`` = (block_q, block_k)."""
 
-    def __init__(self, causal: bool = True, window: int | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K)):
-        self.causal, self.window, self.tiles = causal, window, tiles
+    def __init__(self, causal: bool = True, window: int | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
+                 bias=None):
+        self.causal, self.window, self.tiles, self.bias = causal, window, tiles, bias
 
     def forward(self, qs, k, v, out, key_mask=None, drop=None):
         if key_mask is not None or drop is not None:
             raise ValueError("flash attention takes no key padding mask and no dropout; use the dense kernel")
-        return flash_forward(qs, k, v, self.causal, *self.tiles, out=out, window=self.window)[1]
+        return flash_forward(qs, k, v, self.causal, *self.tiles, out=out, window=self.window, bias=self.bias)[1]
 
     def backward(self, dy, qs, k, v, y, saved, out) -> None:
-        flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window)
+        flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window,
+                       bias=self.bias)
 
     def weights(self, qs, k, saved) -> np.ndarray:
         """P = exp(S - L): exactly the probabilities the forward used, recomputed."""
@@ -213,15 +225,18 @@ class Flash:
         if self.causal:
             T = s.shape[-1]
             s += causal_mask(T, 0, s.dtype, self.window if self.window and T > self.window else None)
+        if self.bias is not None:
+            add_bias(s, self.bias, np.arange(s.shape[2]) + s.shape[3] - s.shape[2], np.arange(s.shape[3]))
         s -= saved[..., None]
         return np.exp(s, out=s)
 
 
 def kernel(impl: str, causal: bool, window: int | None = None, rows: int = SPLIT_ROWS,
-           tiles: tuple = (BLOCK_Q, BLOCK_K)):
-    """The kernel for ``impl`` ("dense" or "flash") and the layer's mask."""
+           tiles: tuple = (BLOCK_Q, BLOCK_K), bias=None):
+    """The kernel for ``impl`` ("dense" or "flash"), the layer's mask and its positions
+    scheme's score term ``bias(rows, keys, dtype)`` (positions.py; None: none)."""
     if impl == "flash":
-        return Flash(causal, window, tiles)
+        return Flash(causal, window, tiles, bias)
     if impl != "dense":
         raise ValueError(f"attention kernel must be dense or flash, got {impl!r}")
-    return CausalBlocks(rows, window) if causal else Dense()
+    return CausalBlocks(rows, window, bias) if causal else Dense(bias)

@@ -58,7 +58,8 @@ class MultiTokenAttention(CausalSelfAttention):
         self.key_bias_inert = conv is None       # a convolution mixes scores of different keys
 
     @classmethod
-    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float):
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float, positions=None):
+        """(``positions``: learned ones, the only kind Multi-Token Attention takes here.)"""
         conv = (cfg.mta_cq, cfg.mta_ck) if layer in conv_layers(cfg) else None
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, proj_std, conv,
                    cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm,

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .config import ConfigError
+from .positions import Positions
 from .variant import Variant
 
 
-class Rotary:
-    """The rotation for heads of width ``d`` (even), with frequency base ``base``."""
+class Rotary(Positions):
+    """The rotation for heads of width ``d`` (even), with frequency base ``base``: a positions
+    scheme (positions.py) with no vector per position, that rotates queries and keys."""
+
+    embeds = False
+    rotates = True
 
     def __init__(self, d: int, base: float = 10000.0):
         if d % 2:
@@ -54,6 +60,29 @@ class Rotary:
         cos, sin = self.tables(t0, dy.shape[-2], dy.dtype)
         return rotate(dy, cos, -sin, np.empty_like(dy))
 
+    # --- the positions protocol (positions.py) ---------------------------------------------
+    def rotate(self, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.forward(q), self.forward(k)                         # rotated copies
+
+    def rotate_back(self, dq: np.ndarray, dk: np.ndarray) -> None:
+        dq[...] = self.backward(dq)
+        dk[...] = self.backward(dk)
+
+    def rotate_rows(self, qk: np.ndarray, out: np.ndarray, step) -> None:
+        cos, sin = step.once(("rotary", self), lambda: self.row_tables(step))
+        rotate(qk, cos, sin, out=out)
+        qk[...] = out
+
+    def row_tables(self, step) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (Tn, 1, Dk/2) of a decoding step's rows at t0 .. t1-1 -- with the step's
+        ``positions`` (B,), one row per sequence, (B, 1, 1, Dk/2), each row's own."""
+        if step.positions is not None:
+            angles = step.positions[:, None].astype(np.float64) * self.inv_freq       # (B, Dk/2)
+            return (np.cos(angles).astype(step.dtype)[:, None, None],
+                    np.sin(angles).astype(step.dtype)[:, None, None])
+        cos, sin = self.tables(step.t0, step.t1 - step.t0, step.dtype)
+        return cos[:, None], sin[:, None]
+
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = x * cos + rot(x) * sin over the last axis, pairs (i, i + d/2); cos, sin (T, d/2)
@@ -66,6 +95,11 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> 
     np.multiply(b, cos, out=out_b)
     out_b += a * sin                                         # b cos + a sin
     return out
+
+
+@registry.positions("rope")
+def _rotary(cfg) -> Rotary:
+    return Rotary(cfg.d_qk, cfg.rope_base)
 
 
 def _check(cfg) -> None:

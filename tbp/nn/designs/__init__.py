@@ -1,0 +1,2 @@
+"""The designs wing: one folder per design, each registering itself into the registry
+(registry.py) when imported here -- the one line a new design adds outside its folder."""

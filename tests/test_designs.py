@@ -1,0 +1,94 @@
+"""Every registered design through the same checks, as a model zoo tests every registered model:
+each positions scheme of the registry (learned, rope and whatever the designs add) must give the
+same numbers with every kernel, decode from its cache what the full forward computes (past the
+context too, where it slides), decode rows at their own positions as alone, and have its
+gradient rows pass; every declaration's model cases build and decode."""
+import numpy as np
+import pytest
+
+from tbp.nn import GPT, ModelConfig, build, registry
+
+SCHEMES = sorted(registry.POSITIONS)
+
+
+def model(positions: str, **kw) -> GPT:
+    cfg = dict(vocab_size=13, n_ctx=12, n_layer=2, n_head=2, d_model=8, positions=positions)
+    cfg.update(kw)
+    return GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+
+
+def test_the_registry_knows_the_built_in_schemes_and_the_config_reads_it():
+    assert {"learned", "rope"} <= set(SCHEMES)
+    with pytest.raises(Exception, match="positions must be one of " + ", ".join(registry.POSITIONS)):
+        ModelConfig(positions="no-such-scheme")
+
+
+@pytest.mark.parametrize("positions", SCHEMES)
+def test_every_kernel_gives_the_same_numbers(positions):
+    rng = np.random.default_rng(0)
+    tokens, targets = rng.integers(0, 13, (2, 12)), rng.integers(0, 13, (2, 12))
+    got = []
+    for impl, rows in (("dense", 64), ("dense", 5), ("flash", None)):
+        m = model(positions, attn_impl=impl)
+        for block in m.blocks:
+            if rows:
+                block.attn.kernel.rows = rows              # query blocks of 5 rows: several blocks
+            else:
+                block.attn.kernel.tiles = (5, 7)           # several flash tiles across the diagonal
+        m.zero_grad()
+        loss = m.loss_and_backward(tokens, targets)
+        got.append((loss, m.layout.grads.copy()))
+    for loss, grads in got[1:]:
+        np.testing.assert_allclose(loss, got[0][0], rtol=1e-12)
+        np.testing.assert_allclose(grads, got[0][1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("positions", SCHEMES)
+def test_cached_decoding_equals_the_full_forward_and_slides_where_it_can(positions):
+    m = model(positions)
+    n = 12 if "wpe" in m.embed.params else 30           # without a position table: 18 tokens past the context
+    tokens = np.random.default_rng(2).integers(0, 13, (2, n))
+    full = m.forward(tokens)
+    dec = m.inference(2)
+    steps = [dec.forward(tokens[:, :4]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(4, n)]
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-10, atol=1e-12)
+    assert m.slides == (n > 12)
+
+
+@pytest.mark.parametrize("positions", SCHEMES)
+def test_rows_at_their_own_positions_decode_as_alone(positions):
+    m = model(positions)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 13, k) for k in (3, 6, 1)]
+    together, one = m.inference(3), m.inference(1)
+    alone = [m.inference(1) for _ in prompts]
+    for b, p in enumerate(prompts):
+        one.reset()
+        one.forward(p[None])
+        together.load_row(b, one)
+        alone[b].forward(p[None])
+    pos = np.array([len(p) for p in prompts])
+    for tokens in rng.integers(0, 13, (4, 3)):
+        got = together.step_rows(tokens, pos).copy()
+        for b in range(3):
+            np.testing.assert_allclose(got[b], alone[b].forward(np.array([[tokens[b]]]))[0, -1], rtol=1e-10,
+                                       atol=1e-12)
+        pos += 1
+
+
+@pytest.mark.parametrize("variant", [v for v in build.VARIANTS if v.model_cases], ids=lambda v: v.key)
+def test_every_declared_model_case_builds_with_its_variant_on(variant):
+    """(tbp gradcheck runs each case's gradient rows: tests/test_gradcheck.py.)"""
+    for label, fields in variant.model_cases:
+        cfg = dict(vocab_size=11, n_ctx=6, n_layer=2, n_head=2, d_model=8)
+        cfg.update(fields)
+        m = build.build_model(ModelConfig(**cfg), seed=0, dtype=np.float64)
+        assert any(v is variant for v in build.active(m.config)), label
+
+
+@pytest.mark.parametrize("variant", build.VARIANTS, ids=lambda v: v.key)
+def test_every_refusal_is_a_sentence_and_names_a_variant_or_a_use(variant):
+    keys = {v.key for v in build.VARIANTS}
+    for other, why in variant.refuses.items():
+        assert other in keys or other in build.USES, other
+        assert len(why.split()) >= 4 and not why.endswith("."), why
