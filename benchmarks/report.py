@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import records
+import tables_alibi
 import tables_gatt
 import tables_gpt2
 import tables_gqa
@@ -307,7 +308,8 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "serve_load": (tables_interop.serve_load, "serve_load"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
-          "llmc_race": (tables_gpt2.llmc_race, "llmc_race")}
+          "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),
+          "alibi_positions": (tables_alibi.positions, "alibi_positions")}
 
 
 def render(text: str) -> str:
