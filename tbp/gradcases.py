@@ -1,5 +1,5 @@
 """The instances ``tbp gradcheck`` checks: every layer under every engine option, then the whole
-models, each a :class:`~tbp.gradcheck.Case` (a scalar f and the tensors to probe).
+models, each a :class:`Case` (a scalar f and the tensors to probe); gradcheck.py checks them.
 
 Each case builds a small random instance in float64 and defines f as a random projection of
 the layer's output (``f = sum(out * w)``) or the model's loss; ``prepare`` runs the one
@@ -7,9 +7,11 @@ backward and names the tensors with their analytic gradients. The checker is gra
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
-from .gradcheck import Case, Target
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
 from .nn.attention import padding_mask
@@ -18,6 +20,24 @@ from .nn.build import VARIANTS
 from .nn.rope import Rotary
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
+
+
+@dataclass
+class Target:
+    """A tensor to probe: the array perturbed in place and its analytic gradient."""
+    name: str
+    value: np.ndarray
+    grad: np.ndarray
+    expect_zero: bool = False
+    why_zero: str = "softmax shift invariance"
+
+
+@dataclass
+class Case:
+    """A named instance to check: f() evaluates the scalar; targets are filled by prepare()."""
+    layer: str
+    f: Callable[[], float]
+    prepare: Callable[[], list]          # runs the backward, returns [Target, ...]
 
 
 def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:

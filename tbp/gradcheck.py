@@ -21,9 +21,10 @@ This module is numbers only: the CLI renders the results.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable
-
 import numpy as np
+
+from .gradcases import Case, Target
+from .gradcases import cases as build
 
 
 DEFAULT_EPS = 1e-5
@@ -47,24 +48,6 @@ class Row:
         d = asdict(self)
         d["shape"] = list(self.shape)
         return d
-
-
-@dataclass
-class Target:
-    """A tensor to probe: the array perturbed in place and its analytic gradient."""
-    name: str
-    value: np.ndarray
-    grad: np.ndarray
-    expect_zero: bool = False
-    why_zero: str = "softmax shift invariance"
-
-
-@dataclass
-class Case:
-    """A named instance to check: f() evaluates the scalar; targets are filled by prepare()."""
-    layer: str
-    f: Callable[[], float]
-    prepare: Callable[[], list]          # runs the backward, returns [Target, ...]
 
 
 def check_case(case: Case, rng: np.random.Generator, eps: float = DEFAULT_EPS,
@@ -120,9 +103,7 @@ def _check_tensor(case: Case, t: Target, rng, eps, rtol, max_entries) -> Row:
 
 
 def cases(rng: np.random.Generator) -> list[Case]:
-    """Every case gradcases.py builds (imported here, where it is used: the cases use this
-    module's Case and Target)."""
-    from .gradcases import cases as build
+    """Every case gradcases.py builds."""
     return build(rng)
 
 

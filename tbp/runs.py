@@ -59,13 +59,10 @@ class RunRequest:
 
 
 def start(req: RunRequest, callbacks: Callbacks | None = None,
-          report: PrepareReport | None = None, world=None) -> Trainer:
+          report: PrepareReport | None = None) -> Trainer:
     """The Trainer for a request: resume the run in ``out``, fine-tune ``init_from``, or start
-    a new model on ``data``. In an MPI ``world`` of several ranks, rank 0 does this and the
-    others follow it (ranksetup.py)."""
-    if world is not None and world.size > 1:
-        from .ranksetup import start_ranks
-        return start_ranks(req, callbacks, report, world)
+    a new model on ``data``. (In an MPI world of several ranks, ranksetup.start_ranks calls
+    this on rank 0 and has the others follow it.)"""
     if req.resume and req.init_from is not None:
         raise ConfigError("--resume continues a run; --init-from starts a new one: pick one")
     if req.resume and req.out is None:

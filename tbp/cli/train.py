@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from .. import distributed, runs
+from .. import distributed, ranksetup, runs
 from ..checkpoint import read_metrics
 from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
@@ -265,7 +265,9 @@ def train(ctx, data_arg, kind, vocab_size, out, resume, init_from, force, unknow
                                f"(run it under mpiexec -n N, or leave {'them' if len(asked) > 1 else 'it'} out)")
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
     board = TensorBoard(tb_dir) if tb_dir is not None and world.is_root else None
-    trainer = runs.start(request, Several(progress, board), PrepareBar(), world)
+    callbacks = Several(progress, board)
+    trainer = ranksetup.start_ranks(request, callbacks, PrepareBar(), world) if world.size > 1 \
+        else runs.start(request, callbacks, PrepareBar())
     stopper = Stopper(trainer, announce=world.is_root)
     try:
         state = trainer.run_loop()

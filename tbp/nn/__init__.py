@@ -13,29 +13,35 @@ parameter has no gradient); ``forward`` keeps what ``backward`` needs; ``backwar
 has its inference form beside them (``fold``: weights prepared once; ``decode_state`` and
 ``decode``: one step on preallocated buffers, decode.py). A variant -- an attention kind, a
 residual scheme, positions, an architecture, a kernel -- declares what the rest of tbp asks of
-it in its own module (variant.py); build.py is the registry of them all. ``reference`` states
-every layer's equations plainly, and the tests hold the fast layers to it. Nothing here
-imports anything but numpy.
-"""
-from .config import ConfigError, ModelConfig
-from .module import Module, Stack
-from .layout import Layout
-from .embedding import Embedding
-from .linear import Linear, LoRA
-from .layernorm import LayerNorm
-from .attention import CausalSelfAttention
-from .cross import CrossAttention
-from .mta import MultiTokenAttention
-from .mlp import MLP
-from .loss import cross_entropy, CrossEntropy
-from .build import build_model, model_class
-from .gpt import Block, GPT, LanguageModel, LORA_TARGETS, add_lora, merge_lora
-from .seq2seq import DecoderBlock, Encoder, EncoderDecoder
-from .decode import Inference
+it in its own module (variant.py); the choices of each axis are in the registry (registry.py,
+a leaf that the designs of ``designs/`` register into), and build.py turns a config into parts.
+``reference`` states every layer's equations plainly, and the tests hold the fast layers to it.
+Nothing here imports anything but numpy.
 
-__all__ = [
-    "ConfigError", "ModelConfig", "Module", "Stack", "Layout", "Embedding", "Linear", "LoRA", "LayerNorm",
-    "CausalSelfAttention", "CrossAttention", "MultiTokenAttention", "Inference",
-    "DecoderBlock", "Encoder", "EncoderDecoder", "LanguageModel", "build_model", "model_class", "MLP",
-    "cross_entropy", "CrossEntropy", "Block", "GPT", "LORA_TARGETS", "add_lora", "merge_lora",
-]
+This face is lazy (PEP 562): ``import tbp.nn.config`` loads the config and the registry only;
+a name below is imported when first asked for.
+"""
+from importlib import import_module
+
+_HOMES = {
+    "ConfigError": "config", "ModelConfig": "config", "Module": "module", "Stack": "module", "Layout": "layout",
+    "Embedding": "embedding", "Linear": "linear", "LoRA": "linear", "LayerNorm": "layernorm",
+    "CausalSelfAttention": "attention", "CrossAttention": "cross", "MultiTokenAttention": "mta", "MLP": "mlp",
+    "cross_entropy": "loss", "CrossEntropy": "loss", "build_model": "build", "model_class": "build",
+    "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "gpt", "add_lora": "gpt",
+    "merge_lora": "gpt", "DecoderBlock": "seq2seq", "Encoder": "seq2seq", "EncoderDecoder": "seq2seq",
+    "Inference": "decode",
+}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tbp.nn' has no attribute {name!r}")
+    if home != "config" or name == "ModelConfig":
+        # the builder first: the architectures register with it, and it installs the config's checks
+        import_module(".build", __name__)
+    value = getattr(import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value

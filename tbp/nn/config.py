@@ -193,13 +193,14 @@ class ModelConfig(DictConfig):
     KIND = "model config"
 
     def __post_init__(self) -> None:
+        if not CHECKS:      # the builder installs the checks, and the designs their choices, when imported
+            raise RuntimeError("model configs are checked by tbp.nn.build, which is not imported "
+                               "(import ModelConfig from tbp or tbp.nn)")
         super().__post_init__()
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.d_qk is None:
             self.d_qk = self.d_v
-        if not CHECKS:                      # the registry installs them when tbp.nn is imported
-            raise RuntimeError("model configs are checked by tbp.nn.build, which is not imported")
         for check in CHECKS:
             check(self)
         if self.pad_id is not None and self.pad_id >= self.vocab_size:
