@@ -35,13 +35,22 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
+def _engine() -> None:
+    """The builder (it installs the config's checks and imports the designs) and the
+    architectures, which register with it."""
+    for home in ("build", "gpt", "seq2seq"):
+        import_module(f".{home}", __name__)
+
+
 def __getattr__(name: str):
+    if name == "build":                          # ``from tbp.nn import build``: with its architectures
+        _engine()
+        return import_module(".build", __name__)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'tbp.nn' has no attribute {name!r}")
     if home != "config" or name == "ModelConfig":
-        # the builder first: the architectures register with it, and it installs the config's checks
-        import_module(".build", __name__)
+        _engine()
     value = getattr(import_module(f".{home}", __name__), name)
     globals()[name] = value
     return value

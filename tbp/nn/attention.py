@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import registry
 from .flash import BLOCK_K, BLOCK_Q
 # the dense cores and masks live with the kernels; their names are re-exported here for the
 # layers and tests that read them as attention's
@@ -22,6 +23,7 @@ def split_heads(merged: np.ndarray, H: int, D: int) -> np.ndarray:
     return merged.reshape(B, T, H, D).transpose(0, 2, 1, 3)
 
 
+@registry.attention("standard")
 class CausalSelfAttention(Module):
     """y = c_proj(concat_h softmax(mask(q_h k_h^T / sqrt(Dk))) v_h),  [q | k | v] = c_attn(x).
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
+from . import init, registry
 from .config import ConfigError
 from .module import Module
 from .variant import Variant
@@ -232,6 +232,7 @@ def _scale_rows(x: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> 
     return np.einsum("nc,n->nc", x, s, out=out)
 
 
+@registry.residual("attention")
 class DepthResidual(Module):
     """Attention Residuals as the model's residual scheme (residual.py): each sublayer's input,
     and the final state before ``ln_f``, is a DepthAttention over the sources so far.

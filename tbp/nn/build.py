@@ -2,18 +2,21 @@
 the one way a model is built. The model's parts that several layers share (its positions
 object, from the registry's ``positions`` axis) are made here once and handed in.
 
-A config value maps to a class here; the class builds itself from the config
-(``from_config``), and what the rest of tbp asks of a variant it asks through ``active``,
-``refusal`` and the declarations (variant.py), not by testing config strings. The
-architectures sit above this module (they build their blocks from it), so they add
-themselves at the end of their modules: ``ARCH["gpt"]`` (gpt.py), ``ARCH["encoder-decoder"]``
-and the encoder-decoder's declaration (seq2seq.py).
+A config value maps to a class through the registry (registry.py), where each class enters
+with a decorator; the class builds itself from the config (``from_config``), and what the
+rest of tbp asks of a variant it asks through ``active``, ``refusal`` and the declarations
+(variant.py), not by testing config strings. The architectures sit above this module (they
+build their blocks from it): they register when tbp.nn first gives one out, and seq2seq.py
+adds the encoder-decoder's declaration.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import attnres, config, designs, dropout, flash, gqa, mta, positions as _positions, recompute, registry, rope  # noqa: F401
+# the modules that register a choice, in the order each axis lists its choices (the command
+# line's order); then the designs wing
+from . import positions as _positions, rope, residual, attention, mta, gqa, attnres  # noqa: F401
+from . import config, designs, dropout, flash, recompute, registry  # noqa: F401
 from .attention import CausalSelfAttention
 from .attnres import DepthResidual
 from .config import ConfigError, ModelConfig
@@ -22,9 +25,7 @@ from .mta import MultiTokenAttention
 from .residual import Sum
 from .variant import USES, Variant
 
-ATTENTION = {"standard": CausalSelfAttention, "mta": MultiTokenAttention, "gqa": GroupedQueryAttention}
-RESIDUAL = {"sum": Sum, "attention": DepthResidual}
-ARCH: dict[str, type] = {}          # "gpt": GPT (gpt.py), "encoder-decoder": EncoderDecoder (seq2seq.py)
+ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
 
 # every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py, the
 # designs' (tbp/nn/designs/) are declared in the registry

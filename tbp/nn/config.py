@@ -99,9 +99,8 @@ ACTIVATIONS = ("gelu", "relu")
 ATTN_IMPLS = ("auto", "dense", "flash")
 FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, docs/designs/flash-attention.md)
 POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
-ARCHS = ("gpt", "encoder-decoder")
-ATTENTIONS = ("standard", "mta", "gqa")
-RESIDUALS = ("sum", "attention")
+# the choices of the design axes: what the engine has registered (registry.py)
+ARCHS, ATTENTIONS, RESIDUALS = registry.ARCH, registry.ATTENTION, registry.RESIDUAL
 PROJ_INITS = ("flat", "scaled")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import build, gemm, init
+from . import build, gemm, init, registry
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -232,6 +232,7 @@ class LanguageModel(Module):
         raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
 
 
+@registry.arch("gpt")
 class GPT(LanguageModel):
     """GPT-2-shaped language model: embeddings -> L blocks -> ln_f -> logits.   [paper §7]
 
@@ -418,4 +419,3 @@ def merge_lora(model: GPT) -> GPT:
     return model
 
 
-build.ARCH["gpt"] = GPT

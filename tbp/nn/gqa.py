@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .attention import CausalSelfAttention
 from .config import ConfigError
 from .positions import LEARNED, Positions
@@ -34,6 +35,7 @@ from .sparse import PER_HEAD, select
 from .variant import Variant
 
 
+@registry.attention("gqa")
 class GroupedQueryAttention(CausalSelfAttention):
     """CausalSelfAttention with ``n_kv_head`` key/value heads; c_attn.weight: (C, H Dk + Hkv (Dk + Dv)),
     columns [all queries | the Hkv keys | the Hkv values]."""

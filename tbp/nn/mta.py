@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .attention import CausalSelfAttention
 from .config import ConfigError
 from .module import DecodeState
@@ -37,6 +38,7 @@ from .mta_map import MTAParams, conv_map, conv_map_backward, depth_scale  # noqa
 from .variant import Variant
 
 
+@registry.attention("mta")
 class MultiTokenAttention(CausalSelfAttention):
     """Causal self-attention with Multi-Token Attention's steps (module docstring), dense only.
 

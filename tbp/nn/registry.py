@@ -5,6 +5,9 @@ module is imported (``tbp/nn/designs/``; the builder, build.py, imports them), a
 checks and the command line's choices read it, so a new choice is its own module and one
 registration, with no edit of the modules that read the axis.
 
+    ARCH        ``arch``: name -> the model class (GPT, EncoderDecoder)
+    ATTENTION   ``attention``: name -> the self-attention class, built by its ``from_config``
+    RESIDUAL    ``residual``: name -> the residual scheme's class, built by its ``from_config``
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
 """
@@ -12,8 +15,35 @@ from __future__ import annotations
 
 from typing import Callable
 
+ARCH: dict[str, type] = {}
+ATTENTION: dict[str, type] = {}
+RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
 VARIANTS: list = []
+
+
+def _register(axis: dict, what: str, name: str) -> Callable:
+    def register(thing):
+        if name in axis:
+            raise ValueError(f"{what} {name!r} is registered twice")
+        axis[name] = thing
+        return thing
+    return register
+
+
+def arch(name: str) -> Callable:
+    """Register a model class as the architecture ``name`` (a class decorator)."""
+    return _register(ARCH, "arch", name)
+
+
+def attention(name: str) -> Callable:
+    """Register a self-attention class as the attention kind ``name`` (a class decorator)."""
+    return _register(ATTENTION, "attention", name)
+
+
+def residual(name: str) -> Callable:
+    """Register a residual scheme's class as ``name`` (a class decorator)."""
+    return _register(RESIDUAL, "residual", name)
 
 
 def declare(variant):
@@ -24,9 +54,4 @@ def declare(variant):
 
 def positions(name: str) -> Callable:
     """Register ``make(cfg) -> Positions`` as the positions scheme ``name`` (a decorator)."""
-    def register(make: Callable) -> Callable:
-        if name in POSITIONS:
-            raise ValueError(f"positions {name!r} is registered twice")
-        POSITIONS[name] = make
-        return make
-    return register
+    return _register(POSITIONS, "positions", name)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .module import Module
 
 
+@registry.residual("sum")
 class Sum(Module):
     """The residual stream: every sublayer adds its output into one running sum. No parameters."""
 

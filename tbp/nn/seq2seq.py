@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from . import build, init
+from . import build, init, registry
 from .config import ConfigError, ModelConfig
 from .cross import CrossAttention
 from .embedding import Embedding
@@ -97,6 +97,7 @@ class Encoder(Module):
         self.embed.backward(dx)
 
 
+@registry.arch("encoder-decoder")
 class EncoderDecoder(LanguageModel):
     """Encoder-decoder transformer: src (B, S) and tgt_in (B, T) -> logits (B, T, V).
     [Vaswani et al. 2017, Figure 1, pre-LN]
@@ -246,5 +247,4 @@ VARIANT = Variant(
     check=_check,
 )
 
-build.ARCH["encoder-decoder"] = EncoderDecoder
 build.VARIANTS.append(VARIANT)

@@ -4,7 +4,8 @@ of testing config strings.
 A variant is one choice on one of the model's axes -- an attention kind (Multi-Token Attention,
 grouped-query attention), a residual scheme (Attention Residuals), positions (rotary), an
 architecture (the encoder-decoder), a kernel (flash), a training option (dropout). Its module
-declares one ``VARIANT``, and ``build.VARIANTS`` lists them all. From those declarations:
+declares one ``VARIANT``, and ``build.VARIANTS`` lists them all (a design of the designs wing,
+``tbp/nn/designs/``, declares its own in the registry). From those declarations:
 
 - ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
   one of which ``refuses`` the other (one message, written once, by the variant that knows
@@ -16,9 +17,12 @@ declares one ``VARIANT``, and ``build.VARIANTS`` lists them all. From those decl
   ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases`` and
   ``model_cases``.
 
-So a new variant is its module (the layer, its backward, its ``VARIANT``), a registry line in
-build.py, its config fields (with its value among the axis field's choices in config.py, e.g.
-``ATTENTIONS``), its plain twin, and its tests.
+So a new design is its folder in ``tbp/nn/designs/`` -- its layer or positions object, its
+backward, its ``VARIANT`` (``registry.declare``), its registration on its axis
+(``@registry.attention("name")``, ``@registry.positions("name")``, ...: the config's choices
+and the command line's read the registry), its plain twin -- one import line in
+``designs/__init__.py``, and its tests (tests/test_designs.py runs every registered positions
+scheme and declaration through the same checks; ALiBi is the example).
 """
 from __future__ import annotations
 
