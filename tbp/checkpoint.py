@@ -334,28 +334,28 @@ def load_into(model, arrays: dict[str, np.ndarray], source: Path, names: list[st
         np.copyto(p, a, casting="unsafe" if a.dtype != p.dtype else "no")
 
 
-def load_model(run: str | Path, dtype=None, best: bool = False, kernel: dict | None = None):
+def load_model(run: str | Path, dtype=None, best: bool = False, compute: dict | None = None):
     """(model, tokenizer, config dict) of a run: a full model or a base plus its LoRA adapter.
 
     dtype: None keeps the checkpoint's; float32/float64 converts explicitly. Every shape is
     checked against the weight file's header, and the memory the model needs against what the
     machine has, before anything is built. A run that commits a new checkpoint while it is
-    read (training goes on) is read again from its new state.json. ``kernel``: options that
-    change how the model computes, not what (nn.config.KERNEL_FIELDS), to build it with.
+    read (training goes on) is read again from its new state.json. ``compute``: options that
+    change how the model computes, not what (nn.config.COMPUTE_FIELDS), to build it with.
     """
     for attempt in range(3):
         try:
-            return _load_model(Path(run), dtype, best, kernel)
+            return _load_model(Path(run), dtype, best, compute)
         except MissingFile:
             if attempt == 2 or not (Path(run) / "state.json").is_file():
                 raise
 
 
-def _load_model(run: Path, dtype, best: bool, kernel: dict | None = None):
+def _load_model(run: Path, dtype, best: bool, compute: dict | None = None):
     cfg = read_config(run)
     mcfg = read_model_config(run, cfg)
-    if kernel:
-        mcfg = dataclasses.replace(mcfg, **kernel)       # checked again: a ConfigError is a usage error
+    if compute:
+        mcfg = dataclasses.replace(mcfg, **compute)      # checked again: a ConfigError is a usage error
     tok = Tokenizer.load(run / "tokenizer.json")
     if tok.vocab_size != mcfg.vocab_size:
         raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "

@@ -22,7 +22,7 @@ from .data import Dataset, PrepareReport, resolve_dataset
 from .errors import ConfigError, TbpError
 from .fsutil import RunLock, check_replaceable, portable_path, sweep_temporaries
 from .nn import LORA_TARGETS, add_lora, build, build_model
-from .nn.config import KERNEL_FIELDS
+from .nn.config import COMPUTE_FIELDS
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
 
@@ -187,7 +187,7 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
-        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype), kernel=_kernel(model_overrides))
+        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype), compute=_compute(model_overrides))
         base = None
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
@@ -245,11 +245,11 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     mcfg = checkpoint.read_model_config(out, cfg)
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
     checkpoint.verify_weights(out, cfg, mcfg)
-    kernel = _kernel(model_overrides)
-    mcfg = dataclasses.replace(mcfg, **kernel)
+    compute = _compute(model_overrides)
+    mcfg = dataclasses.replace(mcfg, **compute)
     memory.check_train_fits(mcfg, tcfg, f"resuming {out}")
     memory.check_step_work(mcfg, tcfg.batch_size)
-    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), kernel=kernel)
+    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), compute=compute)
     if ds is None:
         if not cfg.get("data"):
             raise TbpError(f"{out / 'config.json'}: names no dataset; pass --data")
@@ -297,19 +297,19 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
     if lora:
         _check_lora(lora, mcfg)
     checkpoint.verify_weights(base_run, base_cfg, mcfg)
-    return dataclasses.replace(mcfg, **_kernel(model_overrides))
+    return dataclasses.replace(mcfg, **_compute(model_overrides))
 
 
-def _kernel(overrides: dict) -> dict:
+def _compute(overrides: dict) -> dict:
     """The options among ``overrides`` that a trained model may change on resume or fine-tune:
-    the kernel (dense <-> flash, same results) and dropout (training only)."""
-    return {k: v for k, v in overrides.items() if k in KERNEL_FIELDS}
+    the kernel (dense <-> flash, same results), dropout (training only) and recomputation."""
+    return {k: v for k, v in overrides.items() if k in COMPUTE_FIELDS}
 
 
 def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
     current = cfg.to_dict()
     for k, v in overrides.items():
-        if k not in KERNEL_FIELDS and current.get(k) != v:
+        if k not in COMPUTE_FIELDS and current.get(k) != v:
             raise ConfigError(f"--{k.replace('_', '-')} {v} differs from {what} ({current.get(k)}); "
                               f"a model's shape is fixed once trained")
 

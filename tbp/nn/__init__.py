@@ -6,6 +6,8 @@ Shape glossary, used in every docstring and shape comment below:
     H  attention heads  Dk query/key width per head        Dv value width per head
     V  vocabulary       L  layers                          R  LoRA rank
     N  B * T, the number of predicted positions
+    Hkv  key/value heads (H, or fewer when groups of query heads share them)
+    G    query heads per key/value head, H / Hkv
 
 Contract: each layer holds ``params`` and ``grads`` dicts with the same keys (a frozen
 parameter has no gradient); ``forward`` keeps what ``backward`` needs; ``backward(dout)``

@@ -74,10 +74,10 @@ class CausalSelfAttention(Module):
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*Dk + Hkv*(Dk+Dv)) -> q (B, H, T, Dk), k (B, Hkv, T, Dk), v (B, Hkv, T, Dv) views."""
         B, T, _ = qkv.shape
-        H, G, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
+        H, Hkv, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
         q = qkv[..., :H * Dk].reshape(B, T, H, Dk).transpose(0, 2, 1, 3)
-        k = qkv[..., H * Dk:(H + G) * Dk].reshape(B, T, G, Dk).transpose(0, 2, 1, 3)
-        v = qkv[..., (H + G) * Dk:].reshape(B, T, G, Dv).transpose(0, 2, 1, 3)
+        k = qkv[..., H * Dk:(H + Hkv) * Dk].reshape(B, T, Hkv, Dk).transpose(0, 2, 1, 3)
+        v = qkv[..., (H + Hkv) * Dk:].reshape(B, T, Hkv, Dv).transpose(0, 2, 1, 3)
         return q, k, v
 
     def _heads_view(self, merged: np.ndarray, D: int) -> np.ndarray:
@@ -158,18 +158,18 @@ class CausalSelfAttention(Module):
         kept key would cost Dk cache lines, and at K = n/16 the gather read as much memory as
         the dense product it replaced); the values' last column is ones, so that p @ [v, 1]
         gives both the weighted sum and the softmax's normaliser."""
-        G = self.n_kv_head
+        Hkv = self.n_kv_head
         return DecodeState(self.fold(ln), lambda Tn: self._scratch(batch, Tn, n_ctx, dtype),
-                           keys=np.zeros((batch, G, n_ctx, self.d_qk), dtype),
-                           values=np.ones((batch, G, n_ctx, self.d_v + 1), dtype))
+                           keys=np.zeros((batch, Hkv, n_ctx, self.d_qk), dtype),
+                           values=np.ones((batch, Hkv, n_ctx, self.d_v + 1), dtype))
 
     def _scratch(self, B: int, Tn: int, n_ctx: int, dtype) -> SimpleNamespace:
         """The intermediates of one step over Tn new rows of B sequences, with views into them."""
-        H, G, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
+        H, Hkv, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
         s = SimpleNamespace()
         s.qkv = np.empty((B * Tn, self.c_attn.d_out), dtype)
         s.q, s.k, s.v = self._heads(s.qkv.reshape(B, Tn, -1))  # (B, H, Tn, Dk), (B, Hkv, Tn, Dk), (.., Dv)
-        s.qk = s.qkv[:, :(H + G) * Dk].reshape(B, Tn, H + G, Dk)   # queries and keys, for rotary
+        s.qk = s.qkv[:, :(H + Hkv) * Dk].reshape(B, Tn, H + Hkv, Dk)   # queries and keys, for rotary
         s.qk_rotated = np.empty_like(s.qk)
         s.att = np.empty((B, H, Tn, n_ctx), dtype)               # scores, then probabilities (unnormalised)
         s.scores = np.empty((B, H, n_ctx), dtype)                # a selection layer's scores (sparse.py)
@@ -193,8 +193,8 @@ class CausalSelfAttention(Module):
     def _kept_buffers(state: DecodeState, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This layer's buffers for the kept keys and values, made on the first sparse step
         and reused while the budget stays the same."""
-        B, G, _, Dk = state.keys.shape
-        shape = (B, G, keep.shape[-1])
+        B, Hkv, _, Dk = state.keys.shape
+        shape = (B, Hkv, keep.shape[-1])
         bufs = getattr(state, "kept", None)
         if bufs is None or bufs[0].shape[:3] != shape:
             bufs = state.kept = (np.empty((*shape, Dk), state.keys.dtype),
@@ -297,22 +297,22 @@ def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
 
 
 def gather_kept(keys: np.ndarray, values: np.ndarray, keep: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
-    """The cached keys (B, G, K, Dk) and values (B, G, K, Dv + 1) at the kept positions ``keep``:
-    (B, K), one set for every cache head, or (B, G, K), a set per head. One ``np.take`` of whole
-    rows for all sequences and heads at once, through flat row numbers (b G + g) n + position:
+    """The cached keys (B, Hkv, K, Dk) and values (B, Hkv, K, Dv + 1) at the kept positions ``keep``:
+    (B, K), one set for every cache head, or (B, Hkv, K), a set per head. One ``np.take`` of whole
+    rows for all sequences and heads at once, through flat row numbers (b Hkv + j) n + position:
     no loop over heads, and each kept position a few contiguous cache lines. ``out``: a pair of
     buffers of those shapes to gather into (fresh ones cost their page faults at every step:
     as much as the gather itself); ``mode="clip"`` because the positions are in range and the
     default mode copies ``out`` through a buffer, which doubled the gather's time."""
-    B, G, n, Dk = keys.shape
+    B, Hkv, n, Dk = keys.shape
     K = keep.shape[-1]
-    base = (np.arange(B * G).reshape(B, G, 1) * n)                 # the first row of each (b, g)
+    base = (np.arange(B * Hkv).reshape(B, Hkv, 1) * n)                 # the first row of each (b, j)
     rows = (base + (keep[:, None, :] if keep.ndim == 2 else keep)).reshape(-1)
     if out is None:
-        out = np.empty((B, G, K, Dk), keys.dtype), np.empty((B, G, K, values.shape[-1]), values.dtype)
+        out = np.empty((B, Hkv, K, Dk), keys.dtype), np.empty((B, Hkv, K, values.shape[-1]), values.dtype)
     kept_k, kept_v = out
-    np.take(keys.reshape(B * G * n, Dk), rows, axis=0, out=kept_k.reshape(B * G * K, Dk), mode="clip")
-    np.take(values.reshape(B * G * n, -1), rows, axis=0, out=kept_v.reshape(B * G * K, -1), mode="clip")
+    np.take(keys.reshape(B * Hkv * n, Dk), rows, axis=0, out=kept_k.reshape(B * Hkv * K, Dk), mode="clip")
+    np.take(values.reshape(B * Hkv * n, -1), rows, axis=0, out=kept_v.reshape(B * Hkv * K, -1), mode="clip")
     return kept_k, kept_v
 
 

@@ -105,8 +105,9 @@ PROJ_INITS = ("flat", "scaled")
 
 
 N_CTX_MAX = 65536          # the longest context any model here reads: a bound for data too
-# how the model computes or trains, not what it is: free to change on resume or fine-tune
-KERNEL_FIELDS = ("attn_impl", "dropout", "recompute")
+# how the model computes or trains, not what it is (a kernel, dropout, recomputation): free to
+# change on resume or fine-tune
+COMPUTE_FIELDS = ("attn_impl", "dropout", "recompute")
 # installed by build.py: check(cfg) raises ConfigError; refusal(cfg, use) -> the reason or None
 CHECKS: list = []
 REFUSALS: list = []
