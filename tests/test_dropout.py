@@ -40,6 +40,28 @@ def test_attention_dropout_is_the_mask_on_the_weights(rng):
     np.testing.assert_allclose(y, heads @ layer.c_proj.params["weight"] + layer.c_proj.params["bias"], rtol=1e-12)
 
 
+def test_attention_with_dropout_equals_its_plain_twin_forward_and_backward(rng):
+    from tbp.nn import reference_variants as twin
+    layer = CausalSelfAttention(16, 2, 8, 8, rng, np.float64)
+    for p in layer.params.values():
+        p += rng.standard_normal(p.shape) * 0.3
+    x, dy = rng.standard_normal((3, 6, 16)), rng.standard_normal((3, 6, 16))
+    layer.zero_grad()
+    y = layer.forward(x, None, Noise([4, 5, 6], 0.3))
+    dx = layer.backward(dy.copy())
+    P = layer.params
+    masks = Noise([4, 5, 6], 0.3).mask((2, 6, 6), np.float64)          # the same draws
+    y_ref, cache = twin.dropout_attention_forward(x, P["c_attn.weight"], P["c_attn.bias"], P["c_proj.weight"],
+                                                  P["c_proj.bias"], 2, 8, masks)
+    dx_ref, dw, db, dw_proj, db_proj = twin.dropout_attention_backward(dy, cache)
+    tol = dict(rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(y, y_ref, **tol)
+    np.testing.assert_allclose(dx, dx_ref, **tol)
+    for name, want in (("c_attn.weight", dw), ("c_attn.bias", db), ("c_proj.weight", dw_proj),
+                       ("c_proj.bias", db_proj)):
+        np.testing.assert_allclose(layer.grads[name], want, **tol)
+
+
 def test_no_dropout_outside_training():
     with_p, without = model(), model(dropout=0.0)
     idx = np.random.default_rng(3).integers(0, 13, (2, 16))

@@ -6,6 +6,7 @@ import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn import reference_seq2seq, reference_variants as twin
+from tbp.nn.mta_map import depth_scale
 from tbp.nn.sparse import KINDS, Sparsity, select
 
 B, T, C = 2, 6, 8
@@ -25,9 +26,13 @@ def assert_grads_equal(model, grads_ref):
 @pytest.mark.parametrize("options", [dict(conv=(2, 3)),
                                      dict(conv=(3, 3), post=True, mix=True, group=2, norm=True),
                                      dict(conv=None, mix=True, group=4, norm=True),
-                                     dict(conv=(1, 5), post=True)], ids=str)
+                                     dict(conv=(1, 5), post=True),
+                                     dict(conv=(2, 3), norm=True, layer=3)], ids=str)
 def test_the_whole_mta_layer_equals_its_plain_twin(rng, options):
-    layer = MultiTokenAttention(C, 4, 3, C // 4, rng, np.float64, **options)
+    options = dict(options)
+    depth = options.pop("layer", None)
+    scale = {} if depth is None else {"scale": depth_scale(depth)}
+    layer = MultiTokenAttention(C, 4, 3, C // 4, rng, np.float64, **options, **scale)
     randomize(layer, rng)
     if "norm_gain" in layer.mta.params:
         layer.mta.params["norm_gain"] += 1
@@ -35,7 +40,7 @@ def test_the_whole_mta_layer_equals_its_plain_twin(rng, options):
     params = {k.removeprefix("mta."): v for k, v in layer.params.items()}
     want = twin.mta_attention_forward(x, params, 4, 3, conv=options["conv"] is not None,
                                       post=options.get("post", False), mix=options.get("mix", False),
-                                      group=options.get("group", 0), norm=options.get("norm", False))
+                                      group=options.get("group", 0), norm=options.get("norm", False), layer=depth)
     np.testing.assert_allclose(layer.forward(x), want, rtol=1e-12, atol=1e-13)
 
 

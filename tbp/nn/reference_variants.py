@@ -47,7 +47,7 @@ def mta_conv(X, theta):
 
 
 def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=False, group=0, norm=False,
-                          eps=1e-5):
+                          eps=1e-5, layer=None):
     """One MTA layer, causal. P: c_attn.weight/.bias, c_proj.weight/.bias and the MTA parameters
     theta (H, cq, ck), theta_post, mix (H, H), group_mix (H/g, g, g), norm_gain, gate_weight (Dv,),
     gate_bias (1,), under the names MultiTokenAttention gives them (``mta.`` dropped).
@@ -55,7 +55,9 @@ def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=F
     S = q k^T / sqrt(Dk);  S0 = S with the future set to 0;  Z = conv(S0, theta) (or S);
     Z'_h = sum_g mix[h, g] Z_g;  A = softmax(Z' + future -inf);  A' = C conv(A, theta_post);
     A''_{k,o} = sum_p group_mix[k, p, o] A'_{k,p} in each group k of g heads;  O_h = A''_h v_h;
-    norm: n = g * O / rms(O), O = n sigmoid(n . w + b).  y = concat_h(O_h) w_proj + b_proj."""
+    norm: n = g * O / rms(O), O = n sigmoid(n . w + b), and with ``layer`` (the depth scale, the
+    0-based layer l) O = (1 - lambda(l)) n sigmoid(n . w + b), lambda(l) = 0.8 - 0.6 exp(-0.3 l).
+    y = concat_h(O_h) w_proj + b_proj."""
     B, T, _ = x.shape
     H, Dk = n_head, d_qk
     qkv, _ = linear_forward(x, P["c_attn.weight"], P.get("c_attn.bias"))
@@ -85,9 +87,54 @@ def mta_attention_forward(x, P: dict, n_head, d_qk, conv=True, post=False, mix=F
             n = O / np.sqrt(np.mean(O ** 2, axis=-1, keepdims=True) + eps) * P["norm_gain"]
             s = 1 / (1 + np.exp(-(n @ P["gate_weight"] + P["gate_bias"][0])))
             O = n * s[..., None]
+            if layer is not None:
+                O = O * (1 - (0.8 - 0.6 * np.exp(-0.3 * layer)))
         heads.append(O)
     y, _ = linear_forward(np.concatenate(heads, axis=-1), P["c_proj.weight"], P.get("c_proj.bias"))
     return y
+
+
+# --- dropout (Srivastava et al. 2014; GPT-2's placement) --------------------------------------
+
+
+def dropout_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, masks):
+    """Causal attention with dropout on its weights, head by head: P_h = softmax(S_h), the
+    weights dropped, y_h = (P_h * M_h) v_h. ``masks`` (B, H, T, T) of 0 and 1/(1 - p), the masks
+    the layer drew. Returns y and what the backward needs."""
+    B, T, _ = x.shape
+    H, Dk = n_head, d_qk
+    qkv, qkv_cache = linear_forward(x, w_attn, b_attn)
+    Dv = (qkv.shape[-1] - 2 * H * Dk) // H
+    future = np.triu(np.ones((T, T), bool), k=1)
+    heads, per_head = [], []
+    for h in range(H):
+        q = qkv[..., h * Dk:(h + 1) * Dk]
+        k = qkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk]
+        v = qkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv]
+        P = softmax(np.where(future, -np.inf, q @ k.transpose(0, 2, 1) / np.sqrt(Dk)))
+        M = masks[:, h]
+        heads.append((P * M) @ v)
+        per_head.append((q, k, v, P, M))
+    y, proj_cache = linear_forward(np.concatenate(heads, axis=-1), w_proj, b_proj)
+    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv)
+
+
+def dropout_attention_backward(dy, cache):
+    """dv = (P * M)^T dy_h;  dP = (dy_h v^T) * M;  dS = P * (dP - rowsum(dP * P));
+    dq = dS k / sqrt(Dk);  dk = dS^T q / sqrt(Dk). Returns dx, dw_attn, db_attn, dw_proj, db_proj."""
+    qkv_cache, proj_cache, per_head, H, Dk, Dv = cache
+    dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
+    x = qkv_cache[0]
+    dqkv = np.zeros(x.shape[:-1] + (H * (2 * Dk + Dv),), dy.dtype)
+    for h, (q, k, v, P, M) in enumerate(per_head):
+        dy_h = dy_cat[..., h * Dv:(h + 1) * Dv]
+        dP = (dy_h @ v.transpose(0, 2, 1)) * M
+        dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+        dqkv[..., h * Dk:(h + 1) * Dk] = dS @ k / np.sqrt(Dk)
+        dqkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk] = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
+        dqkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] = (P * M).transpose(0, 2, 1) @ dy_h
+    dx, dw_attn, db_attn = linear_backward(dqkv, qkv_cache)
+    return dx, dw_attn, db_attn, dw_proj, db_proj
 
 
 # --- Attention Residuals (Kimi Team, arXiv 2603.15031) ----------------------------------------
