@@ -20,7 +20,6 @@ from scratch; ``TBP_GEMM`` is pinned to numpy unless set.
     python benchmarks/alibi_positions.py --jobs 2
 """
 import argparse
-import concurrent.futures
 import json
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records                                            # noqa: E402
+import runner                                             # noqa: E402
 
 NAME = "alibi_positions"
 SCHEMES = ("learned", "rope", "alibi")
@@ -79,10 +79,11 @@ def evaluate(run: Path) -> dict:
     return out
 
 
-def train_once(positions: str, seed: int, work: Path, threads: int) -> dict:
+def train_once(positions: str, seed: int, work: Path, threads: int, data: str) -> dict:
     commit = records.commit()
     out = work / f"{positions}-s{seed}"
-    cmd = [sys.executable, "-m", "tbp", "train", "--out", str(out), "--positions", positions, "--seed", str(seed),
+    cmd = [sys.executable, "-m", "tbp", "train", "--data", data, "--out", str(out), "--positions", positions,
+           "--seed", str(seed),
            "--threads", str(threads), "--quiet", "--force"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -107,13 +108,13 @@ def main():
     todo = [(p, s) for s in a.seeds for p in SCHEMES if (p, s) not in done]
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
-        futures = [pool.submit(train_once, p, s, work, 1 if a.jobs > 1 else 0) for p, s in todo]
-        for f in concurrent.futures.as_completed(futures):
-            r = f.result()
-            records.append(NAME, r)
-            reads = "  ".join(f"{k}: {v['loss']:.4f}" for k, v in r["reads"].items())
-            print(f"{r['positions']} seed {r['seed']}: val {r['val_split_loss']:.4f}  {reads}", flush=True)
+    data = runner.builtin_data(work)
+
+    def record(r: dict) -> None:
+        records.append(NAME, r)
+        reads = "  ".join(f"{k}: {v['loss']:.4f}" for k, v in r["reads"].items())
+        print(f"{r['positions']} seed {r['seed']}: val {r['val_split_loss']:.4f}  {reads}", flush=True)
+    runner.side_by_side(a.jobs, [(p, s, work, 1 if a.jobs > 1 else 0, data) for p, s in todo], train_once, record)
 
 
 if __name__ == "__main__":

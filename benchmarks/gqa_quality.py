@@ -29,7 +29,6 @@ results/gqa_quality.jsonl, results/gqa_speed.jsonl; tables ``gqa_quality`` and `
 ``TBP_GEMM`` is pinned to ``numpy`` unless set; ``TBP_RESULTS=DIR`` reruns it from scratch.
 """
 import argparse
-import concurrent.futures
 import json
 import subprocess
 import sys
@@ -41,19 +40,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records                                            # noqa: E402
+import runner                                             # noqa: E402
 
 NAME, SPEED = "gqa_quality", "gqa_speed"
+WORK = Path("bench-gqa")            # the prepared corpus the runs share (the runs themselves are temporary)
 MARGIN = 0.02
 ARMS = (4, 2, 1)
 SWEEP = (5e-4, 1e-3, 2e-3)
 
 
-def train_once(kv: int, lr: float, seed: int, threads: int) -> dict:
+def train_once(kv: int, lr: float, seed: int, threads: int, data: str) -> dict:
     commit = records.commit()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         arch = [] if kv == 4 else ["--attention", "gqa", "--n-kv-head", str(kv)]      # 4: standard attention
-        cmd = [sys.executable, "-m", "tbp", "train", "--out", str(out), *arch, "--lr", repr(lr),
+        cmd = [sys.executable, "-m", "tbp", "train", "--data", data, "--out", str(out), *arch, "--lr", repr(lr),
                "--min-lr", repr(lr / 10), "--seed", str(seed), "--threads", str(threads), "--quiet"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
@@ -75,13 +76,13 @@ def run_all(todo: list[tuple], jobs: int) -> None:
     done = {(r["n_kv_head"], r["lr"], r["seed"]) for r in records.read(NAME)}
     todo = [t for t in todo if t not in done]
     threads = 1 if jobs > 1 else 0
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(train_once, kv, lr, seed, threads) for kv, lr, seed in todo]
-        for f in concurrent.futures.as_completed(futures):
-            r = f.result()
-            records.append(NAME, r)
-            print(f"kv {r['n_kv_head']} lr {r['lr']:g} seed {r['seed']}: {r['val_split_loss']:.4f} "
-                  f"({r['elapsed_s']:.0f} s)", flush=True)
+    data = runner.builtin_data(WORK)
+
+    def record(r: dict) -> None:
+        records.append(NAME, r)
+        print(f"kv {r['n_kv_head']} lr {r['lr']:g} seed {r['seed']}: {r['val_split_loss']:.4f} "
+              f"({r['elapsed_s']:.0f} s)", flush=True)
+    runner.side_by_side(jobs, [(kv, lr, seed, threads, data) for kv, lr, seed in todo], train_once, record)
 
 
 def best_lr() -> float:
