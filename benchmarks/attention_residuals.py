@@ -230,6 +230,7 @@ def main():
     ap.add_argument("--work", default="bench-attnres")
     ap.add_argument("--picture", default="docs/images/attention_residuals.png")
     args = ap.parse_args()
+    records.pin_gemm()
     start = time.time()
     for phase in args.phases:
         globals()[phase](args)

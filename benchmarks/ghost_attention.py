@@ -274,6 +274,7 @@ def main():
     ap.add_argument("--work", default="bench-gatt")
     ap.add_argument("--picture", default=str(Path(__file__).resolve().parents[1] / "docs/images/ghost_attention.png"))
     args = ap.parse_args()
+    records.pin_gemm()
     for phase in args.phases:
         {"train": train, "picture": picture}[phase](args)
 

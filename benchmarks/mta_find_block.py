@@ -26,14 +26,17 @@ The study, each phase resumable (records already written are skipped):
    With a ``--steps`` longer than any swept, the runs take the longest sweep's learning rates
    (each budget is its own set of records: a run's key is its arm, lr, seed and steps).
 
-Training examples are drawn fresh (``--examples``, more than any arm sees in its budget, so
-none memorises); 1,000 held-out examples never in training. Every training is one record in
+Training batches are drawn with replacement from ``--examples`` examples, so an arm sees some
+of them more than once (the seeds table gives each arm's expected share of repeated draws);
+1,000 held-out examples are never in training. Every training is one record in
 results/mta_find_block.jsonl: its config, seed, commit, CPU, steps, wall time, and `tbp eval`'s
 exact match (error = 1 - exact match) with the number of held-out examples.
 
+The documentation's tables came from exactly these (``TBP_RESULTS=DIR`` reruns them from scratch):
+
     python benchmarks/mta_find_block.py timing
-    python benchmarks/mta_find_block.py sweep seeds
-    python benchmarks/mta_find_block.py seeds --steps 6000 --arms standard mta
+    python benchmarks/mta_find_block.py sweep                  # --steps 2000, seed 1
+    python benchmarks/mta_find_block.py seeds --steps 6000     # every arm, seeds 1-3
 """
 import argparse
 import json
@@ -185,6 +188,7 @@ def main():
     ap.add_argument("--examples", type=int, default=300_000)
     ap.add_argument("--work", default="bench-mta")
     args = ap.parse_args()
+    records.pin_gemm()
     for phase in args.phases:
         {"timing": timing, "sweep": sweep, "seeds": seeds}[phase](args)
 

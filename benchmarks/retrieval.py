@@ -371,6 +371,7 @@ def main() -> None:
     e.add_argument("--layers", nargs="+", default=["1"], help="selection-layer sets, each comma-separated")
     e.add_argument("--budgets", type=int, nargs="+", help="default: n/64, n/32, n/16, n/8, n/4")
     a = p.parse_args()
+    records.pin_gemm()
     train(a) if a.cmd == "train" else evaluate(a)
 
 

@@ -55,6 +55,8 @@ def seeds(rows: list[dict]) -> str:
     rows = [r for r in rows if r["phase"] != "sweep"]
     if not rows:
         return "(no runs after the sweep yet)"
+    longest = {arm: max((r["steps"] for r in rows if r["arm"] == arm), default=0) for arm in NAMES}
+    rows = [r for r in rows if r["steps"] == longest[r["arm"]]]     # each arm's longest budget: one budget a row
     runs = {arm: {r["seed"]: r for r in rows if r["arm"] == arm} for arm in NAMES}
     seed_list = sorted({s for got in runs.values() for s in got})
     out = ["| arm | lr | steps | repeats | " + " | ".join(f"seed {s}" for s in seed_list) + " | mean error | − standard, paired |",
