@@ -45,7 +45,7 @@ def test_the_whole_mta_layer_equals_its_plain_twin(rng, options):
 
 
 @pytest.mark.parametrize("blocks", [0, 2, 3, 6])
-@pytest.mark.parametrize("options", [{}, {"tie_head": False, "bias": False}], ids=str)
+@pytest.mark.parametrize("options", [{}, {"tie_head": False, "bias": False}, {"residual_query_scale": 0.3}], ids=str)
 def test_the_attention_residuals_stack_equals_its_plain_twin(rng, blocks, options):
     """Forward and every gradient: the deferred per-source bookkeeping (DepthGrad, Reads)
     against each source's readers summed one by one."""
@@ -58,6 +58,26 @@ def test_the_attention_residuals_stack_equals_its_plain_twin(rng, blocks, option
     loss_ref, grads_ref = twin.attnres_gpt_loss_and_grads(model.params, cfg, idx, targets)
     assert loss == pytest.approx(loss_ref, rel=1e-12)
     assert_grads_equal(model, grads_ref)
+
+
+def test_attention_residuals_with_frozen_zero_queries_compute_the_sums_function(rng):
+    """c = 0: every input is the mean of its sources, the running sum over their number, and
+    layer norm does not see a positive factor (with epsilon 0): the sum model's logits, and no
+    gradient reaches the pseudo-queries."""
+    shape = dict(vocab_size=11, n_ctx=8, n_layer=3, n_head=2, d_model=C, ln_eps=0.0)
+    summed = GPT(ModelConfig(**shape), seed=2, dtype=np.float64)
+    frozen = GPT(ModelConfig(**shape, residual="attention", residual_query_scale=0.0), seed=2, dtype=np.float64)
+    randomize(summed, rng, 0.3)
+    for k, p in frozen.params.items():
+        if k in summed.params:
+            p[...] = summed.params[k]
+        else:
+            p[...] = rng.standard_normal(p.shape)              # queries and gains: c = 0 ignores them
+    idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
+    np.testing.assert_allclose(frozen.forward(idx), summed.forward(idx), rtol=1e-10, atol=1e-12)
+    frozen.zero_grad()
+    frozen.loss_and_backward(idx, targets)
+    assert all(not frozen.grads[k].any() for k in frozen.grads if k.endswith("query"))
 
 
 @pytest.mark.parametrize("options", [{}, {"tie_head": False, "n_enc_layer": 1}, {"bias": False, "d_qk": 2}], ids=str)

@@ -12,6 +12,11 @@ over the sources, with one learned pseudo-query w_l per operation:
 depend on the input; the keys are the RMS-normalised sources, the values the raw ones. With
 w = 0 (the initialisation) every input is the plain mean of its sources.
 
+``residual_query_scale`` c (default 1, the paper's) multiplies the logits, q = c g w: under
+Adam, whose step does not depend on the gradient's scale, a pseudo-query starting at zero then
+learns at c times the shared rate -- the depth softmax's own rate; c = 0 freezes it at zero,
+every input the mean of its sources: the sum's function up to LayerNorm's epsilon.
+
 Block AttnRes groups the sublayers into blocks: inside a block outputs are summed, and each
 operation reads the embedding, the finished blocks' sums and the current block's partial sum.
 One sublayer per block is the full form. The first sublayer has no operation: it reads the
@@ -22,7 +27,7 @@ to avoid, and with w = 0 it is the mean of all sources.
 Backward [derived; ``u_i = v_i / r_i``, ``q = g * w``, so ``z_i = q . u_i``]:
 
     dalpha_i = dh . v_i                          dz_i = alpha_i (dalpha_i - sum_j alpha_j dalpha_j)
-    dq = sum_i dz_i u_i                          dw += dq * g,  dg += dq * w
+    dq = sum_i dz_i u_i                          dw += c dq * g,  dg += c dq * w
     dv_i += alpha_i dh + dz_i (q - z_i u_i / C) / r_i
 
 Each source feeds every later operation, so its gradient is a sum over consumers: ``backward``
@@ -124,11 +129,12 @@ class DepthAttention(Module):
     """One AttnRes operation: h (N, C) = sum_i alpha_i v_i over K sources v_i (N, C).
 
     Parameters: ``query`` w (C,), zero at initialisation; ``gain`` g (C,) of the keys' RMSNorm.
+    ``scale`` c: the logits' factor, q = c g w (1: the paper's).
     """
 
-    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
+    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32, scale: float = 1.0):
         super().__init__()
-        self.eps = eps
+        self.eps, self.scale = eps, scale
         self.param("query", init.zeros(d, dtype))
         self.param("gain", init.ones(d, dtype))
 
@@ -137,7 +143,7 @@ class DepthAttention(Module):
 
         h is accumulated unnormalised and divided once, so that with w = 0 (every weight
         exp(0) = 1) it is (v_0 + ... + v_{K-1}) / K, the mean, exactly."""
-        q = self.params["query"] * self.params["gain"]
+        q = self.decode_query()
         v0 = sources[0][0]
         z = np.empty((len(sources), v0.shape[0]), v0.dtype)
         for i, (v, rinv) in enumerate(sources):
@@ -190,12 +196,17 @@ class DepthAttention(Module):
             r.add(self, a, a * z[i] * rinv / z.dtype.type(C))      # dz_i z_i / (C r_i^2)
 
     def decode_query(self) -> np.ndarray:
-        """q = g * w (C,), for a decoder built on the current weights."""
-        return self.params["query"] * self.params["gain"]
+        """q = c g w (C,), for a decoder built on the current weights."""
+        q = self.params["query"] * self.params["gain"]
+        if self.scale != 1.0:
+            q *= q.dtype.type(self.scale)
+        return q
 
     def add_query_gradient(self, dq: np.ndarray) -> None:
-        """dq (C,), the gradient of q = g * w: dw += dq * g, dg += dq * w."""
+        """dq (C,), the gradient of q = c g w: dw += c dq * g, dg += c dq * w."""
         grads, params = self.grads, self.params
+        if self.scale != 1.0:
+            dq = dq * dq.dtype.type(self.scale)
         if "query" in grads:
             grads["query"] += dq * params["gain"]
         if "gain" in grads:
@@ -243,20 +254,20 @@ class DepthResidual(Module):
     ``block_size``: sublayers per block (1: full AttnRes).
     """
 
-    def __init__(self, d: int, eps: float, dtype, block_size: int):
+    def __init__(self, d: int, eps: float, dtype, block_size: int, scale: float = 1.0):
         super().__init__()
-        self.block_size, self.d, self.eps, self.dtype = block_size, d, eps, dtype
-        self.res_f = DepthAttention(d, eps, dtype)
+        self.block_size, self.d, self.eps, self.dtype, self.scale = block_size, d, eps, dtype, scale
+        self.res_f = DepthAttention(d, eps, dtype, scale)
 
     @classmethod
     def from_config(cls, cfg, dtype) -> "DepthResidual":
-        return cls(cfg.d_model, cfg.ln_eps, dtype, block_size(cfg))
+        return cls(cfg.d_model, cfg.ln_eps, dtype, block_size(cfg), cfg.residual_query_scale)
 
     def block_ops(self, layer: int) -> tuple["DepthAttention | None", "DepthAttention"]:
         """The first sublayer reads the embedding alone (a softmax over one source is 1 whatever
         its query, so that query could never learn): block 0 has no ``attn_res``."""
-        attn = DepthAttention(self.d, self.eps, self.dtype) if layer else None
-        return attn, DepthAttention(self.d, self.eps, self.dtype)
+        attn = DepthAttention(self.d, self.eps, self.dtype, self.scale) if layer else None
+        return attn, DepthAttention(self.d, self.eps, self.dtype, self.scale)
 
     def ops(self, blocks) -> list["DepthAttention"]:
         """Every operation in order: the MLP of block 0, attn and mlp of each later block, res_f."""
@@ -388,7 +399,7 @@ def _describe(cfg) -> tuple[str, str]:
 
 VARIANT = Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
-    options=("residual_blocks",), switch="--residual attention",
+    options=("residual_blocks", "residual_query_scale"), switch="--residual attention",
     refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
              "recompute": "Attention Residuals' blocks read every earlier block's output, so no block's input "
                           "alone recomputes it (drop --recompute)",
@@ -401,5 +412,7 @@ VARIANT = Variant(
                  ("gpt [attention residuals: 2 blocks of 3 sublayers]", dict(n_layer=3, residual="attention",
                                                                              residual_blocks=2)),
                  ("gpt [attention residuals: 3 blocks, untied head, no biases]",
-                  dict(n_layer=3, residual="attention", residual_blocks=3, tie_head=False, bias=False))),
+                  dict(n_layer=3, residual="attention", residual_blocks=3, tie_head=False, bias=False)),
+                 ("gpt [attention residuals: full, logits scaled by 0.3]",
+                  dict(n_layer=2, residual="attention", residual_query_scale=0.3))),
 )

@@ -177,6 +177,10 @@ class ModelConfig(DictConfig):
     residual_blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
                                      "blocks, each a source (0: every sublayer its own source, full AttnRes).",
                                   min=0, max=192)
+    residual_query_scale: float = option(1.0, "Attention Residuals: a factor c on the depth logits, q = c g w. "
+                                              "Under Adam it sets the pseudo-queries' own learning rate (c times "
+                                              "the shared one); 0 freezes them at zero, each input the mean of its "
+                                              "sources (1: the paper's).", min=0.0)
     proj_init: str = option("flat", "Initial spread of the projections that write into the residual stream: flat "
                                     "(N(0, 0.02), as every matrix) or scaled (GPT-2's N(0, 0.02 / sqrt(S)), S the "
                                     "residual additions of the stack: 2 per block, 3 in a decoder block).",

@@ -185,6 +185,7 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
     C, L = cfg.d_model, cfg.n_layer
     s = 2 * L // cfg.residual_blocks if cfg.residual_blocks else 1
     eps = cfg.ln_eps
+    c = cfg.residual_query_scale                                        # the logits' factor: q = c g w
     x0, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
     values = {("S", 0): x0.reshape(-1, C)}                              # source name -> (N, C)
     reads, caches = [], []
@@ -196,7 +197,7 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
         if j == 0:
             x_in, op_cache = x0, None
         else:
-            hx, op_cache = depth_attention_forward([values[name] for name in names], P[op + "query"],
+            hx, op_cache = depth_attention_forward([values[name] for name in names], c * P[op + "query"],
                                                    P[op + "gain"], eps)
             x_in = hx.reshape(B, T, C)
         out, cache = sublayer_forward(P, h, i, kind, x_in, cfg)
@@ -207,13 +208,14 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
         reads.append(names)
         caches.append((op_cache, cache))
     final = [("S", m) for m in range(2 * L // s + 1)]
-    hf, final_cache = depth_attention_forward([values[name] for name in final], P["res_f.query"],
+    hf, final_cache = depth_attention_forward([values[name] for name in final], c * P["res_f.query"],
                                               P["res_f.gain"], eps)
     grads: dict = {}
     loss, dhf = head_loss_and_backward(P, cfg, hf.reshape(B, T, C), targets, grads)
 
     dsource = {name: np.zeros((B * T, C)) for name in values}
-    dvs, grads["res_f.query"], grads["res_f.gain"] = depth_attention_backward(dhf.reshape(-1, C), final_cache)
+    dvs, dw, grads["res_f.gain"] = depth_attention_backward(dhf.reshape(-1, C), final_cache)
+    grads["res_f.query"] = c * dw                                       # the twin read w' = c w
     for name, dv in zip(final, dvs):
         dsource[name] += dv
     for j in reversed(range(2 * L)):
@@ -226,7 +228,8 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
         if j == 0:
             dsource[("S", 0)] += dx_in
             continue
-        dvs, grads[op + "query"], grads[op + "gain"] = depth_attention_backward(dx_in, op_cache)
+        dvs, dw, grads[op + "gain"] = depth_attention_backward(dx_in, op_cache)
+        grads[op + "query"] = c * dw
         for name, dv in zip(reads[j], dvs):
             dsource[name] += dv
     dwte, grads["wpe"] = embedding_backward(dsource[("S", 0)].reshape(B, T, C), emb_cache)
