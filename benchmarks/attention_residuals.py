@@ -23,6 +23,10 @@ part-way resumes exactly):
    residual stream under a sum; the depth softmax's output under AttnRes) and each sublayer's
    output, on held-out text -- the dilution the paper is about.
 5. ``curves``: every run's validation curve, from its metrics, into attnres_curves.jsonl.
+6. ``localise`` (after the sweep): where the 4-layer deficit comes from -- the sum, AttnRes
+   with its pseudo-queries frozen at zero, with its depth logits scaled by 1/16 and 1/8, and
+   as the paper has it, all at the sums' best rate and ``--steps``; ``--jobs`` side by side
+   (results/attnres_localise.jsonl).
 
 Every training is one record in ``results/attnres_depth.jsonl`` (config, seed, commit, CPU, the
 whole-split validation loss of `tbp eval`). ``python benchmarks/report.py`` makes the tables;
@@ -32,6 +36,7 @@ time: each uses every core.
     python benchmarks/attention_residuals.py timing
     python benchmarks/attention_residuals.py sweep seeds stream
     python benchmarks/attention_residuals.py picture
+    python benchmarks/attention_residuals.py localise --seeds 1 2 3 --jobs 2
 """
 import argparse
 import json
@@ -142,6 +147,47 @@ def seeds(args) -> None:
                 train_one(args, depth, arm, lr, seed, "seed")
 
 
+LOCALISE = {"sum": [], "attnres c=0": ["--residual", "attention", "--residual-query-scale", 0],
+            "attnres c=1/16": ["--residual", "attention", "--residual-query-scale", 1 / 16],
+            "attnres c=1/8": ["--residual", "attention", "--residual-query-scale", 1 / 8],
+            "attnres c=1": ["--residual", "attention"]}
+
+
+def localise_one(args, arm: str, lr: float, seed: int, data: Path) -> dict:
+    run = Path(args.work) / f"localise-{arm.replace(' ', '-').replace('/', '_')}-s{seed}"
+    if (run / "state.json").exists():           # stopped part-way: continue it (tbp resumes exactly)
+        tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
+    else:
+        tbp("train", "--data", data, "--out", run, "--force", "--seed", seed, "--threads", 1, *shape(4),
+            *LOCALISE[arm], "--lr", lr, "--min-lr", lr / 10, "--max-iters", args.steps, "-q")
+    ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
+    state = json.loads((run / "state.json").read_text())
+    return {"n_layer": 4, "arm": arm, "lr": lr, "seed": seed, "steps": args.steps, "commit": records.commit(),
+            "config": json.loads((run / "config.json").read_text()), "val_loss": ev["val_loss"],
+            "train_s": state["elapsed_s"], "threads": 1}
+
+
+def localise(args) -> None:
+    """Where the 4-layer deficit comes from, every arm at the 4-layer sums' best rate and the
+    same --steps (not a race: the same schedule, to compare functions and optimisation): the
+    sum; AttnRes with its pseudo-queries frozen at zero (c = 0: the sum's function, so it must
+    match the sum, or something is wrong); with the depth logits scaled by 1/16 and by 1/8
+    (1/sqrt(C) at width 64: under Adam, the pseudo-queries learning at that fraction of the
+    rate); and the paper's c = 1. Records: results/attnres_localise.jsonl."""
+    import runner
+    lr = best_lr(4, "sum", args.seeds[0])
+    if lr is None:
+        sys.exit("no 4-layer sweep of the sum: run the sweep phase first")
+    done = {(r["arm"], r["seed"]) for r in records.read("attnres_localise")}
+    data = Path(runner.builtin_data(args.work))
+    todo = [(args, arm, lr, seed, data) for seed in args.seeds for arm in LOCALISE if (arm, seed) not in done]
+
+    def record(row: dict) -> None:
+        records.append("attnres_localise", row)
+        print(json.dumps({k: row[k] for k in ("arm", "lr", "seed", "steps", "val_loss")}), flush=True)
+    runner.side_by_side(args.jobs, todo, localise_one, record)
+
+
 def stream(args) -> None:
     """RMS of every sublayer's input (what it reads, before its layer norm) and output."""
     import numpy as np
@@ -218,7 +264,8 @@ def picture(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "curves", "picture"])
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "stream", "curves", "picture", "localise"])
+    ap.add_argument("--jobs", type=int, default=2, help="localise: runs side by side, one thread each")
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3])
     ap.add_argument("--extend", type=int, default=2, help="sweep: grid extensions past an edge best")

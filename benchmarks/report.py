@@ -168,6 +168,35 @@ def _best_lrs(depth_rows: list[dict]) -> dict:
     return {k: r["lr"] for k, r in best.items()}
 
 
+def attnres_localise(rows: list[dict]) -> str:
+    """Where the 4-layer deficit comes from: each arm's validation loss over the seeds, and its
+    paired difference from the sum."""
+    import stats
+    rows = records.newest(rows, lambda r: (r["arm"], r["seed"]))
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    loss = {a: {r["seed"]: r["val_loss"] for r in rows if r["arm"] == a} for a in arms}
+    out = ["| arm | seeds | validation loss | − sum, paired |", "| --- | ---: | ---: | ---: |"]
+    for a in arms:
+        m, h = stats.mean_ci(list(loss[a].values()))
+        cell = f"{m:.4f}" + ("" if h != h else f" ± {h:.4f}")
+        diff = ""
+        if a != "sum" and loss.get("sum"):
+            d, dh, n = stats.paired(loss[a], loss["sum"])
+            diff = f"{d:+.4f}" + ("" if dh != dh else f" ± {dh:.4f}") + f" ({n})"
+        out.append(f"| {a} | {len(loss[a])} | {cell} | {diff} |")
+    r0 = rows[0]
+    out += ["", f"4 layers × 64, every arm at learning rate {r0['lr']:g} (the 4-layer sums' best) for "
+                f"{r0['steps']:,} steps, the same schedule: not a race, a comparison of functions and of "
+                f"optimisation. c is the factor on the depth logits (--residual-query-scale): c = 0 freezes the "
+                f"pseudo-queries at zero (the sum's function), c < 1 lets them learn at c times the rate "
+                f"(Adam). `tbp eval` over the whole validation split; mean ± 95 % t interval over the seeds, "
+                f"the difference paired by seed. CPU: {records.cpus(rows)}; TBP_GEMM "
+                f"{', '.join(sorted({r.get('tbp_gemm', 'auto') for r in rows}))}; commits "
+                f"{', '.join(sorted({r['commit'] for r in rows}))}.",
+            "", "`python benchmarks/attention_residuals.py localise --seeds 1 2 3 --jobs 2`"]
+    return "\n".join(out)
+
+
 def attnres_at_budget(rows: list[dict]) -> str:
     """Each arm at its best learning rate: the fixed batches' validation estimate at AttnRes's
     budget (1,000 steps) and at the end, mean over seeds: the sums at 1,000 steps are not yet
@@ -288,7 +317,8 @@ def gpt2_parity(rows: list[dict]) -> str:
 
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
-          "attnres_timing": (attnres_timing, "attnres_timing"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
+          "attnres_timing": (attnres_timing, "attnres_timing"),
+          "attnres_localise": (attnres_localise, "attnres_localise"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
           "mpi_overlap": (mpi_overlap, "mpi_hosts"), "mpi_zero": (mpi_zero, "mpi_hosts"),
           "sparse_crossover": (tables_sparse.sparse_crossover, "sparse_crossover"),
           "retrieval": (tables_sparse.retrieval, "retrieval"),
