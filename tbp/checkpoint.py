@@ -220,8 +220,8 @@ def checkpoint_files(run: Path, state: dict | None = None) -> dict[str, Path | N
     return {k: (run / v if v else None) for k, v in files.items()}
 
 
-def weights_path(run: Path, best: bool = False) -> Path:
-    files = checkpoint_files(run)
+def weights_path(run: Path, best: bool = False, files: dict | None = None) -> Path:
+    files = checkpoint_files(run) if files is None else files
     if best and files["best"] is None:
         raise TbpError(f"{run}: has no best-validation weights (it never evaluated); drop --best")
     return files["best" if best else "weights"]
@@ -334,6 +334,30 @@ def load_into(model, arrays: dict[str, np.ndarray], source: Path, names: list[st
         np.copyto(p, a, casting="unsafe" if a.dtype != p.dtype else "no")
 
 
+@dataclasses.dataclass
+class RunRecord:
+    """A run directory read once: its config.json (``config``), the model config in it, its
+    state.json (``state``, {} where there is none), the committed files that names (``files``:
+    weights, best, optimizer) and its tokenizer. Loading a model and resuming a run share it, so
+    neither reads a file twice."""
+    path: Path
+    config: dict
+    model_config: ModelConfig
+    state: dict
+    files: dict
+    tokenizer: Tokenizer
+
+
+def open_run(run: str | Path, config: dict | None = None) -> RunRecord:
+    """Read a run's records (``config``: its config.json, if already read), checking each."""
+    run = Path(run)
+    cfg = read_config(run) if config is None else config
+    mcfg = read_model_config(run, cfg)
+    state = read_state(run)
+    files = checkpoint_files(run, state)
+    return RunRecord(run, cfg, mcfg, state, files, Tokenizer.load(run / "tokenizer.json"))
+
+
 def load_model(run: str | Path, dtype=None, best: bool = False, compute: dict | None = None):
     """(model, tokenizer, config dict) of a run: a full model or a base plus its LoRA adapter.
 
@@ -345,25 +369,27 @@ def load_model(run: str | Path, dtype=None, best: bool = False, compute: dict | 
     """
     for attempt in range(3):
         try:
-            return _load_model(Path(run), dtype, best, compute)
+            record = open_run(run)
+            model, _ = model_of(record, dtype, best, compute)
+            return model, record.tokenizer, record.config
         except MissingFile:
             if attempt == 2 or not (Path(run) / "state.json").is_file():
                 raise
 
 
-def _load_model(run: Path, dtype, best: bool, compute: dict | None = None):
-    cfg = read_config(run)
-    mcfg = read_model_config(run, cfg)
+def model_of(record: RunRecord, dtype=None, best: bool = False, compute: dict | None = None):
+    """(model, the weights file's metadata) of an opened run: shapes checked against the
+    headers first, the weights file read once."""
+    run, cfg, mcfg = record.path, record.config, record.model_config
+    if record.tokenizer.vocab_size != mcfg.vocab_size:
+        raise TbpError(f"{run}: tokenizer has {record.tokenizer.vocab_size} tokens but the embedding has "
+                       f"{mcfg.vocab_size} rows: the files belong to different models")
     if compute:
         mcfg = dataclasses.replace(mcfg, **compute)      # checked again: a ConfigError is a usage error
-    tok = Tokenizer.load(run / "tokenizer.json")
-    if tok.vocab_size != mcfg.vocab_size:
-        raise TbpError(f"{run}: tokenizer has {tok.vocab_size} tokens but the embedding has "
-                       f"{mcfg.vocab_size} rows: the files belong to different models")
     lora = cfg.get("lora")
-    path, base_weights = verify_weights(run, cfg, mcfg, best)
+    path, base_weights = verify_weights(run, cfg, mcfg, best, record.files)
     memory.check_fits(memory.model_bytes(mcfg, dtype or np.float32), f"the model in {run}")
-    arrays, _ = read_arrays(path)
+    arrays, meta = read_arrays(path)
     file_dtype = next(iter(arrays.values())).dtype if arrays else np.float32
     model = build_model(mcfg, seed=0, dtype=dtype or file_dtype)
     if lora:
@@ -375,13 +401,15 @@ def _load_model(run: Path, dtype, best: bool, compute: dict | None = None):
         load_into(model, arrays, path, names=list(model.layout.entries))     # the adapters
     else:
         load_into(model, arrays, path)
-    return model, tok, cfg
+    return model, meta
 
 
-def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False) -> tuple[Path, Path | None]:
+def verify_weights(run: Path, cfg: dict, mcfg: ModelConfig, best: bool = False,
+                   files: dict | None = None) -> tuple[Path, Path | None]:
     """(weights, base weights or None) of a run, after checking every tensor's name and shape in
-    the files' headers against the config: nothing is read or allocated for a mismatch."""
-    path = weights_path(run, best)
+    the files' headers against the config: nothing is read or allocated for a mismatch.
+    ``files``: the run's committed files, if already read (RunRecord)."""
+    path = weights_path(run, best, files)
     want = model_class(mcfg).shapes(mcfg)
     if cfg.get("lora"):
         base_weights = _base_weights(run, cfg.get("base"))

@@ -221,8 +221,8 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     where = out / "state.json"
     if not where.is_file():
         raise TbpError(f"{out}: has no checkpoint to resume from (state.json is missing)")
-    state_d = checkpoint.read_state(out)
-    files = checkpoint.checkpoint_files(out, state_d)
+    run = checkpoint.open_run(out, cfg)                  # every record of the run, read once
+    state_d, files, tok = run.state, run.files, run.tokenizer
     if files["optimizer"] is None:
         raise TbpError(f"{out}: holds weights but no optimizer state (imported or merged), so it cannot be "
                        f"resumed; fine-tune it with tbp train --init-from {out}")
@@ -238,18 +238,17 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
             data_rng.bit_generator.state = state.data_rng
         except (TypeError, ValueError, KeyError) as e:
             raise TbpError(f"{where}: data_rng is not a generator state ({e})") from None
-    tok = Tokenizer.load(out / "tokenizer.json")
     if state.tokenizer_sha256 and tok.sha256() != state.tokenizer_sha256:
         raise TbpError(f"{out / 'tokenizer.json'}: differs from the tokenizer this run was trained with "
                        f"(state.json records SHA-256 {state.tokenizer_sha256[:12]})")
-    mcfg = checkpoint.read_model_config(out, cfg)
+    mcfg = run.model_config
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
-    checkpoint.verify_weights(out, cfg, mcfg)
+    checkpoint.verify_weights(out, cfg, mcfg, files=files)
     compute = _compute(model_overrides)
     mcfg = dataclasses.replace(mcfg, **compute)
     memory.check_train_fits(mcfg, tcfg, f"resuming {out}")
     memory.check_step_work(mcfg, tcfg.batch_size)
-    model, _, _ = checkpoint.load_model(out, dtype=np.dtype(tcfg.dtype), compute=compute)
+    model, w_meta = checkpoint.model_of(run, dtype=np.dtype(tcfg.dtype), compute=compute)
     if ds is None:
         if not cfg.get("data"):
             raise TbpError(f"{out / 'config.json'}: names no dataset; pass --data")
@@ -266,8 +265,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
                        f"data; continue it on data of its own kind")
     adapter = bool(cfg.get("lora"))
     opt_arrays, opt_meta = checkpoint.read_arrays(files["optimizer"])
-    w_meta_step = checkpoint.read_arrays(files["weights"])[1].get("step")
-    steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta_step}
+    steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta.get("step")}
     if len({str(v) for v in steps.values()}) != 1:
         raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
     # what a commit killed half-way wrote: swept once the committed set is proven whole

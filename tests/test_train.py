@@ -1,6 +1,9 @@
 """The training loop: learning, exact resume, guards, checkpoints."""
 import json
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -230,6 +233,36 @@ def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus
     assert set(lora.model.grads) == {f"h.{i}.attn.c_attn.{k}" for i in range(2) for k in ("lora_down", "lora_up")}
     with pytest.raises(ConfigError, match="pick one"):
         runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, init_from=tmp_path / "a"))
+
+
+def test_a_resume_reads_each_of_the_runs_files_once(tmp_path, corpus_file, monkeypatch):
+    """config.json, state.json, the tokenizer, the weights and the optimizer state: one read each
+    (checkpoint.RunRecord), however many checks look at them."""
+    from collections import Counter
+    from tbp import jsonio
+    from tbp.tokenizer import Tokenizer
+    monkeypatch.chdir(tmp_path)
+    train = dict(batch_size=4, max_iters=4, eval_interval=4, eval_batches=1, seed=2)
+    runs.start(runs.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train)).run_loop()
+    reads = Counter()
+
+    def counted(module, name, key):
+        original = getattr(module, name)
+
+        def wrapper(path, *a, **kw):
+            reads[key(path)] += 1
+            return original(path, *a, **kw)
+        monkeypatch.setattr(module, name, wrapper)
+    counted(checkpoint, "read_arrays", lambda p: "weights" if "optimizer" not in str(p) else "optimizer")
+    counted(checkpoint, "read_json", lambda p: os.path.basename(str(p)))
+    counted(jsonio, "read_json", lambda p: os.path.basename(str(p)))
+    original_load = Tokenizer.load
+    run_dir = tmp_path / "a"                  # the dataset's own tokenizer is another file, read once too
+    monkeypatch.setattr(Tokenizer, "load", staticmethod(
+        lambda p: (reads.update(["tokenizer" if Path(p).parent == run_dir else "data tokenizer"]), original_load(p))[1]))
+    runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 6}))
+    for key in ("weights", "optimizer", "config.json", "state.json", "tokenizer", "data tokenizer"):
+        assert reads[key] == 1, dict(reads)
 
 
 def test_the_final_evaluation_is_announced_and_inside_the_run_time(tmp_path, dataset):
