@@ -4,15 +4,25 @@ A 4-layer, 4-head, 128-wide model with rotary positions, batch 1, trained on ran
 T = 512 ... 8192. Each (T, attention) pair runs in its own process: a warm-up step, then
 --steps timed steps (forward + handwritten backward + clipping + AdamW); the step time is
 their median, and the peak memory is the process's peak resident set size (ru_maxrss, which
-includes the interpreter and NumPy, about 40 MiB). Pairs are interleaved, dense then flash.
+includes the interpreter and NumPy, about 40 MiB). ``--rounds`` rounds each run every (T,
+kernel) once, the kernels' order alternating from round to round; a record per (T, kernel) in
+results/flash_long_context.jsonl holds every round's step time (the table gives their median
+and range) and peak memory. Run it on a quiet machine.
 
     python benchmarks/long_context.py                        # the table in docs/designs/flash-attention.md
-    python benchmarks/long_context.py --lengths 1024 2048 --steps 7
+    python benchmarks/long_context.py --lengths 1024 2048 --steps 7 --only flash   # print, record nothing
 """
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import records                                            # noqa: E402
+
+NAME = "flash_long_context"
 
 CHILD = r"""
 import json, resource, sys, time
@@ -44,35 +54,40 @@ print(json.dumps({"T": T, "impl": impl, "step_s": float(np.median(times)),
 """
 
 
+def one(T: int, impl: str, a) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(T), impl, str(a.steps), str(a.blas_threads),
+                          str(a.tile)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--steps", type=int, default=5, help="timed steps per process (the median is kept)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs every (T, kernel) once, interleaved")
     p.add_argument("--blas-threads", type=int, default=0, help="0: NumPy's default; 1: one thread")
     p.add_argument("--tile", type=int, default=0, help="flash tile rows (queries and keys); 0: flash.py's")
-    p.add_argument("--only", choices=["dense", "flash"], help="run one implementation")
+    p.add_argument("--only", choices=["dense", "flash"], help="run one implementation, print, record nothing")
     a = p.parse_args()
-    rows = []
-    for T in a.lengths:
-        for impl in ("dense", "flash"):
-            if a.only and impl != a.only:
-                continue
-            out = subprocess.run([sys.executable, "-c", CHILD, str(T), impl, str(a.steps), str(a.blas_threads),
-                                  str(a.tile)], check=True, capture_output=True, text=True).stdout
-            rows.append(json.loads(out))
-            r = rows[-1]
-            print(f"T {T:5d}  {impl:5s}  step {r['step_s']:7.3f} s   peak {r['peak_mib']:7.0f} MiB", flush=True)
-    by = {(r["T"], r["impl"]): r for r in rows}
     if a.only:
-        print(json.dumps(rows))
+        print(json.dumps([one(T, a.only, a) for T in a.lengths]))
         return
-    print("\n| T | dense step | flash step | flash / dense time | dense peak | flash peak |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for T in a.lengths:
-        d, f = by[T, "dense"], by[T, "flash"]
-        print(f"| {T} | {d['step_s']:.3f} s | {f['step_s']:.3f} s | {f['step_s'] / d['step_s']:.2f} | "
-              f"{d['peak_mib']:.0f} MiB | {f['peak_mib']:.0f} MiB |")
-    print(json.dumps(rows))
+    runs = {(T, impl): [] for T in a.lengths for impl in ("dense", "flash")}
+    for r in range(a.rounds):
+        for T in a.lengths:
+            for impl in (("dense", "flash") if r % 2 == 0 else ("flash", "dense")):   # the order alternates
+                got = one(T, impl, a)
+                runs[T, impl].append(got)
+                print(f"round {r + 1}  T {T:5d}  {impl:5s}  step {got['step_s']:7.3f} s   peak {got['peak_mib']:7.0f} MiB",
+                      flush=True)
+    commit = records.commit()
+    for (T, impl), got in runs.items():
+        records.append(NAME, {"T": T, "impl": impl, "rounds": a.rounds, "steps": a.steps,
+                              "blas_threads": a.blas_threads, "tile": a.tile,
+                              "step_s": statistics.median(g["step_s"] for g in got),
+                              "step_s_rounds": [g["step_s"] for g in got],
+                              "peak_mib": max(g["peak_mib"] for g in got),
+                              "peak_mib_rounds": [g["peak_mib"] for g in got], "commit": commit})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import records
 import tables_alibi
+import tables_designs
 import tables_gatt
 import tables_gpt2
 import tables_gqa
@@ -339,7 +340,9 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),
-          "alibi_positions": (tables_alibi.positions, "alibi_positions")}
+          "alibi_positions": (tables_alibi.positions, "alibi_positions"),
+          "flash_long_context": (tables_designs.flash_long_context, "flash_long_context"),
+          "seq2seq_curves": (tables_designs.seq2seq_curves, "seq2seq_curves")}
 
 
 def render(text: str) -> str:
