@@ -147,7 +147,9 @@ def seeds(args) -> None:
                 train_one(args, depth, arm, lr, seed, "seed")
 
 
-LOCALISE = {"sum": [], "attnres c=0": ["--residual", "attention", "--residual-query-scale", 0],
+LOCALISE = {"sum": [], "sum, eps 0": ["--ln-eps", 0],
+            "attnres c=0, eps 0": ["--residual", "attention", "--residual-query-scale", 0, "--ln-eps", 0],
+            "attnres c=0": ["--residual", "attention", "--residual-query-scale", 0],
             "attnres c=1/16": ["--residual", "attention", "--residual-query-scale", 1 / 16],
             "attnres c=1/8": ["--residual", "attention", "--residual-query-scale", 1 / 8],
             "attnres c=1": ["--residual", "attention"]}
@@ -170,8 +172,10 @@ def localise_one(args, arm: str, lr: float, seed: int, data: Path) -> dict:
 def localise(args) -> None:
     """Where the 4-layer deficit comes from, every arm at the 4-layer sums' best rate and the
     same --steps (not a race: the same schedule, to compare functions and optimisation): the
-    sum; AttnRes with its pseudo-queries frozen at zero (c = 0: the sum's function, so it must
-    match the sum, or something is wrong); with the depth logits scaled by 1/16 and by 1/8
+    sum; AttnRes with its pseudo-queries frozen at zero (c = 0: the mean of the sources, the
+    sum's function up to layer norm's epsilon, which the mean's smaller scale makes larger in
+    effect: with epsilon 0 both, the pair must match, or something is wrong; with the default
+    epsilon the gap is what the mean costs); with the depth logits scaled by 1/16 and by 1/8
     (1/sqrt(C) at width 64: under Adam, the pseudo-queries learning at that fraction of the
     rate); and the paper's c = 1. Records: results/attnres_localise.jsonl."""
     import runner
