@@ -52,7 +52,7 @@ import numpy as np
 import records
 from stats import binomial_ci
 from tbp import GPT, ModelConfig, checkpoint
-from tbp.nn.sparse import KINDS, Sparsity
+from tbp.nn.sparse import KINDS, SparseRule
 from tbp.optim import AdamW, clip_grads
 from tbp.tokenizer import train_char
 
@@ -316,7 +316,7 @@ def evaluate(args) -> None:
     n = L - 1                                                             # cache length at the answer's step
     budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
     layer_sets = [tuple(int(x) for x in s.split(",")) for s in args.layers]
-    rules = [None] + [Sparsity(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
+    rules = [None] + [SparseRule(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
     right = [(g == ids[:, L - ANSWER:]).all(1) for g in got]          # per rule, per line

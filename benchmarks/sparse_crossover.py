@@ -13,7 +13,7 @@ import contextlib
 import records
 from tbp.bench import bench_sparse_decode, machine
 from tbp.nn import ModelConfig
-from tbp.nn.sparse import KINDS, Sparsity
+from tbp.nn.sparse import KINDS, SparseRule
 from tbp.parallel import blas_threads
 
 
@@ -41,7 +41,7 @@ def sweep(a, layers: tuple[int, ...]) -> None:
         for n in a.lengths:
             cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=n_layer, n_head=4, d_model=128, positions="rope")
             for kind in KINDS:
-                res = bench_sparse_decode(cfg, Sparsity(kind, max(8, n // 16), layers), repeats=a.rounds)
+                res = bench_sparse_decode(cfg, SparseRule(kind, max(8, n // 16), layers), repeats=a.rounds)
                 records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
                                                     "n_ctx": n, "blas_threads": threads, "config": cfg.to_dict(), **res})
                 print(f"{n_layer} layers, n {n:5d} {kind:10s} K {n // 16:4d}: dense "

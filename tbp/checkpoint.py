@@ -353,9 +353,9 @@ def open_run(run: str | Path, config: dict | None = None) -> RunRecord:
     run = Path(run)
     cfg = read_config(run) if config is None else config
     mcfg = read_model_config(run, cfg)
+    tok = Tokenizer.load(run / "tokenizer.json")         # before the state: a folder with a config alone says so
     state = read_state(run)
-    files = checkpoint_files(run, state)
-    return RunRecord(run, cfg, mcfg, state, files, Tokenizer.load(run / "tokenizer.json"))
+    return RunRecord(run, cfg, mcfg, state, checkpoint_files(run, state), tok)
 
 
 def load_model(run: str | Path, dtype=None, best: bool = False, compute: dict | None = None):

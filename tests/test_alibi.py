@@ -10,7 +10,7 @@ from tbp.errors import TbpError
 from tbp.nn import CausalSelfAttention, ConfigError, build
 from tbp.nn.designs.alibi import Alibi, slopes
 from tbp.nn.designs.alibi import twin
-from tbp.nn.sparse import Sparsity
+from tbp.nn.sparse import SparseRule
 
 B, T, C, H = 2, 9, 12, 3
 
@@ -99,7 +99,7 @@ def test_sparse_decoding_export_and_gguf_are_refused_with_the_reason():
     from tbp.hf import exportable
     cfg = ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8, positions="alibi")
     with pytest.raises(ValueError, match="without their ALiBi bias"):
-        GPT(cfg).inference(1, Sparsity("topk", budget=4, layers=(0,)))
+        GPT(cfg).inference(1, SparseRule("topk", budget=4, layers=(0,)))
     assert "ALiBi" in build.refusal(cfg, "sparse")
     with pytest.raises(TbpError, match="no linear bias on the scores"):
         exportable(cfg)

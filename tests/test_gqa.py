@@ -9,7 +9,7 @@ from tbp.nn import CausalSelfAttention, ConfigError
 from tbp.nn import reference_variants as twin
 from tbp.nn.gqa import GroupedQueryAttention
 from tbp.nn.rope import Rotary
-from tbp.nn.sparse import Sparsity
+from tbp.nn.sparse import SparseRule
 
 B, T, C = 2, 7, 16
 
@@ -106,8 +106,8 @@ def test_sparse_decoding_chooses_per_key_value_group(rng, kind):
     group's query heads together; a budget covering every position is dense bit for bit."""
     m = gqa_model(n_kv_head=2)
     tokens = rng.integers(0, 13, (2, 40))
-    sparse = m.inference(2, Sparsity(kind, budget=12, layers=(1,)))
-    dense, full = m.inference(2), m.inference(2, Sparsity(kind, budget=48, layers=(1,)))
+    sparse = m.inference(2, SparseRule(kind, budget=12, layers=(1,)))
+    dense, full = m.inference(2), m.inference(2, SparseRule(kind, budget=48, layers=(1,)))
     for d in (sparse, dense, full):
         d.forward(tokens[:, :4])
     for t in range(4, 40):

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn.sparse import Sparsity, merge_rank_major, select
+from tbp.nn.sparse import SparseRule, merge_rank_major, select
 
 
 def test_the_budget_splits_into_sinks_middle_and_recent():
-    assert Sparsity(budget=64).split() == (4, 48, 12)
-    assert Sparsity(budget=16, recency=0.5).split() == (4, 8, 4)
+    assert SparseRule(budget=64).split() == (4, 48, 12)
+    assert SparseRule(budget=16, recency=0.5).split() == (4, 8, 4)
     with pytest.raises(ValueError, match="no room"):
-        Sparsity(budget=5)
+        SparseRule(budget=5)
 
 
 def test_a_hand_built_score_tensor_gives_the_expected_merged_set():
@@ -18,16 +18,16 @@ def test_a_hand_built_score_tensor_gives_the_expected_merged_set():
     scores = np.zeros((1, 2, n))
     scores[0, 0, [7, 9, 11]] = [3.0, 2.0, 1.0]          # head 0 ranks 7, 9, 11
     scores[0, 1, [9, 13, 5]] = [3.0, 2.0, 1.0]          # head 1 ranks 9, 13, 5
-    rule = Sparsity(budget=10, recency=0.3, sinks=2)     # middle int(0.7 * 10) = 7 -> sinks 2, recent 1
+    rule = SparseRule(budget=10, recency=0.3, sinks=2)     # middle int(0.7 * 10) = 7 -> sinks 2, recent 1
     assert rule.split() == (2, 7, 1)
     kept = select(scores, rule)[0]
     # rank-major: 7 (h0 #1), 9 (h1 #1), 9 again (skipped), 13 (h1 #2), 11 (h0 #3), 5 (h1 #3), then ties at 0
     assert {0, 1}.issubset(kept) and 19 in kept                         # sinks and the recency window
     assert {7, 9, 13, 11, 5}.issubset(kept) and len(set(kept)) == 10 == len(kept)
     assert list(merge_rank_major(scores[0][:, 2:19], 4) + 2) == [7, 9, 13, 11]
-    window = select(scores, Sparsity(kind="window", budget=6, sinks=2))[0]
+    window = select(scores, SparseRule(kind="window", budget=6, sinks=2))[0]
     assert list(window) == [0, 1, 16, 17, 18, 19]
-    per_head = select(scores, Sparsity(kind="topk", budget=3))
+    per_head = select(scores, SparseRule(kind="topk", budget=3))
     assert per_head.shape == (1, 2, 3) and list(per_head[0, 0]) == [7, 9, 11] and list(per_head[0, 1]) == [5, 9, 13]
 
 
@@ -43,7 +43,7 @@ def model(n_ctx=48):
 def test_a_budget_covering_every_position_is_dense_decoding_bit_for_bit(kind):
     m = model()
     tokens = np.random.default_rng(3).integers(0, 13, (2, 40))
-    dense, sparse = m.inference(2), m.inference(2, Sparsity(kind, budget=40, layers=(1,)))
+    dense, sparse = m.inference(2), m.inference(2, SparseRule(kind, budget=40, layers=(1,)))
     dense.forward(tokens[:, :4])
     sparse.forward(tokens[:, :4])
     for t in range(4, 40):
@@ -56,7 +56,7 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
     token's scores are -inf outside the kept set (float64, 1e-12)."""
     m = model()
     tokens = np.random.default_rng(4).integers(0, 13, (2, 44))
-    sparse = m.inference(2, Sparsity(kind, budget=12, layers=(1,)))
+    sparse = m.inference(2, SparseRule(kind, budget=12, layers=(1,)))
     sparse.forward(tokens[:, :4])
     for t in range(4, 44):
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
@@ -73,7 +73,7 @@ def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
     from the decoder (float64, 1e-12)."""
     m = model()
     tokens = np.random.default_rng(5).integers(0, 13, (2, 40))
-    sparse = m.inference(2, Sparsity("layer-topk", budget=9, layers=(1,)))
+    sparse = m.inference(2, SparseRule("layer-topk", budget=9, layers=(1,)))
     for t in range(9, 40):
         # a step after a dense prefill: layer 1 is thinned too, so after a run of sparse steps the
         # earlier tokens' keys at layer 2 would be sparse ones, which the plain forward does not make
@@ -129,7 +129,7 @@ def dense_step_with_mask(m, tokens, kept, own_top=None):
 
 def test_a_selection_layer_past_the_model_is_refused():
     with pytest.raises(ValueError, match="does not exist"):
-        model().inference(1, Sparsity(layers=(3,)))
+        model().inference(1, SparseRule(layers=(3,)))
 
 
 def test_generate_with_sparse_decoding_from_the_cli(tmp_path, corpus_file, monkeypatch):

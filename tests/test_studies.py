@@ -17,7 +17,7 @@ import sparse_decoding  # noqa: E402
 
 from tbp import GPT, ModelConfig  # noqa: E402
 from tbp.chat import ghost_attention  # noqa: E402
-from tbp.nn.sparse import Sparsity  # noqa: E402
+from tbp.nn.sparse import SparseRule  # noqa: E402
 
 
 def test_a_retrieval_line_answers_its_last_question_only_from_the_haystack():
@@ -73,8 +73,8 @@ def _model_and_lines(seed=0, facts=4, lines=5):
 def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
     model, ids = _model_and_lines()
     n = ids.shape[1]
-    rules = [None, Sparsity("window", 8, (1,)), Sparsity("lessismore", 12, (1,)), Sparsity("topk", 6, (1,)),
-             Sparsity("lessismore", 10 * n, (1,))]
+    rules = [None, SparseRule("window", 8, (1,)), SparseRule("lessismore", 12, (1,)), SparseRule("topk", 6, (1,)),
+             SparseRule("lessismore", 10 * n, (1,))]
     got = retrieval.answers(model, ids, rules, batch=2, log=lambda m: None)
     prompt = n - retrieval.ANSWER
     for rule, answer in zip(rules, got):
@@ -90,7 +90,7 @@ def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
 def test_the_fixed_cache_study_scores_each_windows_last_positions():
     model, ids = _model_and_lines(seed=1)
     m = 4
-    rules = [None, Sparsity("window", 8, (1,)), Sparsity("topk", 10 * ids.shape[1], (1,))]
+    rules = [None, SparseRule("window", 8, (1,)), SparseRule("topk", 10 * ids.shape[1], (1,))]
     logp = sparse_decoding.last_steps(model, ids, m, rules, batch=2)
     full = model.forward(ids)                                   # (W, n, V), no cache
     full = full - full.max(-1, keepdims=True)

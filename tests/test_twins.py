@@ -7,7 +7,7 @@ import pytest
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn import reference_seq2seq, reference_variants as twin
 from tbp.nn.mta_map import depth_scale
-from tbp.nn.sparse import KINDS, Sparsity, select
+from tbp.nn.sparse import KINDS, SparseRule, select
 
 B, T, C = 2, 6, 8
 
@@ -100,7 +100,7 @@ def test_the_encoder_decoder_equals_its_plain_twin(rng, options):
 @pytest.mark.parametrize("n,budget,recency", [(40, 12, 0.25), (9, 8, 0.5), (100, 30, 0.0)])
 def test_the_selection_rules_equal_their_plain_twins(rng, kind, n, budget, recency):
     scores = rng.standard_normal((3, 4, n))
-    rule = Sparsity(kind, budget=budget, layers=(1,), recency=recency)
+    rule = SparseRule(kind, budget=budget, layers=(1,), recency=recency)
     fast = select(scores, rule)
     plain = twin.select_positions(scores, kind, budget, rule.sinks, recency)
     np.testing.assert_array_equal(fast, np.array(plain))

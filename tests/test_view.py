@@ -217,7 +217,7 @@ def test_the_page_shows_each_design_it_has():
     """Depth weights, MTA kernels and kept positions, where the model has them: the numbers of
     lookinside (tbp attention --json's source), and a page that builds with their charts."""
     from tbp import GPT, ModelConfig, lookinside, view
-    from tbp.nn.sparse import Sparsity
+    from tbp.nn.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
                             attention="mta", mta_ck=3), seed=0)
     ids = list(range(20))
@@ -229,7 +229,7 @@ def test_the_page_shows_each_design_it_has():
     assert {"curves", "depth", "mta-0-theta", "mta-1-theta"} <= set(figures) and "kept" not in figures
     assert "grad_norm" not in figures                # no per-layer statistics in these metrics: none drawn
     plain = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)   # sparse decoding
-    rule = Sparsity("window", budget=8, layers=(1,))
+    rule = SparseRule("window", budget=8, layers=(1,))
     data = view.data_for_prompt(plain, _CharTok(), ids, rule)
     assert data["kept"]["map"] == lookinside.kept_positions(plain, ids, rule).round(6).tolist()
     assert "depth" not in data and "mta" not in data
@@ -269,14 +269,14 @@ def test_data_in_the_page_is_only_ever_text():
     or & (so nothing closes the script or opens a comment), and every Plotly label holds them as
     entities (Plotly renders a subset of HTML in labels), yet the page's data reads back exactly."""
     from tbp import GPT, ModelConfig, view
-    from tbp.nn.sparse import Sparsity
+    from tbp.nn.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)
     label = 'run <!--<script>&"x"'
     layers = {"grad_norm": {"<b>h.0</b>": 1.0, "h.1&": 2.0}, "update_ratio": {"<i>h.0": 0.1}, "stream_rms": [1.0]}
     metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0},
                {"step": 2, "lr": 1e-3, "train_loss": 2.9, "val_loss": 2.8, "layers": layers}]
     text = view.page([{"label": label, "metrics": metrics}], model, _HostileTok(), list(range(20)),
-                     Sparsity("window", budget=8, layers=(1,)))
+                     SparseRule("window", budget=8, layers=(1,)))
     block = re.search(r'<script type="application/json" id="tbp-data">(.*?)</script>', text, re.S).group(1)
     assert not set("<>&") & set(block)
     data = json.loads(block)

@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from .. import jsonio
 from ..config import ModelConfig
 from ..nn import build
-from ..nn.sparse import KINDS, Sparsity
+from ..nn.sparse import KINDS, SparseRule
 from ..errors import TbpError
 
 
@@ -215,7 +215,7 @@ def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
 
 
 def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, recency: float | None = None):
-    """The Sparsity the options ask for, or None without --sparse (whose companions are then
+    """The SparseRule the options ask for, or None without --sparse (whose companions are then
     refused); a bad budget or layer list is a usage error."""
     companions = ("budget", "sparse_layers") + (("recency",) if recency is not None else ())
     if sparse is None:
@@ -225,7 +225,7 @@ def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, rec
         refuse_unused(ctx, ("recency",), "--sparse lessismore")
     try:
         layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
-        return Sparsity(sparse, budget, layers, 0.25 if recency is None else recency)
+        return SparseRule(sparse, budget, layers, 0.25 if recency is None else recency)
     except ValueError as e:
         raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
 

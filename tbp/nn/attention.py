@@ -14,7 +14,6 @@ from .kernels import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
 from .positions import LEARNED, Positions
-from .sparse import select
 
 
 def split_heads(merged: np.ndarray, H: int, D: int) -> np.ndarray:
@@ -187,7 +186,7 @@ class CausalSelfAttention(Module):
 
     def select(self, scores: np.ndarray, rule) -> np.ndarray:
         """Sparse decoding's kept positions from the new row's scores (B, H, t) (sparse.py)."""
-        return select(scores, rule)
+        return rule.keep(scores)
 
     @staticmethod
     def _kept_buffers(state: DecodeState, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,8 +234,8 @@ class CausalSelfAttention(Module):
         values[:, :, s0:s0 + t1 - t0, :-1] = s.v
         sparse = step.sparse
         chooses = keep = None
-        if sparse is not None and sparse.rule.kind == "layer-topk":
-            if step.layer >= min(sparse.rule.layers):               # this layer's own set, from its own scores
+        if sparse is not None and sparse.rule.every_layer:
+            if sparse.rule.chooses_at(step.layer):                  # this layer's own set, from its own scores
                 att = s.att[..., :span]
                 np.matmul(s.q, self._by_cache_head(keys[:, :, :span]).swapaxes(-1, -2), out=att)
                 scores = s.scores[..., :span]
@@ -244,7 +243,7 @@ class CausalSelfAttention(Module):
                 keep = self.select(scores, sparse.rule)
                 sparse.keep, sparse.scores = keep, scores
         elif sparse is not None:
-            chooses = step.layer in sparse.rule.layers
+            chooses = sparse.rule.chooses_at(step.layer)
             keep = None if chooses else sparse.keep
         if keep is None:
             cached_k, cached_v = keys[:, :, :span], values[:, :, :span]

@@ -113,7 +113,7 @@ class Inference:
     the model's weights. A long prefill runs in chunks of query rows, so its (B, H, rows,
     n_ctx) attention scores stay under ``max_scores`` numbers (16 MiB in float32).
 
-    ``sparse`` (a sparse.Sparsity) thins attention for one-token steps once more positions are
+    ``sparse`` (a sparse.SparseRule) thins attention for one-token steps once more positions are
     cached than its budget: at its selection layers the token attends densely and picks the
     set the following layers attend to (sparse.py). Prefill and layers before the first
     selection layer stay dense; ``kept`` holds the last set chosen, ``kept_scores`` its scores.
@@ -146,7 +146,7 @@ class Inference:
         self.norm_f = model.ln_f.decode_vectors(self.dtype)
         self.has_source = False
         self.length = 0
-        self.sparse = sparse                      # a sparse.Sparsity, or None: dense attention
+        self.sparse = sparse                      # a sparse.SparseRule, or None: dense attention
         self.kept = None                          # the positions the last sparse step kept
         self.kept_scores = None                   # (B, H, t) the scores they were chosen from
         # query rows per prefill chunk, so that its scores stay under max_scores numbers

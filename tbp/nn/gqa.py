@@ -31,7 +31,6 @@ from .attention import CausalSelfAttention
 from .config import ConfigError
 from .positions import LEARNED, Positions
 from .rope import Rotary
-from .sparse import PER_HEAD, select
 from .variant import Variant
 
 
@@ -92,9 +91,9 @@ class GroupedQueryAttention(CausalSelfAttention):
         ranks over the group's G query heads (topk: over their highest score per position)."""
         B, H, t = scores.shape
         grouped = scores.reshape(B * self.n_kv_head, self.group, t)
-        if rule.kind in PER_HEAD:
+        if rule.per_head:
             grouped = grouped.max(axis=1, keepdims=True)
-        return select(grouped, rule).reshape(B, self.n_kv_head, -1)
+        return rule.keep(grouped).reshape(B, self.n_kv_head, -1)
 
 
 def _check(cfg) -> None:

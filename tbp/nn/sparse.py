@@ -30,7 +30,7 @@ PER_HEAD = ("topk", "layer-topk")          # the rules that keep a set per head
 
 
 @dataclass(frozen=True)
-class Sparsity:
+class SparseRule:
     """How the decoder thins attention: the rule, the budget K, the selection layers (dense,
     and choosing the set for the layers after them), the share of the budget given to the
     recency window (LessIsMore), and the number of sink tokens."""
@@ -50,6 +50,25 @@ class Sparsity:
         if not self.layers or min(self.layers) < 0:
             raise ValueError("sparse decoding needs at least one selection layer (>= 0)")
 
+    @property
+    def per_head(self) -> bool:
+        """Each head keeps its own set (topk, layer-topk), rather than one set for all heads."""
+        return self.kind in PER_HEAD
+
+    @property
+    def every_layer(self) -> bool:
+        """Every layer from the first selection layer on chooses its own set from its own scores
+        (layer-topk), rather than reusing the last selection layer's."""
+        return self.kind == "layer-topk"
+
+    def chooses_at(self, layer: int) -> bool:
+        """Whether ``layer`` scores every cached position densely and chooses a set."""
+        return layer >= min(self.layers) if self.every_layer else layer in self.layers
+
+    def keep(self, scores: np.ndarray) -> np.ndarray:
+        """The positions to keep from a new row's scores (B, H, n): :func:`select`."""
+        return select(scores, self)
+
     def split(self) -> tuple[int, int, int]:
         """(sinks, middle, recent) with sinks + middle + recent == budget."""
         middle = int((1 - self.recency) * self.budget)
@@ -57,7 +76,7 @@ class Sparsity:
         return self.sinks, middle, self.budget - self.sinks - middle
 
 
-def select(scores: np.ndarray, rule: Sparsity) -> np.ndarray:
+def select(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
     """Positions to keep, from the new token's pre-softmax scores (B, H, n) over n positions.
 
     Returns (B, K) sorted positions for lessismore and window (one set for every head), or
