@@ -74,3 +74,15 @@ def browser():
     driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["http://*", "https://*"]})
     return driver
 
+
+def assert_equals_twin(layer, y, dx, y_ref, dx_ref, dw, db, dw_proj, db_proj, rtol=1e-11, atol=1e-13):
+    """An attention layer's output, input gradient and parameter gradients against its plain
+    twin's (``*_backward`` returns dx, dw_attn, db_attn, dw_proj, db_proj); biases where it has them."""
+    import numpy as np
+    tol = dict(rtol=rtol, atol=atol)
+    np.testing.assert_allclose(y, y_ref, **tol)
+    np.testing.assert_allclose(dx, dx_ref, **tol)
+    for name, want in (("c_attn.weight", dw), ("c_attn.bias", db), ("c_proj.weight", dw_proj),
+                       ("c_proj.bias", db_proj)):
+        if name in layer.grads:
+            np.testing.assert_allclose(layer.grads[name], want, err_msg=name, **tol)

@@ -4,6 +4,7 @@ checks every positions scheme passes (kernels agree, cached decoding past the co
 their own positions, gradient rows) are tests/test_designs.py's."""
 import numpy as np
 import pytest
+from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
@@ -40,13 +41,7 @@ def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, options):
     P = layer.params
     y_ref, cache = twin.alibi_attention_forward(x, P["c_attn.weight"], P["c_attn.bias"], P["c_proj.weight"],
                                                 P["c_proj.bias"], H, 4, options.get("window"))
-    dx_ref, dw, db, dw_proj, db_proj = twin.alibi_attention_backward(dy, cache)
-    tol = dict(rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(y, y_ref, **tol)
-    np.testing.assert_allclose(dx, dx_ref, **tol)
-    for name, want in (("c_attn.weight", dw), ("c_attn.bias", db), ("c_proj.weight", dw_proj),
-                       ("c_proj.bias", db_proj)):
-        np.testing.assert_allclose(layer.grads[name], want, **tol)
+    assert_equals_twin(layer, y, dx, y_ref, *twin.alibi_attention_backward(dy, cache))
 
 
 def test_a_bias_of_the_wrong_sign_or_none_differs_from_the_twin(rng):

@@ -3,6 +3,7 @@ them fails), no dropout outside training, the same gradients on any number of th
 exact resume, and the refusals."""
 import numpy as np
 import pytest
+from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig, checkpoint, gradcheck
 from tbp.nn import CausalSelfAttention, ConfigError
@@ -53,13 +54,7 @@ def test_attention_with_dropout_equals_its_plain_twin_forward_and_backward(rng):
     masks = Noise([4, 5, 6], 0.3).mask((2, 6, 6), np.float64)          # the same draws
     y_ref, cache = twin.dropout_attention_forward(x, P["c_attn.weight"], P["c_attn.bias"], P["c_proj.weight"],
                                                   P["c_proj.bias"], 2, 8, masks)
-    dx_ref, dw, db, dw_proj, db_proj = twin.dropout_attention_backward(dy, cache)
-    tol = dict(rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(y, y_ref, **tol)
-    np.testing.assert_allclose(dx, dx_ref, **tol)
-    for name, want in (("c_attn.weight", dw), ("c_attn.bias", db), ("c_proj.weight", dw_proj),
-                       ("c_proj.bias", db_proj)):
-        np.testing.assert_allclose(layer.grads[name], want, **tol)
+    assert_equals_twin(layer, y, dx, y_ref, *twin.dropout_attention_backward(dy, cache))
 
 
 def test_no_dropout_outside_training():

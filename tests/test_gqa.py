@@ -2,6 +2,7 @@
 n_head / n_kv_head times smaller, cached and sparse decoding, and the refusals."""
 import numpy as np
 import pytest
+from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
@@ -37,15 +38,7 @@ def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, n_kv_head, op
     y_ref, cache = twin.gqa_attention_forward(x, P["c_attn.weight"], P.get("c_attn.bias"), P["c_proj.weight"],
                                               P.get("c_proj.bias"), 4, n_kv_head, 4, options.get("causal", True),
                                               10000.0 if rope else None)
-    dx_ref, dw, db, dw_proj, db_proj = twin.gqa_attention_backward(dy, cache)
-    tol = dict(rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(y, y_ref, **tol)
-    np.testing.assert_allclose(dx, dx_ref, **tol)
-    np.testing.assert_allclose(layer.grads["c_attn.weight"], dw, **tol)
-    np.testing.assert_allclose(layer.grads["c_proj.weight"], dw_proj, **tol)
-    if "c_attn.bias" in layer.grads:
-        np.testing.assert_allclose(layer.grads["c_attn.bias"], db, **tol)
-        np.testing.assert_allclose(layer.grads["c_proj.bias"], db_proj, **tol)
+    assert_equals_twin(layer, y, dx, y_ref, *twin.gqa_attention_backward(dy, cache))
 
 
 def test_with_a_key_value_head_per_query_head_it_is_standard_attention(rng):
