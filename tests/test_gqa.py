@@ -8,7 +8,8 @@ from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
 from tbp.nn import CausalSelfAttention, ConfigError
 from tbp.nn import reference_variants as twin
-from tbp.nn.gqa import GroupedQueryAttention
+from tbp.nn.designs.gqa import GroupedQueryAttention
+from tbp.nn.designs.gqa import twin as gqa_twin
 from tbp.nn.rope import Rotary
 from tbp.nn.sparse import SparseRule
 
@@ -35,10 +36,10 @@ def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, n_kv_head, op
     y = layer.forward(x)
     dx = layer.backward(dy.copy())
     P = layer.params
-    y_ref, cache = twin.gqa_attention_forward(x, P["c_attn.weight"], P.get("c_attn.bias"), P["c_proj.weight"],
+    y_ref, cache = gqa_twin.gqa_attention_forward(x, P["c_attn.weight"], P.get("c_attn.bias"), P["c_proj.weight"],
                                               P.get("c_proj.bias"), 4, n_kv_head, 4, options.get("causal", True),
                                               10000.0 if rope else None)
-    assert_equals_twin(layer, y, dx, y_ref, *twin.gqa_attention_backward(dy, cache))
+    assert_equals_twin(layer, y, dx, y_ref, *gqa_twin.gqa_attention_backward(dy, cache))
 
 
 def test_with_a_key_value_head_per_query_head_it_is_standard_attention(rng):

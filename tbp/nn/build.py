@@ -15,21 +15,16 @@ import numpy as np
 
 # the modules that register a choice, in the order each axis lists its choices (the command
 # line's order); then the designs wing
-from . import positions as _positions, rope, residual, attention, mta, gqa, attnres  # noqa: F401
+from . import positions as _positions, rope, residual, attention, mta, attnres  # noqa: F401
 from . import config, designs, dropout, flash, recompute, registry  # noqa: F401
-from .attention import CausalSelfAttention
-from .attnres import DepthResidual
 from .config import ConfigError, ModelConfig
-from .gqa import GroupedQueryAttention
-from .mta import MultiTokenAttention
-from .residual import Sum
 from .variant import USES, Variant
 
 ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
 
 # every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py, the
 # designs' (tbp/nn/designs/) are declared in the registry
-VARIANTS: list[Variant] = [mta.VARIANT, gqa.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT, dropout.VARIANT,
+VARIANTS: list[Variant] = [mta.VARIANT, attnres.VARIANT, rope.VARIANT, flash.VARIANT, dropout.VARIANT,
                            recompute.VARIANT, *registry.VARIANTS]
 
 

@@ -4,7 +4,7 @@ Its parts: ``alibi.py`` (the positions object, registered as ``--positions alibi
 (the plain loop the layer must equal) and the declaration below (what tbp asks of it)."""
 from ... import registry
 from ...attention import CausalSelfAttention
-from ...gqa import GroupedQueryAttention
+from ..gqa import GroupedQueryAttention
 from ...variant import Variant
 from .alibi import Alibi, slopes
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import registry
-from .attention import CausalSelfAttention
-from .config import ConfigError
-from .positions import LEARNED, Positions
-from .rope import Rotary
-from .variant import Variant
+from ... import registry
+from ...attention import CausalSelfAttention
+from ...config import ConfigError
+from ...positions import LEARNED, Positions
+from ...rope import Rotary
+from ...variant import Variant
 
 
 @registry.attention("gqa")
@@ -103,7 +103,7 @@ def _check(cfg) -> None:
         raise ConfigError(f"n_kv_head ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="gqa", name="grouped-query attention", active=lambda cfg: cfg.attention == "gqa", axis="attention",
     options=("n_kv_head",), switch="--attention gqa",
     refuses={"encoder-decoder": "grouped-query attention is built for the GPT here (the encoder-decoder's "
@@ -124,4 +124,4 @@ VARIANT = Variant(
     model_cases=(("gpt [gqa: 2 key/value heads for 4]", dict(attention="gqa", n_head=4, n_kv_head=2)),
                  ("gpt [gqa: multi-query, rope, untied head]",
                   dict(attention="gqa", n_head=4, n_kv_head=1, positions="rope", tie_head=False))),
-)
+))
