@@ -77,13 +77,22 @@ def test_rows_at_their_own_positions_decode_as_alone(positions):
 
 
 @pytest.mark.parametrize("variant", [v for v in build.VARIANTS if v.model_cases], ids=lambda v: v.key)
-def test_every_declared_model_case_builds_with_its_variant_on(variant):
-    """(tbp gradcheck runs each case's gradient rows: tests/test_gradcheck.py.)"""
+def test_every_declared_model_case_builds_with_its_variant_on_and_decodes_as_it_forwards(variant):
+    """Each declaration's model cases (tbp gradcheck runs their gradient rows:
+    tests/test_gradcheck.py) build with the variant on, and a GPT among them decodes from its
+    cache exactly what its full forward computes."""
     for label, fields in variant.model_cases:
         cfg = dict(vocab_size=11, n_ctx=6, n_layer=2, n_head=2, d_model=8)
         cfg.update(fields)
         m = build.build_model(ModelConfig(**cfg), seed=0, dtype=np.float64)
         assert any(v is variant for v in build.active(m.config)), label
+        if m.config.arch != "gpt":
+            continue
+        tokens = np.random.default_rng(3).integers(0, 11, (2, 6))
+        dec = m.inference(2)
+        steps = [dec.forward(tokens[:, :2]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(2, 6)]
+        np.testing.assert_allclose(np.concatenate(steps, 1), m.forward(tokens), rtol=1e-10, atol=1e-12,
+                                   err_msg=label)
 
 
 @pytest.mark.parametrize("variant", build.VARIANTS, ids=lambda v: v.key)
