@@ -9,8 +9,8 @@ The core layers ask a positions object four things and never its name:
                     constant shift of the keys no longer cancels in the softmax
     rotate(q, k) / rotate_back(dq, dk) / rotate_rows(qk, out, step)
                     that transform, its transpose, and its in-place form for a decoding step
-    bias(rows, keys, dtype)
-                    an additive term on the scaled scores S[h, i, j] for queries at positions
+    biases / bias(rows, keys, dtype)
+                    whether it adds a term, and the additive term on the scaled scores S[h, i, j] for queries at positions
                     ``rows`` (..., Tq) and keys at positions ``keys`` (Tk,): (..., H, Tq, Tk),
                     or None. It has no parameter and enters S additively, so the backward of
                     attention is unchanged by it (dS is dS): only the forward, the flash
@@ -34,6 +34,7 @@ class Positions:
 
     embeds = True
     rotates = False
+    biases = False          # whether bias() adds a term: the layers skip asking when it does not
 
     def window(self, n_ctx: int) -> int | None:
         """How many positions a query reads at most: all of them (None) when positions are
