@@ -57,7 +57,7 @@ class CausalSelfAttention(Module):
         # the key bias adds one constant to every score of a row, which the softmax ignores: its
         # gradient is exactly zero, unless rotation by position makes the shift differ per key
         self.key_bias_inert = not positions.rotates
-        self.kernel = kernel(impl, causal, window, split_rows, tiles, positions.bias if positions.biases else None)
+        self.kernel = kernel(impl, causal, window, split_rows, tiles, positions.bias)
         self.c_attn = Linear(d_model, (n_head + self.n_kv_head) * d_qk + self.n_kv_head * d_v, rng, dtype, bias)
         self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))   # a scalar of the model's dtype
@@ -253,7 +253,7 @@ class CausalSelfAttention(Module):
             span = keep.shape[-1]
         att = s.att[..., :span]                                     # (B, H, Tn, span)
         np.matmul(s.q, self._by_cache_head(cached_k).swapaxes(-1, -2), out=att)
-        if keep is None and self.positions.biases:
+        if keep is None and self.positions.bias is not None:
             bias = step.once(("bias", self.positions), lambda: self.positions.bias(step.rows(), step.slots(span, n_ctx),
                                                                          att.dtype))
             att += bias.reshape(att.shape[1:])                      # (H, Tn, span), per head as att groups them
@@ -287,7 +287,7 @@ def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
     att = s.att[..., :span]
     np.matmul(s.q, layer._by_cache_head(state.keys[:, :, :span]).swapaxes(-1, -2), out=att)
     att += step.row_mask(span).reshape((pos.size,) + (1,) * (att.ndim - 2) + (span,))
-    if layer.positions.biases:                                      # (B, H, 1, span)
+    if layer.positions.bias is not None:                            # (B, H, 1, span)
         bias = step.once(("bias", layer.positions), lambda: layer.positions.bias(step.rows(), np.arange(span), att.dtype))
         att += bias.reshape(att.shape)
     decode_attend(att, layer._by_cache_head(state.values[:, :, :span]), s)

@@ -9,12 +9,12 @@ The core layers ask a positions object four things and never its name:
                     constant shift of the keys no longer cancels in the softmax
     rotate(q, k) / rotate_back(dq, dk) / rotate_rows(qk, out, step)
                     that transform, its transpose, and its in-place form for a decoding step
-    biases / bias(rows, keys, dtype)
-                    whether it adds a term, and the additive term on the scaled scores S[h, i, j] for queries at positions
-                    ``rows`` (..., Tq) and keys at positions ``keys`` (Tk,): (..., H, Tq, Tk),
-                    or None. It has no parameter and enters S additively, so the backward of
-                    attention is unchanged by it (dS is dS): only the forward, the flash
-                    backward's recomputed P and the KV cache add it.
+    bias(rows, keys, dtype)
+                    an additive term on the scaled scores S[h, i, j] for queries at positions
+                    ``rows`` (..., Tq) and keys at positions ``keys`` (Tk,): (..., H, Tq, Tk);
+                    ``bias = None`` where the scheme has none. It has no parameter and enters S
+                    additively, so the backward of attention is unchanged by it (dS is dS):
+                    only the forward, the flash backward's recomputed P and the KV cache add it.
 
 :class:`Positions` is the base and, as it is, learned positions (GPT-2's, the default): the
 vector per position is the embedding's, so it transforms nothing and adds nothing. Other schemes live with the designs
@@ -34,7 +34,6 @@ class Positions:
 
     embeds = True
     rotates = False
-    biases = False          # whether bias() adds a term: the layers skip asking when it does not
 
     def window(self, n_ctx: int) -> int | None:
         """How many positions a query reads at most: all of them (None) when positions are
@@ -53,9 +52,9 @@ class Positions:
         """A decoding step's queries and keys (B, Tn, H + Hkv, Dk), in place (``out`` is scratch
         of that shape) at the step's positions (decode.Step)."""
 
-    def bias(self, rows: np.ndarray, keys: np.ndarray, dtype) -> np.ndarray | None:
-        """The additive score term (..., H, Tq, Tk), or None: nothing to add."""
-        return None
+    # A scheme with a score term defines bias(rows, keys, dtype) -> (..., H, Tq, Tk); None here
+    # says there is none, so the kernels and the decoding step skip it without a call.
+    bias = None
 
 
 LEARNED = Positions()
@@ -63,10 +62,8 @@ LEARNED = Positions()
 
 def add_bias(scores: np.ndarray, bias, rows: np.ndarray, keys: np.ndarray) -> None:
     """scores (B, H, Tq, Tk) += bias(rows, keys) (H, Tq, Tk), the positions term of queries at
-    positions ``rows`` (Tq,) and keys at ``keys`` (Tk,), where the scheme has one."""
-    term = bias(rows, keys, scores.dtype)
-    if term is not None:
-        scores += term
+    positions ``rows`` (Tq,) and keys at ``keys`` (Tk,)."""
+    scores += bias(rows, keys, scores.dtype)
 
 
 @registry.positions("learned")

@@ -42,7 +42,6 @@ class Alibi(Positions):
 
     embeds = False
     rotates = False
-    biases = True
 
     def __init__(self, n_head: int):
         self.n_head = n_head
