@@ -51,7 +51,8 @@ def windows(run: Path, model):
     from tbp.batches import batches_for
     from tbp.data import Dataset
     ds = Dataset.load(Path(checkpoint.read_config(run)["data"]))          # as tbp eval finds it
-    return [(i, t) for b in batches_for(ds, model.config).ordered("val", 32) for i, t in zip(b["idx"], b["targets"])]
+    return [(i, t) for b in batches_for(ds, model.config, model.collation).ordered("val", 32)
+            for i, t in zip(b.idx, b.targets)]
 
 
 def nll(z: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import records
 from tbp import GPT, ModelConfig
 from tbp.config import TrainConfig
 from tbp.layerstats import LayerStats
+from tbp.nn.batch import Batch
 from tbp.optim import AdamW, clip_grads
 
 
@@ -31,11 +32,11 @@ def main():
     opt = AdamW(model.layout)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, cfg.vocab_size, (tcfg.batch_size, cfg.n_ctx + 1))
-    batch = {"idx": ids[:, :-1], "targets": ids[:, 1:]}
+    x, y = ids[:, :-1], ids[:, 1:]
 
     def step():
         model.zero_grad()
-        model.loss_and_backward(batch["idx"], batch["targets"])
+        model.loss_and_backward(x, y)
         clip_grads(model.layout.grads, tcfg.grad_clip)
         opt.step(1e-4)
 
@@ -45,7 +46,7 @@ def main():
         s.before_update()
         opt.step(1e-4)                 # the step the ratios are of; its time is taken out below
         s.updates()
-        s.stream(batch)
+        s.stream(Batch(x, y))
         return s.record()["stats_ms"]
 
     step(), stats()                    # warm: the buffers, the BLAS

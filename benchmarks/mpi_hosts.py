@@ -51,6 +51,7 @@ def rank_program(args) -> None:
     from tbp.distributed import World
     from tbp.gradsync import GradientSync
     from tbp.nn import GPT, ModelConfig
+    from tbp.nn.batch import Batch
     from tbp.optim import AdamW
     from tbp.train import rank_workers
     world = distributed.world()
@@ -68,7 +69,7 @@ def rank_program(args) -> None:
         o.workers = workers.local
     moments = {mode: int(o.m.nbytes + o.v.nbytes) for mode, o in opts.items()}
     rng = np.random.default_rng(0)
-    batch = {"idx": rng.integers(0, 65, (B, T)), "targets": rng.integers(0, 65, (B, T))}
+    batch = Batch(rng.integers(0, 65, (B, T)), rng.integers(0, 65, (B, T)))
     with workers:
         for r in range(args.rounds):
             out = {"round": r}

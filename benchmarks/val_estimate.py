@@ -28,7 +28,7 @@ def main():
     ds = Dataset.load(cfg["data"])
     train = cfg["train"]
     whole, tokens = split_loss(model, ds)
-    batches = batches_for(ds, model.config)
+    batches = batches_for(ds, model.config, model.collation)
     val = np.asarray(ds.val, dtype=np.int64)
     T = model.config.n_ctx
     tilings = {}
@@ -42,7 +42,7 @@ def main():
     draws = []
     for d in range(args.draws):
         rng = np.random.default_rng(10_000 + d)
-        draws.append(float(np.mean([model.loss(**batches.sample("val", train["batch_size"], rng))
+        draws.append(float(np.mean([model.batch_loss(batches.sample("val", train["batch_size"], rng))
                                     for _ in range(train["eval_batches"])])))
     rec = {"run": str(args.run), "commit": records.commit(), "seed": train["seed"], "n_layer": model.config.n_layer,
            "config": model.config.to_dict(), "eval_batches": train["eval_batches"], "batch_size": train["batch_size"],

@@ -13,6 +13,7 @@ import numpy as np
 
 from .generate import Sampling, generate_ids
 from .nn import GPT, ModelConfig
+from .nn.batch import Batch
 from .optim import AdamW, clip_grads
 from .parallel import data_parallel
 
@@ -95,9 +96,9 @@ def train_step(model: GPT, opt: AdamW, workers, x: np.ndarray, y: np.ndarray, lr
     """One training step as `tbp train` takes it on a batch x, y (B, T): gradients from zero
     over ``workers`` (parallel.data_parallel's, entered), clipped to norm 1.0, an AdamW update."""
     model.zero_grad()
-    batch = {"idx": x, "targets": y}
+    batch = Batch(x, y)
     if model.config.dropout:                  # as tbp train draws them: a seed a row
-        batch["noise"] = np.arange(len(x))
+        batch = batch.with_noise(np.arange(len(x)))
     workers.accumulate(batch)
     clip_grads(model.layout.grads, 1.0)
     opt.step(lr)

@@ -42,6 +42,7 @@ import zlib
 import numpy as np
 
 from .errors import TbpError
+from .nn.batch import Batch
 
 # what MPI launchers put in each rank's environment (MPICH/Hydra and Intel MPI: PMI_*; Open MPI:
 # OMPI_COMM_WORLD_*; PMIx launchers such as srun --mpi=pmix: PMIX_RANK)
@@ -427,10 +428,10 @@ class Ranks:
         """This rank's rows [lo, hi) of a batch of B (some ranks get none when B < ranks)."""
         return share(B, self.world.size, self.world.rank)
 
-    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
-        B = len(next(iter(batch.values())))
+    def accumulate(self, batch: Batch, scale: float = 1.0, sync=None) -> float:
+        B = len(batch)
         lo, hi = self.rows(B)
-        w = batch.get("weights")
+        w = batch.weights
         if w is None:
             share = (hi - lo) / B
         else:                                   # every rank has the whole batch: the same total
@@ -439,8 +440,7 @@ class Ranks:
             for i in range(sync.buckets.n_blocks if sync is not None else 0):
                 sync.block_done(i)
             return 0.0
-        part = {k: v[lo:hi] for k, v in batch.items()}
-        return self.local.accumulate(part, scale * share, sync) * share
+        return self.local.accumulate(batch.rows(lo, hi), scale * share, sync) * share
 
     def each(self, fn) -> None:
         self.local.each(fn)

@@ -22,14 +22,14 @@ def split_loss(model: LanguageModel, ds: Dataset, split: str = "val", batch_size
     ``losses`` maps a list of batches to their mean losses (a trainer's workers; default: the
     model, one batch at a time); ``every``: a text split's every k-th window only. The sum runs
     batch by batch in order, so a trainer's figure and ``tbp eval``'s are the same number."""
-    batches = batches_for(ds, model.config)
-    losses = losses or (lambda group: [model.loss(**b) for b in group])
+    batches = batches_for(ds, model.config, model.collation)
+    losses = losses or (lambda group: [model.batch_loss(b) for b in group])
     total, tokens = 0.0, 0
     ordered = batches.ordered(split, batch_size, every)
     with np.errstate(over="ignore", invalid="ignore"):
         while group := list(itertools.islice(ordered, 8)):          # a few batches at a time, for the workers
             for b, loss in zip(group, losses(group)):
-                n = batches.tokens(b)
+                n = b.tokens
                 total += loss * n
                 tokens += n
     return total / max(tokens, 1), tokens
@@ -46,15 +46,12 @@ def split_stride(ds: Dataset, limit: int = SPLIT_EVAL_TOKENS) -> int:
 def token_accuracy(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32) -> float:
     """Share of a pairs split's target tokens (each with its end token) that the model ranks
     first given the true tokens before it (teacher forcing): 1/V is chance."""
-    batches = batches_for(ds, model.config)
+    batches = batches_for(ds, model.config, model.collation)
     right = total = 0
     for batch in batches.ordered(split, batch_size):
-        if "src" in batch:
-            logits, targets = model.forward(batch["src"], batch["tgt_in"]), batch["tgt_out"]
-        else:
-            logits, targets = model.forward(batch["idx"]), batch["targets"]
-        scored = batch["weights"] > 0
-        right += int(np.count_nonzero((logits.argmax(-1) == targets) & scored))
+        logits = model.forward(batch.idx) if batch.source is None else model.forward(batch.source, batch.idx)
+        scored = batch.weights > 0
+        right += int(np.count_nonzero((logits.argmax(-1) == batch.targets) & scored))
         total += int(np.count_nonzero(scored))
     return right / max(total, 1)
 
@@ -68,7 +65,7 @@ def greedy_targets(model: LanguageModel, batches: PairBatches, split: str, ids: 
     n_ctx = model.config.n_ctx
     out: list = [None] * len(examples)
     if model.reads_source:
-        src = batches.collate(split, ids)["src"]
+        src = batches.collate(split, ids).source
         limit = n_ctx if max_new_tokens is None else min(n_ctx, max_new_tokens)
         return _greedy(model, src, np.full((len(ids), 1), batches.sep), limit, batches)
     by_length: dict[int, list[int]] = {}
@@ -111,7 +108,7 @@ def _greedy(model, src, prompts: np.ndarray, limit: int, batches: PairBatches) -
 def exact_match(model: LanguageModel, ds: Dataset, split: str = "val", limit: int | None = None,
                 batch_size: int = 256) -> tuple[float, int]:
     """(share of examples whose greedy completion is exactly the target, examples)."""
-    batches = batches_for(ds, model.config)
+    batches = batches_for(ds, model.config, model.collation)
     n = len(getattr(ds, split))
     n = n if limit is None else min(n, limit)
     right = 0

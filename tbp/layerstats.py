@@ -22,6 +22,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .nn.batch import Batch
+
 
 def group_of(name: str) -> str:
     """The layer a parameter belongs to: h.0.attn.c_attn.weight -> h.0.attn, wte -> wte."""
@@ -105,15 +107,15 @@ class LayerStats:
         self.out["update_ratio"] = self._timed(ratios)
         self._before = None
 
-    def stream(self, batch: dict) -> None:
+    def stream(self, batch: Batch) -> None:
         """RMS of each sublayer's input and of the final state, on two rows of a batch (cheap,
         and enough for an RMS); models without one residual stream to read (the encoder-decoder)
         record none."""
-        if self.model.reads_source:
+        if batch.source is not None:
             return
         def rms():
             inputs: list = []
-            self.model.forward(batch["idx"][:2], inputs=inputs)
+            self.model.forward(batch.idx[:2], inputs=inputs)
             return [math.sqrt(float(np.vdot(h, h)) / h.size) for h in inputs]
         self.out["stream_rms"] = self._timed(rms)
 

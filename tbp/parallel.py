@@ -27,6 +27,7 @@ import numpy as np
 
 from . import blas as blaslib
 from .nn import LanguageModel
+from .nn.batch import Batch
 
 
 def available_cores() -> int:
@@ -123,11 +124,11 @@ class Serial:
     def __exit__(self, *exc) -> None:
         self._context.__exit__(*exc)
 
-    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
+    def accumulate(self, batch: Batch, scale: float = 1.0, sync=None) -> float:
         """``sync`` (gradsync.GradientSync): told of each block whose gradient is final."""
         self.model.block_done = None if sync is None else sync.block_done
         try:
-            return self.model.accumulate(**batch, scale=scale)
+            return self.model.batch_accumulate(batch, scale)
         finally:
             self.model.block_done = None
 
@@ -136,7 +137,7 @@ class Serial:
 
     def losses(self, batches: list) -> list[float]:
         with _evaluating(self):
-            return [self.model.loss(**batch) for batch in batches]
+            return [self.model.batch_loss(batch) for batch in batches]
 
 
 class DataParallel:
@@ -193,23 +194,23 @@ class DataParallel:
                 return fn(*args)
         return self.pool.submit(run)
 
-    def accumulate(self, batch: dict, scale: float = 1.0, sync=None) -> float:
+    def accumulate(self, batch: Batch, scale: float = 1.0, sync=None) -> float:
         """``sync`` (gradsync.GradientSync): told of each block whose gradient is final, once
         every worker has passed it and their shares of it are summed (:meth:`_arrived`)."""
-        B = len(next(iter(batch.values())))
+        B = len(batch)
         n = min(self.workers, B)
         bounds = [B * i // n for i in range(n + 1)]          # rows of each worker, in order
-        w = batch.get("weights")
+        w = batch.weights
         if w is None:
             shares = [(b - a) / B for a, b in zip(bounds, bounds[1:])]
         else:                                                # a slice's share of the total weight
             total_w = float(np.sum(w, dtype=np.float64))
             shares = [float(np.sum(w[a:b], dtype=np.float64)) / total_w for a, b in zip(bounds, bounds[1:])]
-        parts = [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds, bounds[1:])]
+        parts = [batch.rows(a, b) for a, b in zip(bounds, bounds[1:])]
 
         def work(replica, part, share):        # a replica starts from zero, in its own thread
             replica.zero_grad()
-            return replica.accumulate(**part, scale=scale * share)
+            return replica.batch_accumulate(part, scale * share)
         if sync is not None:
             arrived = [0] * sync.buckets.n_blocks
             lock = threading.Lock()
@@ -218,7 +219,7 @@ class DataParallel:
         try:
             futures = [self._submit(work, r, part, share)
                        for r, part, share in zip(self.replicas[1:n], parts[1:], shares[1:])]
-            losses = [self.model.accumulate(**parts[0], scale=scale * shares[0])]
+            losses = [self.model.batch_accumulate(parts[0], scale * shares[0])]
             losses += [f.result() for f in futures]
         finally:
             for r in self.replicas:
@@ -277,7 +278,7 @@ class DataParallel:
 
         def run(k: int) -> None:
             for i in range(k, len(batches), self.workers):
-                out[i] = self.replicas[k].loss(**batches[i])
+                out[i] = self.replicas[k].batch_loss(batches[i])
         with _evaluating(self):
             self.each(run)
         return out

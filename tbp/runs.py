@@ -21,7 +21,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport, resolve_dataset
 from .errors import ConfigError, TbpError
 from .fsutil import RunLock, check_replaceable, portable_path, sweep_temporaries
-from .nn import LORA_TARGETS, add_lora, build, build_model
+from .nn import LORA_TARGETS, add_lora, build, build_model, model_class
 from .nn.config import COMPUTE_FIELDS
 from .tokenizer import Tokenizer
 from .train import Callbacks, State, Trainer, trim_metrics
@@ -154,7 +154,7 @@ def new_run(out: Path, mcfg: ModelConfig, tcfg: TrainConfig, ds: Dataset, force:
             callbacks=None) -> Trainer:
     """A fresh model on ``ds``. Nothing is written into ``out`` before the first checkpoint."""
     try:
-        batches_for(ds, mcfg)             # the data suits the model: refused before anything is built
+        batches_for(ds, mcfg, model_class(mcfg).collation)     # the data suits the model: refused before anything is built
     except DoesNotFit as e:
         raise TbpError(f"{e}{e.new_run}") from None
     memory.check_train_fits(mcfg, tcfg, "training this model")

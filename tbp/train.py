@@ -107,7 +107,7 @@ class Trainer:
         self.tokenizer = tokenizer or dataset.tokenizer
         self.lock = lock
         self.cb = callbacks or Callbacks()
-        self.batches = batches_for(dataset, model.config)       # checks the data fits the model
+        self.batches = batches_for(dataset, model.config, model.collation)       # checks the data fits the model
         self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
         self.workers = data_parallel(model, cfg.threads, cfg.batch_size, precision=cfg.precision)
         self.opt.workers = self.workers
@@ -327,8 +327,8 @@ class Trainer:
             for k in range(cfg.grad_accum):
                 batch = self.batches.sample("train", cfg.batch_size, self.data_rng)
                 if model.config.dropout:      # a seed a row, from the data generator: resumes exactly
-                    batch["noise"] = self.data_rng.integers(0, 1 << 62, cfg.batch_size)
-                tokens += self.batches.tokens(batch)
+                    batch = batch.with_noise(self.data_rng.integers(0, 1 << 62, cfg.batch_size))
+                tokens += batch.tokens
                 last = k == cfg.grad_accum - 1
                 if last:
                     sync.arm()                # with overlap: blocks are sent as the backward passes them

@@ -8,6 +8,7 @@ import pytest
 
 from tbp.nn import GPT, LORA_TARGETS, ConfigError, ModelConfig, add_lora
 from tbp.nn.attnres import DepthAttention, Sources, rms_inverse
+from tbp.nn.batch import Batch
 from tbp.parallel import DataParallel
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=3, n_head=2, d_model=8, residual="attention")
@@ -102,7 +103,7 @@ def test_threads_and_lora_give_the_one_thread_gradients(rng):
     want = model.layout.grads.copy()
     dp = DataParallel(model, 2)
     model.zero_grad()
-    assert dp.accumulate({"idx": x, "targets": y}) == pytest.approx(loss, rel=1e-13)
+    assert dp.accumulate(Batch(x, y)) == pytest.approx(loss, rel=1e-13)
     np.testing.assert_allclose(model.layout.grads, want, rtol=1e-11, atol=1e-14)
     dp.close()
     add_lora(model, 2, 4.0, LORA_TARGETS[:4])

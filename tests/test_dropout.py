@@ -7,6 +7,7 @@ from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig, checkpoint, gradcheck
 from tbp.nn import CausalSelfAttention, ConfigError
+from tbp.nn.batch import Batch
 from tbp.nn.dropout import Dropout, Noise
 from tbp.parallel import DataParallel
 
@@ -73,9 +74,8 @@ def test_a_backward_that_ignores_the_mask_fails_the_check(monkeypatch):
 def test_threads_give_the_one_thread_gradients_with_dropout():
     m = model()
     rng = np.random.default_rng(4)
-    batch = {"idx": rng.integers(0, 13, (5, 16)), "targets": rng.integers(0, 13, (5, 16)),
-             "noise": rng.integers(0, 1 << 40, 5)}
-    loss = m.loss_and_backward(**batch)
+    batch = Batch(rng.integers(0, 13, (5, 16)), rng.integers(0, 13, (5, 16)), noise=rng.integers(0, 1 << 40, 5))
+    loss = m.loss_and_backward(batch.idx, batch.targets, noise=batch.noise)
     want = m.layout.grads.copy()
     with DataParallel(m, 2) as dp:
         m.zero_grad()

@@ -235,8 +235,8 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
     from tbp.data import Dataset
     ds = Dataset.load(tmp_path / figures["data"])
     total = count = 0
-    for b in batches_for(ds, model.config).ordered("val", 8):
-        for idx, tgt in zip(b["idx"], b["targets"]):
+    for b in batches_for(ds, model.config, model.collation).ordered("val", 8):
+        for idx, tgt in zip(b.idx, b.targets):
             z = llama_logits(llm, idx)
             z -= z.max(-1, keepdims=True)
             nll = np.log(np.exp(z).sum(-1)) - z[np.arange(len(tgt)), tgt]

@@ -8,6 +8,7 @@ import pytest
 from tbp import GPT, ModelConfig
 from tbp.gradsync import Buckets, shard_counts
 from tbp.nn import LORA_TARGETS, add_lora
+from tbp.nn.batch import Batch
 from tbp.optim import AdamW
 from tbp.parallel import DataParallel, Serial
 
@@ -55,9 +56,9 @@ def _model(kind, lora=False):
 
 def _batch(model, B=5, seed=0):
     rng = np.random.default_rng(seed)
-    out = {"idx": rng.integers(0, 13, (B, 8)), "targets": rng.integers(0, 13, (B, 8))}
+    out = Batch(rng.integers(0, 13, (B, 8)), rng.integers(0, 13, (B, 8)))
     if model.config.dropout:
-        out["noise"] = rng.integers(0, 1 << 62, B)
+        out = out.with_noise(rng.integers(0, 1 << 62, B))
     return out
 
 

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# the config layer of the engine: the options and their registry, no layer
-CONFIG_LAYER = {"tbp.nn", "tbp.nn.config", "tbp.nn.registry"}
+# the engine's leaves the data layer may read: the options and their registry, and the batch
+# value with the architectures' layouts of a pair -- no layer
+CONFIG_LAYER = {"tbp.nn", "tbp.nn.config", "tbp.nn.registry", "tbp.nn.batch"}
 
 
 @pytest.mark.parametrize("module", ["tbp", "tbp.tokenizer", "tbp.data", "tbp.pairs", "tbp.corpus", "tbp.dataprep",
-                                    "tbp.textprep", "tbp.chat", "tbp.errors", "tbp.config", "tbp.nn.config"])
+                                    "tbp.textprep", "tbp.chat", "tbp.errors", "tbp.config", "tbp.nn.config",
+                                    "tbp.batches"])
 def test_the_data_layer_loads_no_engine(module):
     code = (f"import sys, {module}\n"
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('tbp.nn'))))")

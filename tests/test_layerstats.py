@@ -7,6 +7,7 @@ import pytest
 
 from tbp import GPT, ModelConfig, checkpoint
 from tbp.layerstats import LayerStats, groups
+from tbp.nn.batch import Batch
 from tbp.optim import AdamW
 
 from test_train import new_trainer
@@ -46,7 +47,7 @@ def test_gradient_norms_and_update_ratios_are_their_definitions():
     stats.before_update()
     opt.step(1e-2)
     stats.updates()
-    stats.stream({"idx": idx})
+    stats.stream(Batch(idx, targets))
     rec = stats.record()
     assert list(rec["grad_norm"])[:4] == ["wte", "wpe", "h.0.ln_1", "h.0.attn"]
     total = math.sqrt(sum(v ** 2 for v in rec["grad_norm"].values()))

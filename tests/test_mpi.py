@@ -327,14 +327,14 @@ def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
     """Each rank's part, scaled by its share of the rows or of the loss weight, sums to the
     gradient of the whole batch's mean loss (no MPI: the ranks' parts are summed here)."""
     from tbp.nn import GPT, ModelConfig
+    from tbp.nn.batch import Batch
     from tbp.parallel import Serial
     rng = np.random.default_rng(0)
     model = GPT(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
-    batch = {"idx": rng.integers(0, 13, (B, 8)), "targets": rng.integers(0, 13, (B, 8)),
-             "weights": (rng.random((B, 8)) < 0.6) * 1.0}
-    batch["weights"][:, 0] = 1.0
-    for b in (batch, {k: v for k, v in batch.items() if k != "weights"}):
-        want_loss = model.loss_and_backward(**b)
+    batch = Batch(rng.integers(0, 13, (B, 8)), rng.integers(0, 13, (B, 8)), (rng.random((B, 8)) < 0.6) * 1.0)
+    batch.weights[:, 0] = 1.0
+    for b in (batch, Batch(batch.idx, batch.targets)):
+        want_loss = model.loss_and_backward(b.idx, b.targets, b.weights)
         want = model.layout.grads.copy()
         model.zero_grad()
         loss = sum(distributed.Ranks(Serial(model), FakeWorld(r, size)).accumulate(b) for r in range(size))

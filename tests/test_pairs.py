@@ -9,6 +9,7 @@ from tbp.batches import PairBatches, batches_for
 from tbp.data import Dataset
 from tbp.errors import TbpError
 from tbp.nn import ModelConfig, build_model
+from tbp.nn.batch import OneSequence, SourceApart
 
 from helpers import clean_fail, run, tiny, train_tiny
 
@@ -51,40 +52,40 @@ def test_damaged_lengths_are_refused(tmp_path):
 
 def test_gpt_batches_put_the_loss_on_the_target_and_its_end_only(tmp_path):
     ds, _ = prepared(tmp_path)
-    b = PairBatches(ds, ModelConfig(vocab_size=13, n_ctx=16))
+    b = PairBatches(ds, ModelConfig(vocab_size=13, n_ctx=16), OneSequence)
     batch = b.collate("train", [0, 1, 2])
     sep, eot, pad = ds.meta["sep_id"], ds.meta["eot_id"], ds.meta["pad_id"]
     for r, (s, t) in enumerate(b.examples("train", [0, 1, 2])):
         seq = np.concatenate([s, [sep], t, [eot]])
         n = len(seq) - 1
-        assert list(batch["idx"][r, :n]) == list(seq[:-1])
-        assert list(batch["targets"][r, :n]) == list(seq[1:])
-        assert np.all(batch["idx"][r, n:] == pad)
-        scored = batch["targets"][r][batch["weights"][r] > 0]
+        assert list(batch.idx[r, :n]) == list(seq[:-1])
+        assert list(batch.targets[r, :n]) == list(seq[1:])
+        assert np.all(batch.idx[r, n:] == pad)
+        scored = batch.targets[r][batch.weights[r] > 0]
         assert list(scored) == list(t) + [eot]
 
 
 def test_encoder_decoder_batches_shift_the_target_behind_a_start_token(tmp_path):
     ds, _ = prepared(tmp_path)
     cfg = ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=16, pad_id=ds.meta["pad_id"])
-    b = batches_for(ds, cfg)
+    b = batches_for(ds, cfg, SourceApart)
     batch = b.collate("val", [0, 5])
     for r, (s, t) in enumerate(b.examples("val", [0, 5])):
-        assert list(batch["src"][r, :len(s)]) == list(s)
-        assert list(batch["tgt_in"][r, :len(t) + 1]) == [ds.meta["sep_id"]] + list(t)
-        assert list(batch["tgt_out"][r, :len(t) + 1]) == list(t) + [ds.meta["eot_id"]]
-        assert batch["weights"][r].sum() == len(t) + 1
+        assert list(batch.source[r, :len(s)]) == list(s)
+        assert list(batch.idx[r, :len(t) + 1]) == [ds.meta["sep_id"]] + list(t)
+        assert list(batch.targets[r, :len(t) + 1]) == list(t) + [ds.meta["eot_id"]]
+        assert batch.weights[r].sum() == len(t) + 1
 
 
 def test_a_context_too_short_for_the_longest_example_is_named(tmp_path):
     ds, _ = prepared(tmp_path)
     with pytest.raises(TbpError, match="is 13 tokens as one sequence .* more than this model's context of 8$") as e:
-        batches_for(ds, ModelConfig(vocab_size=13, n_ctx=8))
+        batches_for(ds, ModelConfig(vocab_size=13, n_ctx=8), OneSequence)
     assert e.value.new_run == "; pass --n-ctx 13 or more"         # what only a new run can do
     with pytest.raises(TbpError, match="trains on paired data"):
         from tbp import data
         data.prepare("some text\n" * 50, "t", "test", tmp_path / "text")
-        batches_for(Dataset.load(tmp_path / "text"), ModelConfig(arch="encoder-decoder", vocab_size=13))
+        batches_for(Dataset.load(tmp_path / "text"), ModelConfig(arch="encoder-decoder", vocab_size=13), SourceApart)
 
 
 def test_cached_and_uncached_targets_are_the_same_tokens(rng):

@@ -5,6 +5,7 @@ import pytest
 from tbp import GPT, ModelConfig, runs
 from tbp.config import TrainConfig
 from tbp.nn import LORA_TARGETS, add_lora, build_model
+from tbp.nn.batch import Batch
 from tbp.optim import AdamW
 from tbp.parallel import DataParallel, _openblas, blas_threads
 
@@ -35,7 +36,7 @@ def test_split_batch_gives_the_one_thread_loss_and_gradients(B, workers, lora):
     loss, grads = one_thread_grads(model, x, y)
     dp = DataParallel(model, workers)
     model.zero_grad()
-    assert dp.accumulate({"idx": x, "targets": y}) == pytest.approx(loss, rel=1e-14)
+    assert dp.accumulate(Batch(x, y)) == pytest.approx(loss, rel=1e-14)
     for k, g in grads.items():
         np.testing.assert_allclose(model.grads[k], g, rtol=1e-12, atol=1e-15, err_msg=k)
     dp.close()
@@ -51,12 +52,11 @@ def test_weighted_batches_split_by_their_share_of_the_weight(arch):
     weights[:, 0] = 1.0
     weights[0] = 1.0                                          # a heavy first row
     if arch == "gpt":
-        b = {"idx": rng.integers(0, 13, (5, 8)), "targets": rng.integers(0, 13, (5, 8)), "weights": weights}
+        b = Batch(rng.integers(0, 13, (5, 8)), rng.integers(0, 13, (5, 8)), weights)
     else:
-        b = {"src": rng.integers(1, 13, (5, 6)), "tgt_in": rng.integers(1, 13, (5, 8)),
-             "tgt_out": rng.integers(1, 13, (5, 8)), "weights": weights}
+        b = Batch(rng.integers(1, 13, (5, 8)), rng.integers(1, 13, (5, 8)), weights, source=rng.integers(1, 13, (5, 6)))
     model.zero_grad()
-    loss = model.accumulate(**b)
+    loss = model.batch_accumulate(b)
     want = model.layout.grads.copy()
     with DataParallel(model, 2) as dp:
         model.zero_grad()
@@ -71,8 +71,8 @@ def test_gradients_accumulate_with_a_scale_like_backward():
     _, g2 = one_thread_grads(model, x2, y2)
     dp = DataParallel(model, 2)
     model.zero_grad()
-    dp.accumulate({"idx": x1, "targets": y1}, 0.5)
-    dp.accumulate({"idx": x2, "targets": y2}, 0.5)          # two micro-batches of one step
+    dp.accumulate(Batch(x1, y1), 0.5)
+    dp.accumulate(Batch(x2, y2), 0.5)          # two micro-batches of one step
     for k in g1:
         np.testing.assert_allclose(model.grads[k], (g1[k] + g2[k]) / 2, rtol=1e-12, atol=1e-15, err_msg=k)
 
@@ -92,8 +92,7 @@ def test_losses_of_many_batches_match_one_by_one():
     model = GPT(ModelConfig(**CFG), seed=0, dtype=np.float64)
     batches = [batch(2, s) for s in range(5)]
     dp = DataParallel(model, 2)
-    as_dicts = [{"idx": x, "targets": y} for x, y in batches]
-    assert dp.losses(as_dicts) == pytest.approx([model.loss(x, y) for x, y in batches], rel=1e-14)
+    assert dp.losses([Batch(x, y) for x, y in batches]) == pytest.approx([model.loss(x, y) for x, y in batches], rel=1e-14)
     dp.close()
 
 
@@ -112,7 +111,7 @@ def test_blas_threads_is_restored():
     with DataParallel(GPT(ModelConfig(**CFG)), 2) as dp:       # what a training run uses
         assert get() == 1
         x, y = batch(2)
-        dp.losses([{"idx": x, "targets": y}])
+        dp.losses([Batch(x, y)])
     assert get() == before and dp.pool is None
 
 

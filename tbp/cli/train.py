@@ -43,7 +43,7 @@ class Progress(Callbacks):
         what = f"{fmt_count(n)} parameters" + (f", {fmt_count(ntrain)} trainable (LoRA)" if trainer.adapter else "")
         meta = trainer.data.meta
         if trainer.data.kind == "pairs":
-            arch = "encoder-decoder" if trainer.model.reads_source else "GPT, loss on the targets"
+            arch = trainer.model.collation.describe
             what += f" ({arch}) · {meta['train_examples']:,} training pairs"
         elif trainer.data.kind == "chat":
             what += f" · {meta['train_examples']:,} training conversations (loss: {meta['loss']})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import build, gemm, init, registry
+from .batch import Batch, OneSequence
 from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -110,12 +111,14 @@ class LanguageModel(Module):
 
     Subclasses build ``embed``, ``blocks``, their ``residual`` scheme (residual.py), ``ln_f``
     and ``lm_head`` (None: tied to ``wte``), then call :meth:`pack`; they define
-    ``forward``/``backward`` and the loss's inputs, and ``reads_source``/``read_source`` if
-    decoding first reads a source.
+    ``forward``/``backward``, the loss's inputs and :meth:`batch_accumulate`/:meth:`batch_loss`
+    (what the trainer and the evaluator call with a :class:`Batch`), their ``collation`` of a paired
+    example (batch.py), and ``reads_source``/``read_source`` if decoding first reads a source.
     """
 
     CHILD_NAMES = {"embed": "", "blocks": "h", "residual": ""}      # GPT-2's names: wte, wpe, h.0, ...
     reads_source = False            # an encoder-decoder's decoding reads a source first (decode.py)
+    collation = OneSequence         # how a (source, target) pair becomes a batch row (batch.py)
     block_done = None               # called with i once the backward has passed block i (gradsync.py)
     reports_blocks = False          # whether backward calls block_done (GPT's does)
 
@@ -368,6 +371,12 @@ class GPT(LanguageModel):
         loss = self.loss(idx, targets, weights, noise)
         self._backward_from_loss(scale)
         return loss
+
+    def batch_loss(self, batch: Batch) -> float:
+        return self.loss(batch.idx, batch.targets, batch.weights, batch.noise)
+
+    def batch_accumulate(self, batch: Batch, scale: float = 1.0) -> float:
+        return self.accumulate(batch.idx, batch.targets, scale, batch.weights, batch.noise)
 
 
 LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")

@@ -16,6 +16,7 @@ from . import build, init, registry
 from .config import ConfigError, ModelConfig
 from .cross import CrossAttention
 from .embedding import Embedding
+from .batch import Batch, SourceApart
 from .gpt import Block, LanguageModel
 from .kernels import padding_mask
 from .layernorm import LayerNorm
@@ -114,6 +115,7 @@ class EncoderDecoder(LanguageModel):
 
     CHILD_NAMES = {"embed": "", "blocks": "h", "encoder": "enc", "residual": ""}
     reads_source = True
+    collation = SourceApart
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
         super().__init__()
@@ -218,6 +220,14 @@ class EncoderDecoder(LanguageModel):
         loss = self.loss(src, tgt_in, tgt_out, weights)
         self._backward_from_loss(scale)
         return loss
+
+    def batch_loss(self, batch: Batch) -> float:
+        """A batch's ``source`` to the encoder, its ``idx`` (tgt_in) and ``targets`` (tgt_out)
+        to the decoder; no dropout here (``noise`` must be None)."""
+        return self.loss(batch.source, batch.idx, batch.targets, batch.weights)
+
+    def batch_accumulate(self, batch: Batch, scale: float = 1.0) -> float:
+        return self.accumulate(batch.source, batch.idx, batch.targets, scale, batch.weights)
 
 
 def _check(cfg: ModelConfig) -> None:
