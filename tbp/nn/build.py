@@ -15,7 +15,7 @@ import numpy as np
 
 # the modules that register a choice, in the order each axis lists its choices (the command
 # line's order); then the designs wing
-from . import positions as _positions, rope, residual, attention, mta, attnres  # noqa: F401
+from . import positions as _positions, rope, residual as _residual, attention as _attention, mta, attnres  # noqa: F401
 from . import config, designs, dropout, flash, recompute, registry  # noqa: F401
 from .config import ConfigError, ModelConfig
 from .variant import USES, Variant

@@ -20,7 +20,7 @@ import numpy as np
 from .reference import (attention_backward, attention_forward, head_loss_and_backward,
                         depth_attention_backward, depth_attention_forward, embedding_backward, embedding_forward,
                         layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
-                        mlp_forward, rope_backward, rope_forward, softmax)
+                        mlp_forward, softmax)
 
 
 # --- Multi-Token Attention (Golovneva et al., arXiv 2504.00927) ------------------------------
