@@ -7,6 +7,11 @@ worktree of the previous commit:
 
     git worktree add /tmp/before HEAD~1
     python benchmarks/ab.py /tmp/before . --repeats 5
+
+Each engine runs in a process of its own, as a user runs it; ab_inprocess.py takes turns in one
+process, which a drifting machine needs for differences of a few per cent. Both stay, as
+compare_torch.py and paired_torch.py do. Each case is one record in results/ab.jsonl, naming
+both trees' commits.
 """
 import argparse
 import json
@@ -15,6 +20,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import records
 from compare_torch import CASES, tbp_cmd
 
 
@@ -31,7 +37,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", help="run only the cases whose name contains this text")
     args = p.parse_args()
-    rows = []
+    commits = {"a_commit": records.commit(args.a), "b_commit": records.commit(args.b)}
     for name, model, batch, kind, (iters, _) in CASES:
         if args.only and args.only not in name:
             continue
@@ -42,9 +48,8 @@ def main():
             a.append(run(args.a, cmd)[key])
             b.append(run(args.b, cmd)[key])
         ma, mb = statistics.median(a), statistics.median(b)
-        rows.append({"case": name, "a": ma, "b": mb, "ratio": mb / ma, "a_runs": a, "b_runs": b})
+        records.append("ab", {**commits, "case": name, "a": ma, "b": mb, "ratio": mb / ma, "a_runs": a, "b_runs": b})
         print(f"{name:28s} A {ma:10.0f} tok/s   B {mb:10.0f} tok/s   B/A {mb / ma:5.2f}", flush=True)
-    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

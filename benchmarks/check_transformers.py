@@ -7,7 +7,7 @@ transformers and torch; neither is a tbp dependency).
 
 Computes tbp's logits for random token ids, loads the export with
 transformers.GPT2LMHeadModel.from_pretrained in the other interpreter, and prints the
-largest difference.
+largest difference (one record in results/check_transformers.jsonl).
 """
 import argparse
 import subprocess
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+import records
 from tbp import GPT
 
 HF_SIDE = """
@@ -42,8 +43,10 @@ def main():
         subprocess.run([a.hf_python, "-c", HF_SIDE, a.export, str(Path(d) / "idx.npy"), str(Path(d) / "hf.npy")],
                        check=True)
         theirs = np.load(Path(d) / "hf.npy")
-    print(f"max |logits tbp - logits transformers| = {np.abs(ours - theirs).max():.2e} "
-          f"(largest logit {np.abs(ours).max():.2f})")
+    diff, largest = float(np.abs(ours - theirs).max()), float(np.abs(ours).max())
+    print(f"max |logits tbp - logits transformers| = {diff:.2e} (largest logit {largest:.2f})")
+    records.append("check_transformers", {"commit": records.commit(), "run": a.run, "config": model.config.to_dict(),
+                                          "max_abs_diff": diff, "largest_logit": largest})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ both are compared with the same PyTorch runs. Example:
     python benchmarks/compare_torch.py --torch-python .torchenv/bin/python --repeats 5 --gemm numpy,auto
 
 Each engine runs in a process of its own here, as a user runs it; on a machine whose speed
-drifts, paired_torch.py (both engines in one process, taking turns) gives steadier ratios.
+drifts, paired_torch.py (both engines in one process, taking turns) gives steadier ratios. Both
+stay: this one is what a user sees, that one the engines' own difference. Each case is one
+record in results/compare_torch.jsonl.
 """
 import argparse
 import json
@@ -17,6 +19,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import records
 
 HERE = Path(__file__).resolve().parent
 REF = HERE.parent.parent / "shared" / "bench" / "torch_ref.py"
@@ -60,7 +64,6 @@ def main():
                                               "(default: the environment's)")
     a = p.parse_args()
     modes = [m for m in a.gemm.split(",") if m] or [None]
-    rows = []
     for name, model, batch, kind, (ours_iters, torch_iters) in CASES:
         if a.only and a.only not in name:
             continue
@@ -78,11 +81,12 @@ def main():
             o = statistics.median(ours[m])
             label = f"{name} [TBP_GEMM={m}]" if m else name
             used = ",".join(sorted(c for c in chosen[m] if c)) or "-"
-            rows.append({"case": label, "tbp": o, "torch": t, "ratio": o / t, "gemm_used": used,
-                         "tbp_runs": ours[m], "torch_runs": theirs})
+            records.append("compare_torch", {"commit": records.commit(), "case": label, "model": model,
+                                             "batch": batch, "kind": kind, "tbp_gemm": m or os.environ.get("TBP_GEMM", "auto"),
+                                             "tbp": o, "torch": t, "ratio": o / t, "gemm_used": used,
+                                             "tbp_runs": ours[m], "torch_runs": theirs})
             print(f"{label:44s} tbp {o:10.0f} tok/s   torch {t:10.0f} tok/s   ratio {o / t:5.2f}x   "
                   f"products: {used}", flush=True)
-    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ timed with np.dot and with MKL's sgemm, alternated, medians of --rounds. Then wh
 steps run as `tbp train` runs them (data-parallel over the cores), the product library
 switched step by step (A = NumPy, B = MKL, in ABBA order so that drift falls on both), and
 the medians and the median of the per-pair ratios are printed. The machine's speed drifts by
-tens of percent over tens of seconds; only such paired figures compare the two.
+tens of percent over tens of seconds; only such paired figures compare the two. Products and
+steps are records in results/gemm_step.jsonl (``"what": "product"`` or ``"step"``).
 
     python benchmarks/gemm_step.py --model wide --steps 12
 """
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 
+import records
 from tbp import blas
 from tbp.bench import machine, matmul_peak_gflops, train_flops_per_token, train_step
 from tbp.nn import GPT, ModelConfig, gemm
@@ -25,7 +27,7 @@ MODELS = {"small": (dict(n_layer=4, n_head=4, d_model=128, n_ctx=64), 12),
           "wide": (dict(n_layer=6, n_head=6, d_model=384, n_ctx=256), 8)}
 
 
-def per_product(lib, shapes, rounds: int) -> None:
+def per_product(lib, shapes, rounds: int, about: dict) -> None:
     rng = np.random.default_rng(0)
     print(f"{'product m x k x n':26s} {'numpy GFLOP/s':>14s} {'MKL GFLOP/s':>12s} {'MKL time / numpy':>17s}")
     with blas_threads(1):
@@ -44,9 +46,11 @@ def per_product(lib, shapes, rounds: int) -> None:
             label = f"{m} x {k} x {n}" + (" (a^T)" if ta else "") + (" (b^T)" if tb else "")
             print(f"{label:26s} {2 * m * k * n / med['numpy'] / 1e9:14.0f} {2 * m * k * n / med['mkl'] / 1e9:12.0f} "
                   f"{med['mkl'] / med['numpy']:17.2f}")
+            records.append("gemm_step", {**about, "what": "product", "shape": list(shape), "rounds": rounds,
+                                         "numpy_s": med["numpy"], "mkl_s": med["mkl"]})
 
 
-def steps(lib, cfg: ModelConfig, batch: int, n: int) -> None:
+def steps(lib, cfg: ModelConfig, batch: int, n: int, about: dict) -> None:
     model = GPT(cfg, seed=0)
     opt = AdamW(model.layout)
     rng = np.random.default_rng(0)
@@ -72,6 +76,10 @@ def steps(lib, cfg: ModelConfig, batch: int, n: int) -> None:
     print(f"achieved {flops / a / 1e9:.0f} / {flops / b / 1e9:.0f} GFLOP/s = {100 * flops / a / 1e9 / peak:.0f} % / "
           f"{100 * flops / b / 1e9 / peak:.0f} % of the measured matmul peak ({peak:.0f} GFLOP/s, NumPy, "
           f"1024^3, all cores)")
+    records.append("gemm_step", {**about, "what": "step", "config": cfg.to_dict(), "batch": batch,
+                                 "threads": workers.workers, "steps": n, "numpy_s": a, "mkl_s": b,
+                                 "pair_ratio": pairs, "numpy_all": times["A"], "mkl_all": times["B"],
+                                 "peak_gflops": peak, "flops_per_step": flops})
 
 
 def main():
@@ -88,8 +96,9 @@ def main():
     shape, batch = MODELS[a.model]
     cfg = ModelConfig(vocab_size=65, **shape)
     rows = -(-batch // min(m["cores"], batch)) * cfg.n_ctx
-    per_product(lib, blas.products(cfg.d_model, rows), a.rounds)
-    steps(lib, cfg, batch, a.steps)
+    about = {"commit": records.commit(), "machine": m, "mkl": lib.version, "model": a.model}
+    per_product(lib, blas.products(cfg.d_model, rows), a.rounds, about)
+    steps(lib, cfg, batch, a.steps, about)
 
 
 if __name__ == "__main__":

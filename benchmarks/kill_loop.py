@@ -7,6 +7,8 @@ goes back), and a last --resume must finish. The test suite runs a short version
 (tests/test_reliability.py); run the long one with, for example:
 
     python benchmarks/kill_loop.py --kills 100 --seed 1
+
+Each loop is one record in results/kill_loop.jsonl, a failed one too (its round and why).
 """
 import argparse
 import json
@@ -17,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import records
+
 TEXT = "".join(f"{i % 7} the cat sat on the mat; the dog ate the log. line {i}\n" for i in range(600))
 TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "4",
         "--eval-batches", "1", "--eval-interval", "1", "--log-interval", "1", "-q"]
@@ -25,6 +29,12 @@ TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "
 def step(run: Path):
     state = run / "state.json"
     return json.loads(state.read_text())["step"] if state.is_file() else None
+
+
+def failed(a, round_: int, why: str) -> None:
+    records.append("kill_loop", {"commit": records.commit(), "kills": a.kills, "seed": a.seed,
+                                 "failed_at_round": round_, "why": why.splitlines()[0]})
+    sys.exit(why)
 
 
 def main():
@@ -49,18 +59,21 @@ def main():
             proc.kill()
             _, err = proc.communicate()
             if proc.returncode not in (-9, 0):
-                sys.exit(f"round {i}: tbp exited {proc.returncode} before the kill:\n{err.decode()}")
+                failed(a, i, f"round {i}: tbp exited {proc.returncode} before the kill:\n{err.decode()}")
             s = step(run)
             if steps and (s is None or s < steps[-1]):
-                sys.exit(f"round {i}: the checkpoint went from step {steps[-1]} to {s}")
+                failed(a, i, f"round {i}: the checkpoint went from step {steps[-1]} to {s}")
             if s is not None:
                 steps.append(s)
         final = (steps[-1] if steps else 0) + 5
         r = subprocess.run([sys.executable, "-m", "tbp", "train", "--out", "r", "--resume", "--max-iters",
                             str(final), "-q"], cwd=tmp, capture_output=True, text=True)
         ok = r.returncode == 0 and step(run) == final
-        print(json.dumps({"kills": a.kills, "checkpoints_seen": len(steps), "last_step_before_final": steps[-1]
-                          if steps else None, "final_resume_ok": ok, "seconds": round(time.perf_counter() - t0, 1)}))
+        rec = {"kills": a.kills, "seed": a.seed, "checkpoints_seen": len(steps),
+               "last_step_before_final": steps[-1] if steps else None, "final_resume_ok": ok,
+               "seconds": round(time.perf_counter() - t0, 1)}
+        print(json.dumps(rec))
+        records.append("kill_loop", {"commit": records.commit(), **rec})
         if not ok:
             sys.exit(f"the final --resume failed:\n{r.stderr}")
 

@@ -14,6 +14,9 @@ links: with the per-machine batch fixed (M times the tokens per step) and with t
 fixed (each machine 1/M of it). tbp does not overlap the Allreduce with the backward, so the
 projection adds the two.
 
+Every round's measurements of each model and layout are one record in results/mpi_scaling.jsonl
+(the projection is computed from them again by whoever reads them).
+
     python benchmarks/mpi_scaling.py --rounds 5            # needs the mpi extra; a quiet machine
 """
 import argparse
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+import records
+
 MODELS = {"4x128": dict(n_layer=4, n_head=4, d_model=128, n_ctx=64, batch=12),
           "6x384": dict(n_layer=6, n_head=6, d_model=384, n_ctx=256, batch=8)}
 
@@ -35,6 +40,7 @@ def rank_program(args) -> None:
     """One process of the measurement (under mpiexec, one rank): prints a JSON line (rank 0)."""
     from tbp import distributed
     from tbp.nn import GPT, ModelConfig
+    from tbp.nn.batch import Batch
     from tbp.optim import AdamW, clip_grads
     from tbp.parallel import data_parallel
     from tbp.train import rank_workers
@@ -51,7 +57,7 @@ def rank_program(args) -> None:
     times = {"compute": [], "allreduce": [], "update": [], "step": []}
     with workers:
         for i in range(args.steps + 2):
-            batch = {"idx": rng.integers(0, 65, (B, spec["n_ctx"])), "targets": rng.integers(0, 65, (B, spec["n_ctx"]))}
+            batch = Batch(rng.integers(0, 65, (B, spec["n_ctx"])), rng.integers(0, 65, (B, spec["n_ctx"])))
             t0 = time.perf_counter()
             model.zero_grad()
             loss = workers.accumulate(batch)
@@ -124,19 +130,18 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--json", default=None, help="write every measurement here")
     args = ap.parse_args()
     if args.rank_program:
         return rank_program(args)
     from tbp.bench import machine
     print(json.dumps(machine()))
-    results = {}
     for model in args.models:
         rows = {"1x2": [], "2x1": []}
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
             for layout in rows:
                 rows[layout].append(run(args, model, layout))
-        results[model] = rows
+                records.append("mpi_scaling", {"commit": records.commit(), "model": model, "layout": layout,
+                                               "round": i, "steps": args.steps, **rows[layout][-1]})
         one = {k: statistics.median(r[k] for r in rows["1x2"]) for k in ("step", "compute", "update")}
         two = {k: statistics.median(r[k] for r in rows["2x1"]) for k in ("step", "compute", "compute_max",
                                                                            "allreduce", "update")}
@@ -168,8 +173,6 @@ def main():
                 weak = M * T1 / (T1 + comm)
                 strong = T1 / (one["compute"] / M + one["update"] + comm)
                 print(f"  | {M} | {link} Gbit/s | {comm * 1e3:.1f} ms | {weak:.2f}x | {strong:.2f}x |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

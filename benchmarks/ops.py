@@ -5,13 +5,13 @@ models runs forward and backward on one data-parallel worker's rows (half the ba
 default two-thread run gives each thread), at one thread, in one process: the engines
 alternate operation by operation, and each figure is the median of --rounds. "per step" is
 the operation's count in one step times its time: their sum is the worker's compute in a
-step, without the optimizer's share. Run it with an interpreter that has torch, and tbp on
-the path; --mkl names libmkl_rt (the mkl wheel's, from tbp's own environment):
+step, without the optimizer's share. Each operation is one record in results/ops.jsonl. Run
+it with an interpreter that has torch, and tbp on the path; --mkl names libmkl_rt (the mkl
+wheel's, from tbp's own environment):
 
     PYTHONPATH=. .torchenv/bin/python benchmarks/ops.py --mkl .venv/lib/libmkl_rt.so.3 --rounds 7
 """
 import argparse
-import json
 import statistics
 import time
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import records
 from tbp.blas import MKL
 from tbp.bench import machine
 from tbp.nn import LayerNorm, Linear, gemm
@@ -156,7 +157,8 @@ def main():
     lib = MKL(a.mkl) if a.mkl else None
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    report = {"machine": machine(), "torch": torch.__version__, "mkl": lib and lib.version, "rows": []}
+    versions = {"commit": records.commit(), "machine": machine(), "torch": torch.__version__,
+                "mkl": lib and lib.version, "rounds": a.rounds}
     with blas_threads(1):
         for name in a.models.split(","):
             m = MODELS[name]
@@ -181,10 +183,10 @@ def main():
                 print(f"{op:30s} {count:5d} {med['numpy']:9.3f} {med.get('mkl', float('nan')):8.3f} "
                       f"{med['torch']:9.3f} {best / med['torch']:9.2f} {count * best:13.2f} {count * med['torch']:7.2f}",
                       flush=True)
-                report["rows"].append({"model": name, "op": op, "count": count, **med})
+                records.append("ops", {**versions, "model": name, "shape": m, "op": op, "count": count,
+                                       **{f"{k}_ms": v for k, v in med.items()}})
             print(f"{'sum':30s} {'':5s} {'':9s} {'':8s} {'':9s} {total['tbp'] / total['torch']:9.2f} "
                   f"{total['tbp']:13.2f} {total['torch']:7.2f}")
-    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ torch.autocast("cpu", dtype=torch.bfloat16). The case gpt2 is GPT-2 124M's shape
 (normal 0.02, zero biases) and subnormals are flushed to zero: with PyTorch's default
 initialisation its fp32 steps on random tokens slow down several-fold on subnormal arithmetic.
 The flush is the process's (torch.set_flush_denormal), so tbp's arms run with it too, which
-`tbp train` does not do; with GPT-2's initialisation tbp's steps meet few subnormals. --record appends
-each row to results/precision_speed.jsonl with the CPU and the commit.
+`tbp train` does not do; with GPT-2's initialisation tbp's steps meet few subnormals.
+
+--record appends each row to results/precision_speed.jsonl with --bf16, else to
+results/paired_torch.jsonl, with the CPU and the commit.
 
     PYTHONPATH=. .torchenv/bin/python benchmarks/paired_torch.py --bf16 --mkl .venv/lib/libmkl_rt.so.3 \
         --cases wide,gpt2 --threads 1,2 --record
@@ -222,7 +224,8 @@ def main():
     p.add_argument("--json", action="store_true", help="also print one JSON line of everything")
     p.add_argument("--bf16", action="store_true", help="add tbp bf16 and PyTorch bf16-autocast arms to training")
     p.add_argument("--onednn", help="path of libdnnl: tbp's bf16 arm uses oneDNN's products")
-    p.add_argument("--record", action="store_true", help="append each row to results/precision_speed.jsonl")
+    p.add_argument("--record", action="store_true",
+                   help="append each row to results/precision_speed.jsonl (--bf16) or results/paired_torch.jsonl")
     a = p.parse_args()
     torch.set_flush_denormal(True)
     lib = MKL(a.mkl) if a.mkl else None
@@ -262,11 +265,11 @@ def main():
             print(f"{label}: tokens/s {line} · {ratios}", flush=True)
             report["rows"].append({"case": label, **res})
             if a.record:
-                records.append("precision_speed", {"case": case, "label": label, "threads": threads,
-                                                   "rounds": a.rounds, "torch": torch.__version__,
-                                                   "mkl": lib and lib.version, "bf16_units": info["bf16_units"],
-                                                   "bf16_library": bf16_library,
-                                                   "commit": records.commit(), "arms": res})
+                records.append("precision_speed" if a.bf16 else "paired_torch",
+                               {"case": case, "label": label, "threads": threads, "rounds": a.rounds,
+                                "torch": torch.__version__, "mkl": lib and lib.version,
+                                "bf16_units": info["bf16_units"], "bf16_library": bf16_library,
+                                "commit": records.commit(), "arms": res})
     if a.json:
         print(json.dumps(report))
 

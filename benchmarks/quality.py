@@ -4,10 +4,17 @@
 warmup 100, beta2 0.99, weight decay 0.1, clip 1.0, no dropout; val loss on 50 fixed batches.
 
     python benchmarks/quality.py --data ../shared/data/tinyshakespeare.txt --out checkpoints/shakespeare
+
+The run's last validation loss is one record in results/quality.jsonl; torch_val.py then scores
+the run on the reference's own batches.
 """
 import argparse
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+import records
 
 
 def main():
@@ -23,6 +30,10 @@ def main():
            "--eval-batches", "50", "--seed", "1337"]
     subprocess.run(cmd, check=True)
     subprocess.run([sys.executable, "-m", "tbp", "info", a.out], check=True)
+    metrics = [json.loads(x) for x in (Path(a.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = [m for m in metrics if "val_loss" in m][-1]
+    records.append("quality", {"commit": records.commit(), "command": cmd[1:], "iters": a.iters,
+                               "step": last.get("step"), "val_loss": last["val_loss"]})
 
 
 if __name__ == "__main__":

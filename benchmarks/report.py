@@ -24,6 +24,7 @@ import tables_interop
 import tables_mta
 import tables_precision
 import tables_sparse
+import tables_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -342,7 +343,13 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),
           "alibi_positions": (tables_alibi.positions, "alibi_positions"),
           "flash_long_context": (tables_designs.flash_long_context, "flash_long_context"),
-          "seq2seq_curves": (tables_designs.seq2seq_curves, "seq2seq_curves")}
+          "seq2seq_curves": (tables_designs.seq2seq_curves, "seq2seq_curves"),
+          "paired_torch": (tables_speed.paired_torch, "paired_torch"),
+          "compare_torch": (tables_speed.compare_torch, "compare_torch"), "ops": (tables_speed.ops, "ops"),
+          "kv_cache": (tables_speed.kv_cache, "kv_cache"), "gpt2_124m": (tables_speed.gpt2_124m, "gpt2_124m"),
+          "sliding_generation": (tables_speed.sliding_generation, "sliding_generation"),
+          "mpi_measured": (tables_speed.mpi_measured, "mpi_scaling"),
+          "mpi_projection": (tables_speed.mpi_projection, "mpi_scaling")}
 
 
 def render(text: str) -> str:

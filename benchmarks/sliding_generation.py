@@ -7,13 +7,15 @@ is a ring over the last n_ctx positions and every token costs the same. This scr
 on them) and prints tokens/s per block of --block tokens, for both.
 
     python benchmarks/sliding_generation.py --tokens 5000 --n-ctx 1024
+
+Each positions scheme is one record in results/sliding_generation.jsonl.
 """
 import argparse
-import json
 import time
 
 import numpy as np
 
+import records
 from tbp import GPT, ModelConfig
 from tbp.generate import Sampling, generate_ids
 
@@ -33,17 +35,17 @@ def main():
     p.add_argument("--n-ctx", type=int, default=1024)
     p.add_argument("--block", type=int, default=250)
     a = p.parse_args()
-    out = {}
     for positions in ("rope", "learned"):
         t = per_token_seconds(positions, a)
         rates = [a.block / t[i:i + a.block].sum() for i in range(0, a.tokens - a.block + 1, a.block)]
         past = t[a.n_ctx:] * 1e3                      # ms per token once the context is full
-        out[positions] = {"block_tokens_per_s": rates, "past_context_ms": {
-            "median": float(np.median(past)), "p99": float(np.percentile(past, 99)), "max": float(past.max())}}
+        records.append("sliding_generation", {
+            "commit": records.commit(), "positions": positions, "n_ctx": a.n_ctx, "tokens": a.tokens,
+            "block": a.block, "block_tokens_per_s": rates, "past_context_ms": {
+                "median": float(np.median(past)), "p99": float(np.percentile(past, 99)), "max": float(past.max())}})
         print(f"{positions:8s} past the context, ms per token: median {np.median(past):.2f}, "
               f"p99 {np.percentile(past, 99):.2f}, max {past.max():.1f}; tokens/s per {a.block}-token "
               f"block: {' '.join(f'{r:.0f}' for r in rates)}", flush=True)
-    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ np.random.default_rng(0); this replays those batches through a tbp checkpoint, s
 val losses are measured on the same tokens (char-level runs only).
 
     python benchmarks/torch_val.py --data ../shared/data/tinyshakespeare.txt --checkpoint RUN
+
+The loss is one record in results/torch_val.jsonl, with the run's config.
 """
 import argparse
 
 import numpy as np
 
+import records
 from tbp.checkpoint import load_model
 
 
@@ -20,7 +23,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--eval-batches", type=int, default=50)
     a = p.parse_args()
-    model, tok, _ = load_model(a.checkpoint)
+    model, tok, cfg = load_model(a.checkpoint)
     text = open(a.data, encoding="utf-8").read()
     ids = np.asarray(tok.encode(text), dtype=np.int64)
     val = ids[int(0.9 * len(ids)):]
@@ -32,6 +35,9 @@ def main():
         y = np.stack([val[i + 1:i + T + 1] for i in ix])
         losses.append(model.loss(x, y))
     print(f"val loss on the reference's batches: {np.mean(losses):.4f}")
+    records.append("torch_val", {"commit": records.commit(), "run": str(a.checkpoint), "config": cfg,
+                                 "eval_batches": a.eval_batches, "batch_size": a.batch_size,
+                                 "val_loss": float(np.mean(losses))})
 
 
 if __name__ == "__main__":
