@@ -23,7 +23,7 @@ import records
 from tbp.blas import MKL
 from tbp.bench import machine
 from tbp.nn import LayerNorm, Linear, gemm
-from tbp.nn.attention import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,
+from tbp.nn.kernels import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,
                                attend_causal_blocks_backward, causal_mask)
 from tbp.nn.loss import CrossEntropy
 from tbp.nn.mlp import gelu_backward, gelu_forward

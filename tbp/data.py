@@ -19,9 +19,9 @@ import numpy as np
 
 from .errors import ConfigError, TbpError
 from . import schema
-from .corpus import BUILTIN, TEXT_SUFFIXES, Corpus, builtin_text, in_memory, open_corpus  # noqa: F401
-from .dataprep import (DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out,  # noqa: F401
-                       read_file, versions)
+from .jsonio import read_json
+from .corpus import Corpus, in_memory, open_corpus
+from .dataprep import DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out, versions
 from .textprep import DEFAULT_SAMPLE, prepare_text
 from .tokenizer import KINDS as TOKENIZERS, Tokenizer
 from . import chat, pairs
@@ -137,7 +137,7 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
 def _holds_other_text(out: Path, sha: str) -> bool:
     """Whether ``out`` is a dataset prepared from some other text (whatever its state)."""
     try:
-        recorded = schema.read_json(out / "meta.json").get("source_sha256")
+        recorded = read_json(out / "meta.json").get("source_sha256")
     except TbpError:
         return out.exists()            # damaged or foreign: not ours to overwrite either
     return recorded != sha
@@ -190,7 +190,7 @@ class Dataset:
         where = path / "meta.json"
         if not where.is_file():
             raise TbpError(f"{path}: missing meta.json; prepare it again with tbp prepare --force")
-        meta = schema.check(schema.read_json(where), schema.DATASET_META, str(where))
+        meta = schema.check(read_json(where), schema.DATASET_META, str(where))
         kind = KINDS.get(meta.get("kind", "text"))
         if kind is None:
             raise TbpError(f"{where}: kind {meta['kind']!r} is not one this tbp reads ({', '.join(KINDS)})")

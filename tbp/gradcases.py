@@ -14,7 +14,7 @@ import numpy as np
 
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
-from .nn.attention import padding_mask
+from .nn.kernels import padding_mask
 from .nn.attnres import DepthAttention, rms_inverse
 from .nn.build import VARIANTS
 from .nn.rope import Rotary

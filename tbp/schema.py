@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 from .errors import TbpError
-from .jsonio import read_json  # noqa: F401  (the readers' door, re-exported for schema's users)
 
 
 def check(obj, spec: dict, where: str, path: str = "") -> dict:

@@ -230,7 +230,8 @@ def test_lora_frozen_base_gets_no_gradient(rng):
 def test_causal_query_blocks_equal_the_full_square(T, rows):
     """Causal dense attention in query blocks (which skip the masked part of S) gives the full
     square's output, weights and gradients, and the full square is what a split of 0 blocks is."""
-    from tbp.nn.attention import CausalSelfAttention, query_blocks
+    from tbp.nn.attention import CausalSelfAttention
+    from tbp.nn.kernels import query_blocks
     spans = query_blocks(T, rows)
     assert spans[0][0] == 0 and spans[-1][1] == T and len(spans) == max(1, T // rows)
     results = []

@@ -4,7 +4,7 @@ import pytest
 
 from tbp import GPT, ModelConfig
 from tbp.nn import CausalSelfAttention, CrossAttention, CrossEntropy, Embedding, LayerNorm, Linear, LoRA, MLP
-from tbp.nn.attention import padding_mask
+from tbp.nn.kernels import padding_mask
 from tbp.nn import reference as ref
 
 B, T, C = 2, 5, 8

@@ -5,7 +5,7 @@ import pytest
 from tbp import gradcheck
 from tbp.nn import (GPT, CausalSelfAttention, ConfigError, CrossAttention, EncoderDecoder, ModelConfig,
                     build_model)
-from tbp.nn.attention import padding_mask
+from tbp.nn.kernels import padding_mask
 
 F64 = np.float64
 

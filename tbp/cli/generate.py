@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import checkpoint, data, jsonio, memory
+from .. import checkpoint, dataprep, jsonio, memory
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
@@ -24,9 +24,9 @@ def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
     if prompt is not None:
         return prompt, False
     if prompt_file is not None:
-        return data.read_file(prompt_file, what="prompt file")[0], True
+        return dataprep.read_file(prompt_file, what="prompt file")[0], True
     if not sys.stdin.isatty():
-        return data.read_file("-")[0], True
+        return dataprep.read_file("-")[0], True
     return "", False
 
 
@@ -39,7 +39,7 @@ def read_prompts(path: str) -> list[str]:
 
 def read_prompts_at(path: str) -> tuple[str, list[tuple[int, str]]]:
     """(how the file is named, [(line number, prompt)]): :func:`read_prompts` with each prompt's line."""
-    text, where, _ = data.read_file(path, what="file of prompts")
+    text, where, _ = dataprep.read_file(path, what="file of prompts")
     numbered = [(n, line) for n, line in jsonio.lines(text) if line.strip()]
     if not numbered:
         raise TbpError(f"{where}: no prompts (one a line, or JSON lines)")

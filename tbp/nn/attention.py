@@ -7,10 +7,7 @@ import numpy as np
 
 from . import registry
 from .flash import BLOCK_K, BLOCK_Q
-# the dense cores and masks live with the kernels; their names are re-exported here for the
-# layers and tests that read them as attention's
-from .kernels import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,  # noqa: F401
-                      attend_causal_blocks_backward, causal_mask, kernel, padding_mask, query_blocks)
+from .kernels import SPLIT_ROWS, causal_mask, kernel
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
 from .positions import LEARNED, Positions

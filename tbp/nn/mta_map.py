@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import init
-from .attention import causal_mask
+from .kernels import causal_mask
 from .module import Module
 
 
