@@ -247,7 +247,7 @@ class Inference:
         if check:
             idx = self.model.check_tokens(idx, 0 if self.slides and idx.shape[-1] == 1 else t0)
             if idx.shape[0] != self.B:
-                raise ValueError(f"this decoder holds {self.B} sequences, got {idx.shape[0]}")
+                raise ValueError(f"this Inference holds {self.B} sequences, got {idx.shape[0]}")
         Tn = idx.shape[1]
         t1 = t0 + Tn
         if t1 > self.n_ctx and not (self.slides and Tn == 1):

@@ -153,7 +153,7 @@ class EncoderDecoder(LanguageModel):
         sequences) or ``batch``, and give every layer's cross-attention its keys and values."""
         src = self.check_tokens(src)
         if src.shape[0] not in (1, batch):
-            raise ValueError(f"this decoder holds {batch} sequences, got {src.shape[0]} sources")
+            raise ValueError(f"this Inference holds {batch} sequences, got {src.shape[0]} sources")
         m, key_mask = self.encode(src)                                     # (b, S, C)
         if src.shape[0] != batch:
             m = np.repeat(m, batch, axis=0)
