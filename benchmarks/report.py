@@ -177,22 +177,27 @@ def attnres_localise(rows: list[dict]) -> str:
     rows = records.newest(rows, lambda r: (r["arm"], r["seed"]))
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     loss = {a: {r["seed"]: r["val_loss"] for r in rows if r["arm"] == a} for a in arms}
-    out = ["| arm | seeds | validation loss | − sum, paired |", "| --- | ---: | ---: | ---: |"]
+    out = ["| arm | seeds | validation loss | − sum, paired | − sum at epsilon 0, paired |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+
+    def minus(a, base):
+        if a == base or not loss.get(base):
+            return ""
+        d, dh, n = stats.paired(loss[a], loss[base])
+        return f"{d:+.4f}" + ("" if dh != dh else f" ± {dh:.4f}") + f" ({n})"
     for a in arms:
         m, h = stats.mean_ci(list(loss[a].values()))
         cell = f"{m:.4f}" + ("" if h != h else f" ± {h:.4f}")
-        diff = ""
-        if a != "sum" and loss.get("sum"):
-            d, dh, n = stats.paired(loss[a], loss["sum"])
-            diff = f"{d:+.4f}" + ("" if dh != dh else f" ± {dh:.4f}") + f" ({n})"
-        out.append(f"| {a} | {len(loss[a])} | {cell} | {diff} |")
+        same_eps = minus(a, "sum, eps 0") if a.endswith("eps 0") else ""
+        out.append(f"| {a} | {len(loss[a])} | {cell} | {minus(a, 'sum')} | {same_eps} |")
     r0 = rows[0]
     out += ["", f"4 layers × 64, every arm at learning rate {r0['lr']:g} (the 4-layer sums' best) for "
                 f"{r0['steps']:,} steps, the same schedule: not a race, a comparison of functions and of "
                 f"optimisation. c is the factor on the depth logits (--residual-query-scale): c = 0 freezes the "
                 f"pseudo-queries at zero (the sum's function), c < 1 lets them learn at c times the rate "
                 f"(Adam). `tbp eval` over the whole validation split; mean ± 95 % t interval over the seeds, "
-                f"the difference paired by seed. CPU: {records.cpus(rows)}; TBP_GEMM "
+                f"the differences paired by seed; an arm at layer-norm epsilon 0 also against the sum at "
+                f"epsilon 0, where c = 0 and the sum compute one function. CPU: {records.cpus(rows)}; TBP_GEMM "
                 f"{', '.join(sorted({r.get('tbp_gemm', 'auto') for r in rows}))}; commits "
                 f"{', '.join(sorted({r['commit'] for r in rows}))}.",
             "", "`python benchmarks/attention_residuals.py localise --seeds 1 2 3 --jobs 2`"]
