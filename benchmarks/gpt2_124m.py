@@ -33,7 +33,7 @@ def main():
     cfg = ModelConfig(vocab_size=50257, n_ctx=1024, n_layer=a.n_layer, n_head=12, d_model=a.d_model)
     t = time.perf_counter()
     model = GPT(cfg, seed=0)
-    built_rss = rss_mib()
+    built_rss, base_params = rss_mib(), model.num_params()
     print(f"parameters {model.num_params():,} ({model.num_params() * 4 / 2**20:.0f} MiB float32), "
           f"built in {time.perf_counter() - t:.1f}s, peak RSS {rss_mib():.0f} MiB")
     t = time.perf_counter()
@@ -59,7 +59,7 @@ def main():
     med = float(np.median(times))
     print(f"LoRA rank 8 step (batch 1 x {a.train_ctx} tokens, {trainable:,} trainable): {med:.2f}s = "
           f"{a.train_ctx / med:.0f} tokens/s, peak RSS {rss_mib():.0f} MiB")
-    records.append("gpt2_124m", {"commit": records.commit(), "config": cfg.to_dict(), "params": model.num_params(),
+    records.append("gpt2_124m", {"commit": records.commit(), "config": cfg.to_dict(), "base_params": base_params,
                                  "built_rss_mib": built_rss, "generate_tokens": n, "generate_s": dt,
                                  "kv_cache_bytes": cache, "generate_rss_mib": gen_rss, "lora_rank": 8,
                                  "trainable": trainable, "train_ctx": a.train_ctx, "lora_step_s": med,

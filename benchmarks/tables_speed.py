@@ -63,14 +63,11 @@ def compare_torch(rows: list[dict]) -> str:
                                  "--gemm numpy,auto"))
 
 
-OPS = {"linear": ("linear c_attn", "linear attn.c_proj", "linear c_fc", "linear mlp.c_proj", "head (x wte^T)"),
-       "attention core (causal)": ("attention core (causal)",), "layer norm": ("layer norm",), "GELU": ("GELU",),
-       "cross-entropy": ("cross-entropy",)}
-
-
 def ops(rows: list[dict]) -> str:
     """Per operation (forward + backward, one worker's rows, one thread), ms per step: each
-    operation's median time times its count in a step; tbp with the faster of its libraries."""
+    operation's median time times its count in a step (the linear layers' four products of
+    every layer; a layer norm before each sublayer and the last), tbp with the faster of its
+    libraries; then their sum."""
     rows = records.newest(rows, lambda r: (r["model"], r["op"]))
     models = list(dict.fromkeys(r["model"] for r in rows))
     per_step = {}
@@ -80,7 +77,8 @@ def ops(rows: list[dict]) -> str:
     out = ["| operation (ms a step) | " + " | ".join(f"{m}: tbp | {m}: PyTorch | {m}: tbp / PyTorch"
                                                      for m in models) + " |",
            "| --- |" + " ---: | ---: | ---: |" * len(models)]
-    for name, parts in [*OPS.items(), ("sum", tuple(op for p in OPS.values() for op in p))]:
+    every = list(dict.fromkeys(r["op"] for r in rows))
+    for name, parts in [*((op, (op,)) for op in every), ("sum", tuple(every))]:
         cells = []
         for m in models:
             got = [per_step[(m, op)] for op in parts if (m, op) in per_step]
@@ -122,8 +120,11 @@ def gpt2_124m(rows: list[dict]) -> str:
     """GPT-2 124M's shape with random weights: memory, cached generation, a LoRA step."""
     r = rows[-1]
     gib = 2 ** 10
+    # the first records counted the parameters after adding LoRA (base + adapters, the adapters
+    # being the trainable ones); later ones record the base model's count
+    base = r.get("base_params", r.get("params", 0) - r["trainable"])
     out = ["| what | figure |", "| --- | ---: |",
-           f"| parameters | {r['params']:,} ({r['params'] * 4 / 2 ** 20:,.0f} MiB of float32) |",
+           f"| parameters | {base:,} ({base * 4 / 2 ** 20:,.0f} MiB of float32) |",
            f"| peak memory, built | {r['built_rss_mib'] / gib:.2f} GiB |",
            f"| cached generation, batch 1 | {r['generate_tokens'] / r['generate_s']:.1f} tokens/s "
            f"(KV cache {r['kv_cache_bytes'] / 2 ** 20:,.0f} MiB) |",
@@ -167,19 +168,22 @@ def _mpi_medians(rows: list[dict]) -> dict:
 def mpi_measured(rows: list[dict]) -> str:
     """One machine, 1 process x 2 threads against 2 ranks x 1 thread, phase by phase."""
     out = ["| model | 1 process × 2 threads | 2 ranks × 1 thread | Allreduce in the step (incl. waiting for the "
-           "slower rank) | Allreduce of the gradient alone |", "| --- | --- | --- | --- | --- |"]
+           "slower rank) | Allreduce of the gradient alone | 64 MiB in 4 MiB pieces / as one call |",
+           "| --- | --- | --- | --- | --- | --- |"]
     for model, got in _mpi_medians(rows).items():
         one, two = got["1x2"], got["2x1"]
         r0 = one["rounds"][0]
         tokens, grad = r0["tokens_per_step"], r0["grad_bytes"]
-        alone = [t for r in two["rounds"] for size, t in r["allreduce_one_call_s"].items()]
-        size = int(next(iter(two["rounds"][0]["allreduce_one_call_s"])))
-        t = statistics.median(alone)
+
+        def alone(field, size):
+            return statistics.median(r[field][str(size)] for r in two["rounds"])
+        t = alone("allreduce_s_by_bytes", grad)
+        big = int(next(iter(two["rounds"][0]["allreduce_one_call_s"])))
         out.append(f"| {model} | {one['step'] * 1e3:,.1f} ms ({tokens / one['step']:,.0f} tokens/s) | "
                    f"{two['step'] * 1e3:,.1f} ms ({tokens / two['step']:,.0f} tokens/s) | "
                    f"{two['allreduce'] * 1e3:.1f} ms ({two['allreduce'] / two['step']:.0%}) | "
-                   f"{t * 1e3:.2f} ms for {size / 2 ** 20:.1f} MiB ({size / t / 1e9:.1f} GB/s; gradient "
-                   f"{grad / 2 ** 20:.1f} MiB) |")
+                   f"{t * 1e3:.2f} ms for {grad / 2 ** 20:.1f} MiB ({grad / t / 1e9:.1f} GB/s) | "
+                   f"{alone('allreduce_s_by_bytes', big) * 1e3:.1f} / {alone('allreduce_one_call_s', big) * 1e3:.1f} ms |")
     steps = sorted({r["steps"] for r in rows})
     n = max(len(x["rounds"]) for g in _mpi_medians(rows).values() for x in g.values())
     return "\n".join(out + _foot(rows, f"Medians of {', '.join(map(str, steps))} steps × {n} rounds, the layouts "
