@@ -69,14 +69,3 @@ def kept_positions(model, ids: list[int], rule) -> np.ndarray:
             for s in (sets if sets.ndim == 2 else sets[None]):
                 kept[t, s] += 1.0 / (len(sets) if sets.ndim == 2 else 1)
     return kept
-
-
-def mta_kernels(model) -> dict[int, dict[str, np.ndarray]]:
-    """Multi-Token Attention's learned kernels by layer: ``theta`` (H, cq, ck), the key-query
-    convolution before the softmax, and ``theta_post`` where there is one after it."""
-    out = {}
-    for i, block in enumerate(model.blocks):
-        mta = getattr(block.attn, "mta", None)
-        if mta is not None and "theta" in mta.params:
-            out[i] = {k: mta.params[k] for k in ("theta", "theta_post") if k in mta.params}
-    return out

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import lookinside
+from .nn import build
 from .errors import TbpError
 
 MARKER = '<meta name="generator" content="tbp view">'       # a page tbp wrote (and may replace)
@@ -154,10 +155,18 @@ def data_for_prompt(model, tok, ids: list[int], rule=None) -> dict:
         d["depth"] = {"operations": dep["operations"], "sources": dep["sources"], "mean": _r(dep["mean"])}
     if rule is not None:
         d["kept"] = {"rule": rule.kind, "budget": rule.budget, "map": _r(lookinside.kept_positions(model, ids, rule))}
-    kernels = lookinside.mta_kernels(model)
-    if kernels:
-        d["mta"] = {str(i): {k: _r(v) for k, v in ks.items()} for i, ks in kernels.items()}
+    for variant in build.active(model.config):      # what each design shows of itself (its inspect)
+        shown = variant.inspect(model) if variant.inspect else None
+        if shown:
+            d[variant.key] = _plain(shown)
     return d
+
+
+def _plain(obj):
+    """A design's inspection as JSON: keys as strings, arrays as rounded lists."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return _r(obj)
 
 
 NOTES = {   # one line under each chart: what to look for in it

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, ConfigError, ModelConfig
-from tbp.nn import reference_variants
-from tbp.nn.mta import conv_map, conv_map_backward
+from tbp.nn.designs.mta import conv_map, conv_map_backward, twin
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=2, n_head=4, d_model=16)
 ALL = dict(attention="mta", mta_cq=3, mta_ck=5, mta_post=True, mta_mix=True, mta_group=2)
@@ -31,7 +30,7 @@ def test_a_fresh_mta_model_is_the_standard_model(rng):
 def test_the_vectorised_convolution_equals_four_loops(rng, cq, ck):
     X = rng.standard_normal((2, 3, 7, 7))
     theta = rng.standard_normal((3, cq, ck))
-    np.testing.assert_allclose(conv_map(X, theta), reference_variants.mta_conv(X, theta), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(conv_map(X, theta), twin.mta_conv(X, theta), rtol=1e-12, atol=1e-12)
     # and its backward is the transpose: <dZ, conv(X)> = <conv^T(dZ), X>
     dZ = rng.standard_normal(X.shape)
     dX, dtheta = conv_map_backward(dZ, X, theta)
@@ -111,7 +110,7 @@ def test_only_the_chosen_layers_carry_the_convolution():
 
 def test_depth_scaling_multiplies_each_layers_normed_output_by_its_factor(rng):
     """1 - lambda(l), lambda(l) = 0.8 - 0.6 exp(-0.3 l): 0.8 at layer 0, falling towards 0.2 with depth."""
-    from tbp.nn.mta_map import depth_scale
+    from tbp.nn.designs.mta import depth_scale
     assert depth_scale(0) == pytest.approx(0.8) and depth_scale(1) == pytest.approx(1 - 0.8 + 0.6 * np.exp(-0.3))
     x = rng.standard_normal((2, 6, 16))
     cfg = dict(**BASE, attention="mta", mta_norm=True)

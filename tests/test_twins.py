@@ -1,4 +1,4 @@
-"""The variants' fast code equals their plain twins (tbp/nn/reference_variants.py), float64:
+"""The variants' fast code equals their plain twins (reference_variants.py, designs/*/twin.py), float64:
 the whole Multi-Token Attention layer, the Attention Residuals stack, the encoder-decoder and
 sparse decoding's selection rules."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn import reference_seq2seq, reference_variants as twin
-from tbp.nn.mta_map import depth_scale
+from tbp.nn.designs.mta import depth_scale, twin as mta_twin
 from tbp.nn.sparse import KINDS, SparseRule, select
 
 B, T, C = 2, 6, 8
@@ -38,7 +38,7 @@ def test_the_whole_mta_layer_equals_its_plain_twin(rng, options):
         layer.mta.params["norm_gain"] += 1
     x = rng.standard_normal((B, T, C))
     params = {k.removeprefix("mta."): v for k, v in layer.params.items()}
-    want = twin.mta_attention_forward(x, params, 4, 3, conv=options["conv"] is not None,
+    want = mta_twin.mta_attention_forward(x, params, 4, 3, conv=options["conv"] is not None,
                                       post=options.get("post", False), mix=options.get("mix", False),
                                       group=options.get("group", 0), norm=options.get("norm", False), layer=depth)
     np.testing.assert_allclose(layer.forward(x), want, rtol=1e-12, atol=1e-13)

@@ -28,7 +28,7 @@ from importlib import import_module
 _HOMES = {
     "ConfigError": "config", "ModelConfig": "config", "Module": "module", "Stack": "module", "Layout": "layout",
     "Embedding": "embedding", "Linear": "linear", "LoRA": "linear", "LayerNorm": "layernorm",
-    "CausalSelfAttention": "attention", "CrossAttention": "cross", "MultiTokenAttention": "mta", "MLP": "mlp",
+    "CausalSelfAttention": "attention", "CrossAttention": "cross", "MultiTokenAttention": "designs.mta", "MLP": "mlp",
     "cross_entropy": "loss", "CrossEntropy": "loss", "build_model": "build", "model_class": "build",
     "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "gpt", "add_lora": "gpt",
     "merge_lora": "gpt", "DecoderBlock": "seq2seq", "Encoder": "seq2seq", "EncoderDecoder": "seq2seq",

@@ -52,6 +52,8 @@ class Variant:
         change), for work that can take minutes; refused above memory.STEP_WORK_LIMIT.
     layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
     model_cases: gradcheck cases of a small model, (label, config fields).
+    inspect: model -> what ``tbp view`` shows of the design beyond the attention maps (arrays
+        in a dict, under the variant's key), or None.
     """
     key: str
     name: str
@@ -66,6 +68,7 @@ class Variant:
     step_work: Callable | None = None
     layer_cases: tuple = ()
     model_cases: tuple = ()
+    inspect: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.key in self.refuses:

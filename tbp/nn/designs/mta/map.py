@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init
-from .kernels import causal_mask
-from .module import Module
+from ... import init
+from ...kernels import causal_mask
+from ...module import Module
 
 
 def depth_scale(layer: int) -> float:

@@ -20,7 +20,7 @@ Per head, with C the causal mask, following the authors' code (facebookresearch/
     A'  = C * conv(A, theta')                     (optional) rows no longer sum to 1
     A'' = K_g A'                                  (optional) within each group of c_h heads
     O   = A'' V;  then (optional) RMSNorm over Dv with a gain shared by the heads, and a gate
-          o * sigmoid(o . w + b), (optional) times 1 - lambda(l) (mta_map.depth_scale).
+          o * sigmoid(o . w + b), (optional) times 1 - lambda(l) (map.py, depth_scale).
 
 Nothing here reads a future token: S0 rows up to i hold keys up to i only, and every later
 step mixes rows up to i, or heads, at the same position (tests/test_mta.py perturbs tokens).
@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import registry
-from .attention import CausalSelfAttention
-from .config import ConfigError
-from .module import DecodeState
-from .mta_map import MTAParams, conv_map, conv_map_backward, depth_scale  # noqa: F401  (the map's steps)
-from .variant import Variant
+from ... import registry
+from ...attention import CausalSelfAttention
+from ...config import ConfigError
+from ...module import DecodeState
+from ...variant import Variant
+from .map import MTAParams, depth_scale
 
 
 @registry.attention("mta")
@@ -45,7 +45,7 @@ class MultiTokenAttention(CausalSelfAttention):
     ``conv``: (cq, ck) of this layer's key-query convolutions, or None (the layer has none);
     ``post``: a post-softmax convolution too; ``mix``: pre-softmax head mixing; ``group``: the
     post-softmax head-group size c_h (0: none; it divides H); ``norm``: RMS norm and gate;
-    ``scale``: that output's factor (``mta_map.depth_scale`` of the layer, or 1).
+    ``scale``: that output's factor (``map.depth_scale`` of the layer, or 1).
     Parameters (all trainable, identity at initialisation): ``theta`` (H, cq, ck),
     ``theta_post`` (H, cq, ck), ``mix`` (H, H), ``group_mix`` (H/c_h, c_h, c_h), ``norm_gain``
     (Dv,), ``gate_weight`` (Dv,), ``gate_bias`` (1,).
@@ -182,7 +182,19 @@ def step_work(cfg, batch_size: int) -> tuple[int, str, str]:
             "use a smaller kernel (the paper's is 6 x 11), context or batch")
 
 
-VARIANT = Variant(
+def kernels(model) -> dict[int, dict[str, np.ndarray]]:
+    """What tbp attention / tbp view show of it: the learned kernels by layer, ``theta``
+    (H, cq, ck), the key-query convolution before the softmax, and ``theta_post`` where there
+    is one after it."""
+    out = {}
+    for i, block in enumerate(model.blocks):
+        mta = getattr(block.attn, "mta", None)
+        if mta is not None and "theta" in mta.params:
+            out[i] = {k: mta.params[k] for k in ("theta", "theta_post") if k in mta.params}
+    return out
+
+
+VARIANT = registry.declare(Variant(
     key="mta", name="Multi-Token Attention", active=lambda cfg: cfg.attention == "mta", axis="attention",
     options=("mta_cq", "mta_ck", "mta_layers", "mta_post", "mta_mix", "mta_group", "mta_norm", "mta_depth_scale"),
     switch="--attention mta",
@@ -198,7 +210,7 @@ VARIANT = Variant(
                        "read; rewinding would need rows it has overwritten",
              "rows": "Multi-Token Attention's decoding keeps rows of scores at one shared position; sequences "
                      "at their own positions are decoded one at a time"},
-    check=_check, describe=_describe,
+    check=_check, describe=_describe, inspect=kernels,
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
     step_work=step_work,
@@ -214,4 +226,4 @@ VARIANT = Variant(
     model_cases=(("gpt [mta: conv in layer 1 only, post, mix, norm scaled by depth]",
                   dict(attention="mta", mta_ck=3, mta_layers="1", mta_post=True, mta_mix=True, mta_norm=True,
                        mta_depth_scale=True)),),
-)
+))
