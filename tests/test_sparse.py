@@ -67,6 +67,33 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
 
 
+def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
+    """The sparse axis of the registry: a kind registered by a design (here, the last K
+    positions, one set for all heads) is built, checked and decoded like the built-in ones,
+    and equals the built-in window with no sinks."""
+    from tbp.nn import registry
+    from tbp.nn.sparse import Selection
+
+    def last_k(scores, rule):
+        B, _, n = scores.shape
+        return np.broadcast_to(np.arange(n - rule.budget, n), (B, rule.budget)).copy()
+    registry.sparse("test-last-k")(Selection(last_k))
+    try:
+        m = model()
+        tokens = np.random.default_rng(6).integers(0, 13, (2, 30))
+        mine = m.inference(2, SparseRule("test-last-k", budget=8, layers=(1,), sinks=0))
+        window = m.inference(2, SparseRule("window", budget=8, layers=(1,), sinks=0))
+        mine.forward(tokens[:, :4])
+        window.forward(tokens[:, :4])
+        for t in range(4, 30):
+            np.testing.assert_array_equal(mine.forward(tokens[:, t:t + 1]), window.forward(tokens[:, t:t + 1]))
+        assert mine.kept is not None
+    finally:
+        del registry.SPARSE["test-last-k"]
+    with pytest.raises(ValueError, match="sparse kind must be one of lessismore, topk, window, layer-topk"):
+        SparseRule("test-last-k")
+
+
 def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
     """layer-topk: from the selection layer on, each layer's heads attend to their own K best
     positions of that layer's scores -- chosen here by the plain reference itself, not taken

@@ -210,7 +210,7 @@ def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
                               "the layers after them); layers before the first stay dense.")(f)
         f = click.option("--budget", type=click.IntRange(min=2), default=budget, show_default=True,
                          help="With --sparse: cached tokens each new token attends to.")(f)
-        return click.option("--sparse", type=click.Choice(KINDS), default=None, help=sparse_help)(f)
+        return click.option("--sparse", type=click.Choice(list(KINDS)), default=None, help=sparse_help)(f)
     return wrap
 
 

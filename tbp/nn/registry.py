@@ -9,6 +9,8 @@ registration, with no edit of the modules that read the axis.
     ATTENTION   ``attention``: name -> the self-attention class, built by its ``from_config``
     RESIDUAL    ``residual``: name -> the residual scheme's class, built by its ``from_config``
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
+    SPARSE      a sparse decoding rule's kind: name -> its Selection (sparse.py): how it keeps
+                positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ ARCH: dict[str, type] = {}
 ATTENTION: dict[str, type] = {}
 RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
+SPARSE: dict = {}
 VARIANTS: list = []
 
 
@@ -55,3 +58,8 @@ def declare(variant):
 def positions(name: str) -> Callable:
     """Register ``make(cfg) -> Positions`` as the positions scheme ``name`` (a decorator)."""
     return _register(POSITIONS, "positions", name)
+
+
+def sparse(name: str) -> Callable:
+    """Register a sparse decoding rule's selection (sparse.Selection) as the kind ``name``."""
+    return _register(SPARSE, "sparse rule", name)

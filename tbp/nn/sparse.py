@@ -18,15 +18,32 @@ set. Layers before the first selection layer stay dense. Three rules pick the se
   and so saves no score products -- a quality reference, not a speed-up.
 
 With K >= the number of cached positions every rule keeps them all and decoding is dense.
+
+Each kind is a :class:`Selection` registered on the registry's ``sparse`` axis (registry.py),
+so a new rule is its selection function and one registration; the decoder asks the rule
+(``per_head``, ``every_layer``, ``chooses_at``, ``keep``), never its name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-KINDS = ("lessismore", "topk", "window", "layer-topk")
-PER_HEAD = ("topk", "layer-topk")          # the rules that keep a set per head
+from . import registry
+
+KINDS = registry.SPARSE          # the kinds registered below, in the command line's order
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a kind of rule is: ``keep(scores (B, H, n), rule)`` -> the kept positions, (B, K)
+    one set for every head or (B, H, K) a set per head (``per_head``); ``every_layer``: every
+    layer from the first selection layer on chooses its own set, rather than reusing the last
+    selection layer's."""
+    keep: Callable
+    per_head: bool = False
+    every_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,7 @@ class SparseRule:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"sparse kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.budget < (1 if self.kind in PER_HEAD else self.sinks + 2):
+        if self.budget < (1 if self.per_head else self.sinks + 2):
             raise ValueError(f"a budget of {self.budget} leaves no room beside {self.sinks} sink tokens")
         if not 0 <= self.recency < 1:
             raise ValueError(f"the recency share must be in [0, 1), got {self.recency}")
@@ -53,13 +70,13 @@ class SparseRule:
     @property
     def per_head(self) -> bool:
         """Each head keeps its own set (topk, layer-topk), rather than one set for all heads."""
-        return self.kind in PER_HEAD
+        return KINDS[self.kind].per_head
 
     @property
     def every_layer(self) -> bool:
         """Every layer from the first selection layer on chooses its own set from its own scores
         (layer-topk), rather than reusing the last selection layer's."""
-        return self.kind == "layer-topk"
+        return KINDS[self.kind].every_layer
 
     def chooses_at(self, layer: int) -> bool:
         """Whether ``layer`` scores every cached position densely and chooses a set."""
@@ -82,22 +99,43 @@ def select(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
     Returns (B, K) sorted positions for lessismore and window (one set for every head), or
     (B, H, K) for topk and layer-topk (a set per head).
     """
+    return KINDS[rule.kind].keep(scores, rule)
+
+
+def _best_per_head(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
+    """Each head's own K best-scoring positions, (B, H, K) sorted."""
+    n, K = scores.shape[-1], rule.budget
+    part = np.argpartition(scores, n - K, axis=-1)[..., n - K:]       # (B, H, K), any order
+    return np.sort(part, axis=-1)
+
+
+def _one_set(scores: np.ndarray, rule: SparseRule, middle: int, recent: int) -> np.ndarray:
+    """The sinks, ``middle`` positions ranked rank-major over the heads, and the last
+    ``recent``: one sorted set for every head, (B, K)."""
     B, H, n = scores.shape
-    K = rule.budget
-    if rule.kind in PER_HEAD:
-        part = np.argpartition(scores, n - K, axis=-1)[..., n - K:]       # (B, H, K), any order
-        return np.sort(part, axis=-1)
-    sinks, middle, recent = rule.split()
-    if rule.kind == "window":
-        middle, recent = 0, K - sinks
-    head = np.arange(sinks)                                                # the sink positions
+    head = np.arange(rule.sinks)                                           # the sink positions
     tail = np.arange(n - recent, n)                                        # the recency window
-    out = np.empty((B, K), dtype=np.int64)
-    lo, hi = sinks, n - recent                                             # the ranked range
+    out = np.empty((B, rule.budget), dtype=np.int64)
+    lo, hi = rule.sinks, n - recent                                        # the ranked range
     for b in range(B):
         picked = merge_rank_major(scores[b, :, lo:hi], middle) + lo
         out[b] = np.sort(np.concatenate([head, picked, tail]))
     return out
+
+
+def _lessismore(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
+    _, middle, recent = rule.split()
+    return _one_set(scores, rule, middle, recent)
+
+
+def _window(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
+    return _one_set(scores, rule, 0, rule.budget - rule.sinks)            # no scores read
+
+
+registry.sparse("lessismore")(Selection(_lessismore))
+registry.sparse("topk")(Selection(_best_per_head, per_head=True))
+registry.sparse("window")(Selection(_window))
+registry.sparse("layer-topk")(Selection(_best_per_head, per_head=True, every_layer=True))
 
 
 def merge_rank_major(scores: np.ndarray, count: int) -> np.ndarray:
