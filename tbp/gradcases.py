@@ -17,7 +17,6 @@ from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttent
 from .nn.kernels import padding_mask
 from .nn.attnres import DepthAttention, rms_inverse
 from .nn.build import VARIANTS
-from .nn.rope import Rotary
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
@@ -324,15 +323,8 @@ def cases(rng: np.random.Generator) -> list[Case]:
     # causal query blocks of 2 rows over T = 5: rows 0-1 read keys 0-1, rows 2-4 read all five
     attn = CausalSelfAttention(C, H, 4, C // H, rng, f64, split_rows=2)
     out.append(_projected_case("attention [causal, query blocks]", attn, x(), rng, H=H, Dk=4))
-    # flash in tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
-    for label, dk, causal, impl, rope in (("flash", 4, True, "flash", False),
-                                          ("flash, non-causal", 4, False, "flash", False),
-                                          ("rope", 4, True, "dense", True),
-                                          ("flash + rope, d_qk=2", 2, True, "flash", True)):
-        attn = CausalSelfAttention(C, H, dk, C // H, rng, f64, True, causal, impl=impl,
-                                   **({"positions": Rotary(dk)} if rope else {}), tiles=(2, 3))
-        out.append(_projected_case(f"attention [{label}]", attn, x(), rng, H=H, Dk=dk))
-    # each variant's own layers (nn/variant.py): Multi-Token Attention, grouped-query attention, ...
+    # each variant's own layers (nn/variant.py): the flash kernel, rotary positions, Multi-Token
+    # Attention, grouped-query attention, ...
     for variant in VARIANTS:
         for label, make in variant.layer_cases:
             layer = make(C, H, rng, f64)
@@ -355,10 +347,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
                          ("untied head + bias", {"tie_head": False}),
                          ("relu, ln eps 0", {"activation": "relu", "ln_eps": 0.0}),
                          ("no biases", {"bias": False}),
-                         ("d_qk=2 != d_v=4", {"d_qk": 2}),
-                         ("flash", {"attn_impl": "flash"}),
-                         ("rope, no wpe", {"positions": "rope"}),
-                         ("flash + rope", {"attn_impl": "flash", "positions": "rope"})):
+                         ("d_qk=2 != d_v=4", {"d_qk": 2})):
         out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))

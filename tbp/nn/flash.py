@@ -156,4 +156,14 @@ VARIANT = Variant(
     # one log-sum-exp per head and row instead of a T-long row of probabilities, and one
     # tile of scores and probabilities at a time
     activations=lambda cfg: cfg.n_layer * 2 * cfg.n_head * (1 - cfg.n_ctx) + 2 * cfg.n_head * BLOCK_K,
+    # tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
+    layer_cases=(("attention [flash]", lambda C, H, rng, dtype: _tiled(C, H, True, rng, dtype)),
+                 ("attention [flash, non-causal]", lambda C, H, rng, dtype: _tiled(C, H, False, rng, dtype))),
+    model_cases=(("gpt [flash]", {"attn_impl": "flash"}),),
 )
+
+
+def _tiled(C: int, H: int, causal: bool, rng, dtype):
+    """An attention layer on the flash kernel in small tiles (a gradcheck case)."""
+    from .attention import CausalSelfAttention
+    return CausalSelfAttention(C, H, 4, C // H, rng, dtype, True, causal, impl="flash", tiles=(2, 3))

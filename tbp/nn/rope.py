@@ -112,4 +112,17 @@ VARIANT = Variant(
     switch="--positions rope",      # rope_base is not its option: older runs saved it with learned positions
     describe=lambda cfg: ("rotary", f"base {cfg.rope_base:g} · past the context of {cfg.n_ctx}, a sliding window"),
     refuses={"export": "GPT-2 learns a vector per position; it has no rotation of queries and keys"},
+    # the flash kernel in tiles of 2 query x 3 key rows over T = 5 (several tiles, a partial one,
+    # the diagonal), rotating inside its tiles
+    layer_cases=(("attention [rope]", lambda C, H, rng, dtype: _rotated(C, H, 4, "dense", rng, dtype)),
+                 ("attention [flash + rope, d_qk=2]", lambda C, H, rng, dtype: _rotated(C, H, 2, "flash", rng, dtype))),
+    model_cases=(("gpt [rope, no wpe]", {"positions": "rope"}),
+                 ("gpt [flash + rope]", {"attn_impl": "flash", "positions": "rope"})),
 )
+
+
+def _rotated(C: int, H: int, dk: int, impl: str, rng, dtype):
+    """A causal attention layer with rotary positions (a gradcheck case)."""
+    from .attention import CausalSelfAttention
+    return CausalSelfAttention(C, H, dk, C // H, rng, dtype, True, True, impl=impl, positions=Rotary(dk),
+                               tiles=(2, 3))
