@@ -14,7 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-import records
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))      # records, stats, tables_*
+import records  # noqa: E402
 import tables_alibi
 import tables_designs
 import tables_gatt
@@ -200,7 +201,7 @@ def attnres_localise(rows: list[dict]) -> str:
                 f"epsilon 0, where c = 0 and the sum compute one function. CPU: {records.cpus(rows)}; TBP_GEMM "
                 f"{', '.join(sorted({r.get('tbp_gemm', 'auto') for r in rows}))}; commits "
                 f"{', '.join(sorted({r['commit'] for r in rows}))}.",
-            "", "`python benchmarks/attention_residuals.py localise --seeds 1 2 3 --jobs 2`"]
+            "", "`python benchmarks/studies/attention_residuals.py localise --seeds 1 2 3 --jobs 2`"]
     return "\n".join(out)
 
 

@@ -39,7 +39,7 @@ from .optim import clip_grads
 
 # While the backward runs, the communication thread polls its collectives in bursts of BURST
 # tests every POLL_S: an MPI library moves a non-blocking message on only when called (over TCP,
-# a segment or so a call). Measured over a 1 Gbit/s link (benchmarks/mpi_hosts.py), one test
+# a segment or so a call). Measured over a 1 Gbit/s link (benchmarks/mpi/mpi_hosts.py), one test
 # per pause starved a 40 MB sum (210 ms for what busy polling sends in 45), bursts of 100 slowed
 # the backward by a third (the poller took its core), and bursts of 10 hid three quarters of
 # the sum at no cost to the backward. Once the backward is over it polls without pause.

@@ -97,7 +97,7 @@ class Serial:
 
     With flash attention, BLAS runs one thread inside: its tiles are small products, which
     a second BLAS thread slows down (T = 2048, batch 1: 0.78 s a step with two threads,
-    0.58-0.63 s with one; benchmarks/long_context.py --blas-threads 1).
+    0.58-0.63 s with one; benchmarks/speed/long_context.py --blas-threads 1).
 
     ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
     None leaves it as it is. ``rows``: tokens per batch (the products' size, for choosing

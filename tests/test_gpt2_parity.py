@@ -4,7 +4,7 @@ tests/data/gpt2_small/ holds a GPT-2 folder that tbp exported (2 x 32, 4 heads, 
 context 32) and what transformers' GPT2LMHeadModel computed from it in float64, on a batch of
 2 x 16 random tokens: logits, loss, every parameter's gradient, and the losses of ten AdamW
 steps (lr 1e-4, betas 0.9/0.999, eps 1e-8, no weight decay: llm.c's test schedule). Written by
-``benchmarks/gpt2_parity.py --small --fixture tests/data/gpt2_small`` (the versions in
+``benchmarks/peers/gpt2_parity.py --small --fixture tests/data/gpt2_small`` (the versions in
 VERSIONS); the same script checks GPT-2 124M's full size, which is too large for the suite.
 
 Here tbp imports the folder as a user would (``tbp import``) and must reproduce those numbers:

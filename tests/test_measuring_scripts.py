@@ -11,17 +11,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-# the scripts that measure, and where their records go; the others are helpers (records,
-# stats, runner, report, tables_*, netns) or need what a test machine lacks, each named here:
+# the scripts that measure, and where their records go; the others are helpers (lib/: records,
+# stats, runner, tables_*; report.py; mpi/netns.py) or need what a test machine lacks, each named here:
 # ab.py (two source trees), compare_torch.py / ops.py / check_transformers.py / paired_torch.py
 # (torch or transformers), gemm_step.py (MKL, and whole training steps), mpi_*.py (mpiexec;
 # tests/test_mpi_hosts.py runs mpi_hosts), kill_loop.py (tests/test_reliability.py runs its loop),
 # quality.py and torch_val.py (a 2,000-step training)
 TOY = {
-    "kv_cache.py": (["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--n-ctx", "32",
+    "speed/kv_cache.py": (["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--n-ctx", "32",
                      "--tokens", "4", "8", "--rounds", "1"], "kv_cache", 2),
-    "sliding_generation.py": (["--tokens", "24", "--n-ctx", "16", "--block", "8"], "sliding_generation", 2),
-    "gpt2_124m.py": (["--n-layer", "1", "--d-model", "48", "--gen-tokens", "2", "--train-ctx", "8",
+    "speed/sliding_generation.py": (["--tokens", "24", "--n-ctx", "16", "--block", "8"], "sliding_generation", 2),
+    "speed/gpt2_124m.py": (["--n-layer", "1", "--d-model", "48", "--gen-tokens", "2", "--train-ctx", "8",
                       "--steps", "1"], "gpt2_124m", 1),
 }
 
@@ -41,8 +41,7 @@ def test_a_measuring_script_writes_its_records(script, tmp_path):
 
 def test_every_script_but_the_helpers_writes_records():
     """A new script that prints figures without a record fails here until it writes one."""
-    helpers = {"records.py", "stats.py", "runner.py", "report.py", "netns.py"}
-    for path in sorted(BENCH.glob("*.py")):
-        if path.name in helpers or path.name.startswith("tables_"):
+    for path in sorted(BENCH.glob("*/*.py")):
+        if path.parent.name == "lib" or path.name == "netns.py":        # the helpers, and mpi's namespaces
             continue
         assert "records." in path.read_text(encoding="utf-8"), f"{path.name} writes no record"

@@ -21,8 +21,8 @@ import pytest
 from test_mpi import TINY, _env, _mpiexec, assert_same_run, ended, job, losses, tbp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import netns  # noqa: E402  (benchmarks/netns.py: the namespaces, shared with the overlap benchmark)
+sys.path.insert(0, str(ROOT / "benchmarks" / "mpi"))
+import netns  # noqa: E402  (benchmarks/mpi/netns.py: the namespaces, shared with the overlap benchmark)
 
 
 class Hosts(netns.Hosts):

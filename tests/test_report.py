@@ -23,7 +23,7 @@ def test_a_hand_edited_table_fails_the_check(tmp_path, monkeypatch):
 
 
 def test_the_crossover_keeps_each_points_newest_record_per_cpu():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import tables_sparse
     point = lambda cpu, n, kind, commit, x: {"cpu": cpu, "n_layer": 4, "n_ctx": n, "sparse": {"kind": kind},
                                               "commit": commit, "x": x}
@@ -36,7 +36,7 @@ def test_the_crossover_keeps_each_points_newest_record_per_cpu():
 
 
 def test_the_crossover_tells_blas_thread_counts_apart():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import tables_sparse
     point = lambda threads, x: {"cpu": "A", "n_layer": 4, "n_ctx": 1024, "sparse": {"kind": "window"},
                                 "commit": "c", "x": x, **({"blas_threads": threads} if threads else {})}
@@ -47,7 +47,7 @@ def test_the_crossover_tells_blas_thread_counts_apart():
 
 
 def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import tables_sparse
     dense = {"hit_lines": "1100" * 25}
     same = tables_sparse._against({"hit_lines": "1100" * 25}, dense)

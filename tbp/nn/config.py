@@ -97,7 +97,7 @@ def _check(name: str, value, kind, meta) -> None:
 
 ACTIVATIONS = ("gelu", "relu")
 ATTN_IMPLS = ("auto", "dense", "flash")
-FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/long_context.py, docs/designs/flash-attention.md)
+FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/speed/long_context.py, docs/designs/flash-attention.md)
 POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
 # the choices of the design axes: what the engine has registered (registry.py)
 ARCHS, ATTENTIONS, RESIDUALS = registry.ARCH, registry.ATTENTION, registry.RESIDUAL

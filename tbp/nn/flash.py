@@ -27,7 +27,7 @@ import numpy as np
 from .positions import add_bias
 from .variant import Variant
 
-BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/long_context.py)
+BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/speed/long_context.py)
 BLOCK_K = 128      # key rows per tile
 
 

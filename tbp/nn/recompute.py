@@ -5,7 +5,7 @@ forward again from that input, just before the block's backward reads what it ke
 Memory: the activations of one block at a time, plus L inputs (B, T, C), instead of all L
 blocks'. Time: one more forward of the blocks, a quarter to a third more per step. At GPT-2
 124M's B 4 x T 1024 a full fine-tuning step peaks at 3.3 GiB instead of 7.1, 24 % slower
-(benchmarks/recompute_memory.py). The gradients are the same numbers: the recomputed forward is
+(benchmarks/speed/recompute_memory.py). The gradients are the same numbers: the recomputed forward is
 the same calls on the same inputs, and dropout's masks are drawn again from each row's
 generator where the first forward drew them (``Noise.state``/``restore``).
 

@@ -1,0 +1,198 @@
+"""Multi-Token Attention on its paper's toy task, scaled to a CPU: find the block.
+
+Each example is B blocks of N distinct lowercase letters joined by ".", then "#" and a query of
+L letters drawn from one block (the target) in random order; no other block holds all the query
+letters (Golovneva et al. 2025, toy_task/generate_data.py). The answer is the target block.
+Finding it means matching several letters at once, which one query-key product cannot express:
+standard attention must combine them over layers, MTA's key-query convolution can see them
+side by side.
+
+Every arm is the same GPT (4 layers as the paper's baseline, width 64, 2 heads, learned
+positions), trained on the same pairs with the loss on the answer, each at its own best
+learning rate. The arms:
+
+- ``standard``: plain attention;
+- ``mta``: the paper's 2 x 9 key-query convolution in every layer (72 parameters a layer);
+- ``mta-1x1``, ``mta-1x3``, ``mta-1x9`` (the kernel ablation): one query row, so no mixing
+  over queries; 1 x 1 only rescales each head's scores, 1 x 3 and 1 x 9 mix neighbouring keys.
+
+The study, each phase resumable (records already written are skipped):
+
+1. ``timing`` (on a quiet machine): each arm's training step, `tbp bench` rounds interleaved
+   (results/mta_timing.jsonl). Compute is matched by wall time: every arm trains ``--steps`` x
+   (the 2 x 9 arm's step time / its own) steps, so the baseline gets MTA's wall time.
+2. ``sweep``: ``standard`` and ``mta`` at each of ``--lrs`` on the first seed.
+3. ``seeds``: both at their best learning rate on every seed; the ablation arms at MTA's.
+   With a ``--steps`` longer than any swept, the runs take the longest sweep's learning rates
+   (each budget is its own set of records: a run's key is its arm, lr, seed and steps).
+
+Training batches are drawn with replacement from ``--examples`` examples, so an arm sees some
+of them more than once (the seeds table gives each arm's expected share of repeated draws);
+1,000 held-out examples are never in training. Every training is one record in
+results/mta_find_block.jsonl: its config, seed, commit, CPU, steps, wall time, and `tbp eval`'s
+exact match (error = 1 - exact match) with the number of held-out examples.
+
+The documentation's tables came from exactly these (``TBP_RESULTS=DIR`` reruns them from scratch):
+
+    python benchmarks/studies/mta_find_block.py timing
+    python benchmarks/studies/mta_find_block.py sweep                  # --steps 2000, seed 1
+    python benchmarks/studies/mta_find_block.py seeds --steps 6000     # every arm, seeds 1-3
+"""
+import argparse
+import json
+import random
+import statistics
+import string
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import records
+from runner import tbp
+
+LETTERS = string.ascii_lowercase
+SHAPE = ["--n-layer", 4, "--n-head", 2, "--d-model", 64]
+ARMS = {"standard": [], "mta": ["--attention", "mta", "--mta-cq", 2, "--mta-ck", 9],
+        "mta-1x1": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 1],
+        "mta-1x3": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 3],
+        "mta-1x9": ["--attention", "mta", "--mta-cq", 1, "--mta-ck", 9]}
+SWEPT = ("standard", "mta")             # the ablation arms take MTA's learning rate
+MATCHED_TO = "mta"
+
+
+def example(rng: random.Random, blocks: int, n: int, q: int) -> tuple[str, str]:
+    target = rng.sample(LETTERS, n)
+    query = rng.sample(target, q)
+    others = []
+    while len(others) < blocks - 1:
+        block = rng.sample(LETTERS, n)
+        if not set(query) <= set(block):          # a distractor never holds every query letter
+            others.append(block)
+    items = others + [target]
+    rng.shuffle(items)
+    return ".".join("".join(b) for b in items) + "#" + "".join(query), "".join(target)
+
+
+def data(args) -> Path:
+    """The pairs dataset: --examples training examples and 1,000 held out, all distinct."""
+    work = Path(args.work)
+    out = work / "data"
+    if (out / "meta.json").exists():
+        return out
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    seen, rows = set(), []
+    while len(rows) < args.examples + 1000:
+        src, tgt = example(rng, args.blocks, args.block_size, args.query)
+        if src not in seen:
+            seen.add(src)
+            rows.append(f"{src}\t{tgt}\n")
+    (work / "find-block.tsv").write_text("".join(rows))
+    tbp("prepare", "--format", "pairs", "--data", work / "find-block.tsv", "--out", out, "--force",
+        "--val-fraction", 1000 / len(rows))
+    return out
+
+
+def n_ctx(args) -> int:
+    return json.loads((data(args) / "meta.json").read_text())["max_example_tokens"] + 1
+
+
+def timing(args) -> None:
+    done = {r["arm"] for r in records.read("mta_timing") if r["n_layer"] == SHAPE[1]}
+    if all(arm in done for arm in ARMS):
+        return
+    ms = {arm: [] for arm in ARMS}
+    for _ in range(args.rounds):
+        for arm, flags in ARMS.items():
+            d = json.loads(tbp("bench", *SHAPE, *flags, "--n-ctx", n_ctx(args), "--batch-size", 32,
+                               "--vocab-size", 31, "--iters", 10, "--gen-tokens", 8, "--threads", 1,
+                               "--precision", "fp32", "--json"))
+            ms[arm].append(d["train_ms_per_iter"])
+    for arm in ARMS:
+        records.append("mta_timing", {"n_layer": SHAPE[1], "arm": arm, "commit": records.commit(), "threads": 1,
+                                      "rounds": args.rounds, "step_ms": statistics.median(ms[arm]),
+                                      "step_ms_all": ms[arm]})
+    print({a: round(statistics.median(v), 1) for a, v in ms.items()}, flush=True)
+
+
+def matched_steps(args, arm: str) -> int:
+    t = {r["arm"]: r["step_ms"] for r in records.read("mta_timing") if r["n_layer"] == SHAPE[1]}
+    if arm not in t or MATCHED_TO not in t:
+        sys.exit("no step times: run the timing phase first")
+    return round(args.steps * t[MATCHED_TO] / t[arm])
+
+
+def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
+    steps = matched_steps(args, arm)
+    if (arm, lr, seed, steps) in {(r["arm"], r["lr"], r["seed"], r["steps"]) for r in records.read("mta_find_block")}:
+        return
+    run = Path(args.work) / f"{arm}-lr{lr:g}-n{steps}-s{seed}"
+    if (run / "state.json").exists():             # stopped part-way: continue it (tbp resumes exactly)
+        tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
+    else:
+        tbp("train", "--data", data(args), "--out", run, "--force", "--seed", seed, "--threads", 1, *SHAPE,
+            *ARMS[arm], "--n-ctx", n_ctx(args), "--batch-size", 32, "--lr", lr, "--min-lr", lr / 10,
+            "--max-iters", steps, "--eval-interval", 500, "-q")
+    ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
+    state = json.loads((run / "state.json").read_text())
+    cfg = json.loads((run / "config.json").read_text())
+    row = {"phase": phase, "n_layer": SHAPE[1], "arm": arm, "lr": lr, "seed": seed, "steps": steps,
+           "commit": records.commit(), "config": cfg, "train_s": state["elapsed_s"], "threads": 1,
+           "examples": ev["examples"], "exact_match": ev["exact_match"], "error": 1 - ev["exact_match"],
+           "token_accuracy": ev["token_accuracy"], "val_loss": ev["val_loss"]}
+    records.append("mta_find_block", row)
+    print(json.dumps({k: row[k] for k in ("arm", "lr", "seed", "steps", "error", "val_loss")}), flush=True)
+
+
+def best_lr(arm: str) -> float | None:
+    """The swept learning rate with the lowest error (then validation loss) on the seed the sweep
+    ran on, in the longest budget swept (a longer budget's runs take the shorter sweep's best)."""
+    sweep = [r for r in records.read("mta_find_block") if r["arm"] == arm and r["phase"] == "sweep"]
+    if not sweep:
+        return None
+    seed = min(r["seed"] for r in sweep)          # one seed is swept; any later one is not a sweep
+    sweep = [r for r in sweep if r["seed"] == seed]
+    longest = max(r["steps"] for r in sweep)
+    return min((r for r in sweep if r["steps"] == longest), key=lambda r: (r["error"], r["val_loss"]))["lr"]
+
+
+def sweep(args) -> None:
+    for arm in SWEPT:
+        for lr in args.lrs:
+            train_one(args, arm, lr, args.seeds[0], "sweep")
+
+
+def seeds(args) -> None:
+    """The two swept arms on every seed first (seeds outermost: a partial run is balanced), then
+    the ablation arms at MTA's learning rate (``--arms``: only these)."""
+    for group in (SWEPT, [arm for arm in ARMS if arm not in SWEPT]):
+        group = [arm for arm in group if arm in args.arms]
+        for seed in args.seeds:
+            for arm in group:
+                lr = best_lr(arm if arm in SWEPT else MATCHED_TO)
+                if lr is None:
+                    sys.exit(f"no learning-rate sweep for {arm}: run the sweep phase first")
+                train_one(args, arm, lr, seed, "seed" if arm in SWEPT else "ablation")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
+    ap.add_argument("--steps", type=int, default=2000, help="the 2 x 9 MTA arm's steps; the others match its time")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="seeds phase: these arms")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--block-size", type=int, default=5)
+    ap.add_argument("--query", type=int, default=2)
+    ap.add_argument("--examples", type=int, default=300_000)
+    ap.add_argument("--work", default="bench-mta")
+    args = ap.parse_args()
+    records.pin_gemm()
+    for phase in args.phases:
+        {"timing": timing, "sweep": sweep, "seeds": seeds}[phase](args)
+
+
+if __name__ == "__main__":
+    main()
