@@ -17,25 +17,6 @@ def self_attention(model, ids: list[int]) -> list[np.ndarray]:
     return [w[0] for w in model.attention_weights(np.array([ids]))]
 
 
-def depth(model, ids: list[int]) -> dict:
-    """Attention Residuals: one row per operation (the input of a sublayer, then the final
-    state), one column per source (the embedding, then each block of sublayers: with full
-    AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
-    a block reads that block's partial sum so far in the block's column. ``mean`` (ops, sources)
-    averages the prompt's tokens; ``per_token`` holds each operation's (K, T) weights."""
-    per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
-    size = model.residual.block_size
-    n_sub = 2 * model.config.n_layer
-    name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
-    sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
-                         for b in range(n_sub // size)]
-    ops = [name(j) for j in range(1, n_sub)] + ["final"]
-    grid = np.zeros((len(ops), len(sources)))
-    for r, w in enumerate(per_op):
-        grid[r, :len(w)] = w.mean(axis=1)
-    return {"operations": ops, "sources": sources, "mean": grid, "per_token": per_op}
-
-
 def cross(model, tok, ids: list[int]) -> dict:
     """An encoder-decoder's cross-attention for the source ids: the target is the model's greedy
     completion; row t of a map (H, T, S) is the decoder position that predicts target token t

@@ -150,22 +150,21 @@ def data_for_prompt(model, tok, ids: list[int], rule=None) -> dict:
     d["tokens"] = [tok.decode([i]) for i in ids]
     d["ids"] = list(map(int, ids))
     d["attention"] = [_r(m) for m in lookinside.self_attention(model, ids)]
-    if model.residual.ops(model.blocks):
-        dep = lookinside.depth(model, ids)
-        d["depth"] = {"operations": dep["operations"], "sources": dep["sources"], "mean": _r(dep["mean"])}
     if rule is not None:
         d["kept"] = {"rule": rule.kind, "budget": rule.budget, "map": _r(lookinside.kept_positions(model, ids, rule))}
     for variant in build.active(model.config):      # what each design shows of itself (its inspect)
-        shown = variant.inspect(model) if variant.inspect else None
-        if shown:
-            d[variant.key] = _plain(shown)
+        for section, shown in (variant.inspect(model, ids) if variant.inspect else {}).items():
+            if shown:
+                d[section] = _plain(shown)
     return d
 
 
 def _plain(obj):
-    """A design's inspection as JSON: keys as strings, arrays as rounded lists."""
+    """A design's inspection as JSON: keys as strings, arrays as rounded lists, names as they are."""
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list) and all(isinstance(v, str) for v in obj):
+        return obj
     return _r(obj)
 
 

@@ -215,14 +215,16 @@ class _CharTok:
 
 def test_the_page_shows_each_design_it_has():
     """Depth weights, MTA kernels and kept positions, where the model has them: the numbers of
-    lookinside (tbp attention --json's source), and a page that builds with their charts."""
+    the designs' own inspection and of lookinside (tbp attention --json's sources), and a page
+    that builds with their charts."""
     from tbp import GPT, ModelConfig, lookinside, view
+    from tbp.nn.attnres import depth_map
     from tbp.nn.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
                             attention="mta", mta_ck=3), seed=0)
     ids = list(range(20))
     data = view.data_for_prompt(model, _CharTok(), ids)
-    assert data["depth"]["mean"] == np.asarray(lookinside.depth(model, ids)["mean"]).round(6).tolist()
+    assert data["depth"]["mean"] == np.asarray(depth_map(model, ids)["mean"]).round(6).tolist()
     assert data["mta"]["0"]["theta"] == np.asarray(model.blocks[0].attn.mta.params["theta"]).round(6).tolist()
     metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0}, {"step": 2, "lr": 1e-3, "train_loss": 2.9, "val_loss": 2.8}]
     figures = embedded_text(view.page([{"label": "r", "metrics": metrics}], model, _CharTok(), ids))["figures"]

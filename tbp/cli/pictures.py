@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import checkpoint, lookinside, plot
+from ..nn.attnres import depth_map
 from ..errors import TbpError
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
@@ -169,7 +170,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
 
 
 def _show_depth(model, ids, out, as_json, run) -> None:
-    d = lookinside.depth(model, ids)
+    d = depth_map(model, ids)
     ops, sources, grid, per_op = d["operations"], d["sources"], d["mean"], d["per_token"]
     if as_json:
         click.echo(json.dumps({"run": str(run), "operations": ops, "sources": sources, "mean": grid.round(6).tolist(),

@@ -397,6 +397,31 @@ def _describe(cfg) -> tuple[str, str]:
     return "residual", f"attention over depth · {form} · final state mixed too"
 
 
+def depth_map(model, ids: list[int]) -> dict:
+    """Attention Residuals: one row per operation (the input of a sublayer, then the final
+    state), one column per source (the embedding, then each block of sublayers: with full
+    AttnRes each sublayer's output, a0 the attention of block 0, m0 its MLP). An operation inside
+    a block reads that block's partial sum so far in the block's column. ``mean`` (ops, sources)
+    averages the prompt's tokens; ``per_token`` holds each operation's (K, T) weights."""
+    per_op = [w[:, 0] for w in model.depth_weights(np.array([ids]))]       # (K, T) each
+    size = model.residual.block_size
+    n_sub = 2 * model.config.n_layer
+    name = lambda j: f"{'am'[j % 2]}{j // 2}"                              # sublayer j
+    sources = ["emb"] + [name(b * size) if size == 1 else f"{name(b * size)}–{name(b * size + size - 1)}"
+                         for b in range(n_sub // size)]
+    ops = [name(j) for j in range(1, n_sub)] + ["final"]
+    grid = np.zeros((len(ops), len(sources)))
+    for r, w in enumerate(per_op):
+        grid[r, :len(w)] = w.mean(axis=1)
+    return {"operations": ops, "sources": sources, "mean": grid, "per_token": per_op}
+
+
+def _inspect(model, ids: list[int]) -> dict:
+    """What tbp view shows of it: the depth map's mean over the prompt's tokens."""
+    d = depth_map(model, ids)
+    return {"depth": {"operations": d["operations"], "sources": d["sources"], "mean": d["mean"]}}
+
+
 VARIANT = Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
     options=("residual_blocks", "residual_query_scale"), switch="--residual attention",
@@ -406,7 +431,7 @@ VARIANT = Variant(
              "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth",
              "gguf": "llama.cpp's GPT-style graphs add every sublayer into one residual sum; none has a softmax "
                      "over depth (Attention Residuals)"},
-    check=_check, describe=_describe,
+    check=_check, describe=_describe, inspect=_inspect,
     activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
     model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),
                  ("gpt [attention residuals: 2 blocks of 3 sublayers]", dict(n_layer=3, residual="attention",

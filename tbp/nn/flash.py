@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .positions import add_bias
 from .variant import Variant
 
@@ -164,6 +165,6 @@ VARIANT = Variant(
 
 
 def _tiled(C: int, H: int, causal: bool, rng, dtype):
-    """An attention layer on the flash kernel in small tiles (a gradcheck case)."""
-    from .attention import CausalSelfAttention
-    return CausalSelfAttention(C, H, 4, C // H, rng, dtype, True, causal, impl="flash", tiles=(2, 3))
+    """An attention layer on the flash kernel in small tiles (a gradcheck case): the standard
+    attention, from the registry (attention.py imports this module for its tile sizes)."""
+    return registry.ATTENTION["standard"](C, H, 4, C // H, rng, dtype, True, causal, impl="flash", tiles=(2, 3))

@@ -122,7 +122,7 @@ VARIANT = Variant(
 
 
 def _rotated(C: int, H: int, dk: int, impl: str, rng, dtype):
-    """A causal attention layer with rotary positions (a gradcheck case)."""
-    from .attention import CausalSelfAttention
-    return CausalSelfAttention(C, H, dk, C // H, rng, dtype, True, True, impl=impl, positions=Rotary(dk),
-                               tiles=(2, 3))
+    """A causal attention layer with rotary positions (a gradcheck case): the standard
+    attention, from the registry."""
+    return registry.ATTENTION["standard"](C, H, dk, C // H, rng, dtype, True, True, impl=impl,
+                                          positions=Rotary(dk), tiles=(2, 3))

@@ -52,8 +52,8 @@ class Variant:
         change), for work that can take minutes; refused above memory.STEP_WORK_LIMIT.
     layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
     model_cases: gradcheck cases of a small model, (label, config fields).
-    inspect: model -> what ``tbp view`` shows of the design beyond the attention maps (arrays
-        in a dict, under the variant's key), or None.
+    inspect: (model, prompt ids) -> what ``tbp view`` shows of the design beyond the attention
+        maps: {section: arrays, or dicts of them}, each section a part of the page's data.
     """
     key: str
     name: str

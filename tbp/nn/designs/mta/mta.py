@@ -183,9 +183,8 @@ def step_work(cfg, batch_size: int) -> tuple[int, str, str]:
 
 
 def kernels(model) -> dict[int, dict[str, np.ndarray]]:
-    """What tbp attention / tbp view show of it: the learned kernels by layer, ``theta``
-    (H, cq, ck), the key-query convolution before the softmax, and ``theta_post`` where there
-    is one after it."""
+    """The learned kernels by layer: ``theta`` (H, cq, ck), the key-query convolution before
+    the softmax, and ``theta_post`` where there is one after it."""
     out = {}
     for i, block in enumerate(model.blocks):
         mta = getattr(block.attn, "mta", None)
@@ -210,7 +209,7 @@ VARIANT = registry.declare(Variant(
                        "read; rewinding would need rows it has overwritten",
              "rows": "Multi-Token Attention's decoding keeps rows of scores at one shared position; sequences "
                      "at their own positions are decoded one at a time"},
-    check=_check, describe=_describe, inspect=kernels,
+    check=_check, describe=_describe, inspect=lambda model, ids: {"mta": kernels(model)},
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
     step_work=step_work,
