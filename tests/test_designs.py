@@ -6,7 +6,7 @@ gradient rows pass; every declaration's model cases build and decode."""
 import numpy as np
 import pytest
 
-from tbp.nn import GPT, ModelConfig, build, registry
+from tbp.nn import GPT, ConfigError, ModelConfig, build, registry
 
 SCHEMES = sorted(registry.POSITIONS)
 
@@ -101,3 +101,22 @@ def test_every_refusal_is_a_sentence_and_names_a_variant_or_a_use(variant):
     for other, why in variant.refuses.items():
         assert other in keys or other in build.USES, other
         assert len(why.split()) >= 4 and not why.endswith("."), why
+
+
+def test_a_kernel_registered_from_outside_is_a_choice_of_attn_impl():
+    """The kernel axis of the registry: a kernel registered by name becomes a value of
+    attn_impl (config and command line), and the layer runs it; here the dense kernel under a
+    second name, which must give the dense kernel's numbers exactly."""
+    from tbp.nn.config import ATTN_IMPLS
+    registry.kernel("test-dense")(registry.KERNEL["dense"])
+    try:
+        assert "test-dense" in ATTN_IMPLS and "test-dense" in list(ATTN_IMPLS)
+        base = dict(vocab_size=13, n_ctx=16, n_layer=1, n_head=2, d_model=8)
+        idx = np.random.default_rng(0).integers(0, 13, (2, 16))
+        want = GPT(ModelConfig(**base, attn_impl="dense"), seed=3, dtype=np.float64).forward(idx)
+        got = GPT(ModelConfig(**base, attn_impl="test-dense"), seed=3, dtype=np.float64).forward(idx)
+        np.testing.assert_array_equal(got, want)
+    finally:
+        del registry.KERNEL["test-dense"]
+    with pytest.raises(ConfigError, match="attn_impl must be one of auto, dense, flash"):
+        ModelConfig(attn_impl="test-dense")

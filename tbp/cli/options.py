@@ -35,7 +35,7 @@ class FiniteFloat(click.FloatRange):
 def _param_type(f, base):
     m = f.metadata
     if m["choices"] is not None:
-        return click.Choice(m["choices"])
+        return click.Choice(list(m["choices"]))
     if base is int:
         return click.IntRange(m["min"], m["max"], min_open=m["min_open"], max_open=m["max_open"])
     if base is float:

@@ -96,7 +96,17 @@ def _check(name: str, value, kind, meta) -> None:
 
 
 ACTIVATIONS = ("gelu", "relu")
-ATTN_IMPLS = ("auto", "dense", "flash")
+class _KernelChoices:
+    """``auto`` beside the attention kernels the engine has registered (registry.py)."""
+
+    def __contains__(self, value) -> bool:
+        return value == "auto" or value in registry.KERNEL
+
+    def __iter__(self):
+        return iter(("auto", *registry.KERNEL))
+
+
+ATTN_IMPLS = _KernelChoices()
 FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/speed/long_context.py, docs/designs/flash-attention.md)
 POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
 # the choices of the design axes: what the engine has registered (registry.py)

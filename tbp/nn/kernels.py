@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemm
+from . import gemm, registry
 from .flash import BLOCK_K, BLOCK_Q, flash_backward, flash_forward
 from .positions import add_bias
 
@@ -231,12 +231,23 @@ class Flash:
         return np.exp(s, out=s)
 
 
+@registry.kernel("dense")
+def _dense(causal: bool, window, rows: int, tiles: tuple, bias):
+    """Causal: query blocks of ``rows`` (the masked scores right of each block never computed);
+    otherwise one dense square."""
+    return CausalBlocks(rows, window, bias) if causal else Dense(bias)
+
+
+@registry.kernel("flash")
+def _flash(causal: bool, window, rows: int, tiles: tuple, bias):
+    return Flash(causal, window, tiles, bias)
+
+
 def kernel(impl: str, causal: bool, window: int | None = None, rows: int = SPLIT_ROWS,
            tiles: tuple = (BLOCK_Q, BLOCK_K), bias=None):
-    """The kernel for ``impl`` ("dense" or "flash"), the layer's mask and its positions
-    scheme's score term ``bias(rows, keys, dtype)`` (positions.py; None: none)."""
-    if impl == "flash":
-        return Flash(causal, window, tiles, bias)
-    if impl != "dense":
-        raise ValueError(f"attention kernel must be dense or flash, got {impl!r}")
-    return CausalBlocks(rows, window, bias) if causal else Dense(bias)
+    """The kernel ``impl`` names on the registry's kernel axis, for the layer's mask and its
+    positions scheme's score term ``bias(rows, keys, dtype)`` (positions.py; None: none)."""
+    make = registry.KERNEL.get(impl)
+    if make is None:
+        raise ValueError(f"attention kernel must be one of {', '.join(registry.KERNEL)}, got {impl!r}")
+    return make(causal, window, rows, tiles, bias)

@@ -9,6 +9,8 @@ registration, with no edit of the modules that read the axis.
     ATTENTION   ``attention``: name -> the self-attention class, built by its ``from_config``
     RESIDUAL    ``residual``: name -> the residual scheme's class, built by its ``from_config``
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
+    KERNEL      ``attn_impl``: name -> make(causal, window, rows, tiles, bias), the attention
+                kernel object (kernels.py: dense in query blocks, flash in tiles)
     SPARSE      a sparse decoding rule's kind: name -> its Selection (sparse.py): how it keeps
                 positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
@@ -22,6 +24,7 @@ ATTENTION: dict[str, type] = {}
 RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
 SPARSE: dict = {}
+KERNEL: dict[str, Callable] = {}
 VARIANTS: list = []
 
 
@@ -58,6 +61,11 @@ def declare(variant):
 def positions(name: str) -> Callable:
     """Register ``make(cfg) -> Positions`` as the positions scheme ``name`` (a decorator)."""
     return _register(POSITIONS, "positions", name)
+
+
+def kernel(name: str) -> Callable:
+    """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``."""
+    return _register(KERNEL, "attention kernel", name)
 
 
 def sparse(name: str) -> Callable:
