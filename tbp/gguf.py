@@ -7,7 +7,7 @@ computes exactly tbp's function. Two do:
   one fused q|k|v product, softmax(q k^T / sqrt(Dk)) v, output projection; LayerNorm, tanh-GELU
   MLP), a final LayerNorm and the head -- tied to the embedding when ``output.weight`` is absent.
 - ``gptneox`` with ``use_parallel_residual`` false for rotary positions: the same block with
-  queries and keys rotated in NeoX's pairing (i, i + Dk/2), which is tbp's (nn/rope.py), over all
+  queries and keys rotated in NeoX's pairing (i, i + Dk/2), which is tbp's (nn/designs/rope), over all
   Dk channels, at base ``rope_base``. Its head is always a separate tensor: a tied model writes the
   embedding twice.
 

@@ -10,7 +10,7 @@ from tbp.nn import CausalSelfAttention, ConfigError
 from tbp.nn import reference_variants as twin
 from tbp.nn.designs.gqa import GroupedQueryAttention
 from tbp.nn.designs.gqa import twin as gqa_twin
-from tbp.nn.rope import Rotary
+from tbp.nn.designs.rope import Rotary
 from tbp.nn.sparse import SparseRule
 
 B, T, C = 2, 7, 16

@@ -11,7 +11,7 @@ from tbp.generate import Sampling, generate_ids
 from tbp.nn import CausalSelfAttention
 from tbp.nn import reference as ref
 from tbp.nn.flash import flash_backward, flash_forward
-from tbp.nn.rope import Rotary
+from tbp.nn.designs.rope import Rotary
 from tbp.optim import AdamW
 
 

@@ -8,7 +8,7 @@ from .module import Module
 
 
 class Embedding(Module):
-    """x[b, t] = wte[idx[b, t]] + wpe[t]   (without wpe when positions are rotary: rope.py).
+    """x[b, t] = wte[idx[b, t]] + wpe[t]   (without wpe when positions are rotary: designs/rope).
 
     idx: (B, T) ints; x: (B, T, C); wte: (V, C); wpe: (n_ctx, C).
     """

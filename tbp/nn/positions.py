@@ -18,7 +18,7 @@ The core layers ask a positions object four things and never its name:
 
 :class:`Positions` is the base and, as it is, learned positions (GPT-2's, the default): the
 vector per position is the embedding's, so it transforms nothing and adds nothing. Other schemes live with the designs
-(rotary positions in rope.py; more in ``tbp/nn/designs/``) and register with
+(rotary positions and more in ``tbp/nn/designs/``) and register with
 ``registry.positions``.
 """
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ... import registry
 from ...attention import CausalSelfAttention
 from ...config import ConfigError
 from ...positions import LEARNED, Positions
-from ...rope import Rotary
+from ..rope import Rotary
 from ...variant import Variant
 
 

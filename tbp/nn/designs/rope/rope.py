@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import registry
-from .config import ConfigError
-from .positions import Positions
-from .variant import Variant
+from ... import registry
+from ...config import ConfigError
+from ...positions import Positions
+from ...variant import Variant
 
 
 class Rotary(Positions):
@@ -107,7 +107,7 @@ def _check(cfg) -> None:
         raise ConfigError(f"rotary positions need an even d_qk (pairs of channels), got {cfg.d_qk}")
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="rope", name="rotary positions", active=lambda cfg: cfg.positions == "rope", axis="positions", check=_check,
     switch="--positions rope",      # rope_base is not its option: older runs saved it with learned positions
     describe=lambda cfg: ("rotary", f"base {cfg.rope_base:g} · past the context of {cfg.n_ctx}, a sliding window"),
@@ -118,7 +118,7 @@ VARIANT = Variant(
                  ("attention [flash + rope, d_qk=2]", lambda C, H, rng, dtype: _rotated(C, H, 2, "flash", rng, dtype))),
     model_cases=(("gpt [rope, no wpe]", {"positions": "rope"}),
                  ("gpt [flash + rope]", {"attn_impl": "flash", "positions": "rope"})),
-)
+))
 
 
 def _rotated(C: int, H: int, dk: int, impl: str, rng, dtype):
