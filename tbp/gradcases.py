@@ -7,6 +7,7 @@ backward and names the tensors with their analytic gradients. The checker is gra
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,7 +16,7 @@ import numpy as np
 from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
                  DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
 from .nn.kernels import padding_mask
-from .nn.attnres import DepthAttention, rms_inverse
+from .nn.designs.attnres import DepthAttention, rms_inverse
 from .nn.build import VARIANTS
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
@@ -325,10 +326,16 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_projected_case("attention [causal, query blocks]", attn, x(), rng, H=H, Dk=4))
     # each variant's own layers (nn/variant.py): the flash kernel, rotary positions, Multi-Token
     # Attention, grouped-query attention, ...
+    # a declaration's cases draw from their own generator, seeded by the run's seed and the
+    # case's label: the order in which designs register does not change any case's numbers
+    variants_seed = int(rng.integers(1 << 31))
+    own = lambda label: np.random.default_rng([variants_seed, zlib.crc32(label.encode())])
     for variant in VARIANTS:
         for label, make in variant.layer_cases:
-            layer = make(C, H, rng, f64)
-            out.append(_projected_case(label, layer, x(), rng, H=H, Dk=getattr(layer, "d_qk", None)))
+            mine = own(label)
+            layer = make(C, H, mine, f64)
+            out.append(_projected_case(label, layer, mine.standard_normal((B, T, C)), mine, H=H,
+                                       Dk=getattr(layer, "d_qk", None)))
     for act in ("gelu", "relu"):
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
@@ -354,7 +361,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
     for variant in VARIANTS:
         for label, fields in variant.model_cases:
-            out.append(_model_case(label, ModelConfig(**dict(base, **fields)), rng))
+            out.append(_model_case(label, ModelConfig(**dict(base, **fields)), own(label)))
     s2s = dict(base, arch="encoder-decoder", pad_id=0)
     for label, extra in (("tied head, padding", {}),
                          ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),

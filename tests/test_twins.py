@@ -6,6 +6,7 @@ import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn import reference_seq2seq, reference_variants as twin
+from tbp.nn.designs.attnres import twin as attnres_twin
 from tbp.nn.designs.mta import depth_scale, twin as mta_twin
 from tbp.nn.sparse import KINDS, SparseRule, select
 
@@ -55,7 +56,7 @@ def test_the_attention_residuals_stack_equals_its_plain_twin(rng, blocks, option
     randomize(model, rng, 0.3)
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
     loss = model.loss_and_backward(idx, targets)
-    loss_ref, grads_ref = twin.attnres_gpt_loss_and_grads(model.params, cfg, idx, targets)
+    loss_ref, grads_ref = attnres_twin.attnres_gpt_loss_and_grads(model.params, cfg, idx, targets)
     assert loss == pytest.approx(loss_ref, rel=1e-12)
     assert_grads_equal(model, grads_ref)
 

@@ -218,7 +218,7 @@ def test_the_page_shows_each_design_it_has():
     the designs' own inspection and of lookinside (tbp attention --json's sources), and a page
     that builds with their charts."""
     from tbp import GPT, ModelConfig, lookinside, view
-    from tbp.nn.attnres import depth_map
+    from tbp.nn.designs.attnres import depth_map
     from tbp.nn.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
                             attention="mta", mta_ck=3), seed=0)

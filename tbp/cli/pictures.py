@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import checkpoint, lookinside, plot
-from ..nn.attnres import depth_map
+from ..nn.designs.attnres import depth_map
 from ..errors import TbpError
 from .common import console, the_run
 from .generate import source_tokens, start_tokens

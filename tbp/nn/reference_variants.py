@@ -2,10 +2,10 @@
 papers have sums, every intermediate named, no buffer reused. Nothing here is used for
 training; the tests hold the fast code to these in float64 (tests/test_twins.py).
 
-- Attention Residuals, the whole model, forward and backward: the sources each operation
-  reads, and each source's gradient summed over its readers without deferring anything;
-- sparse decoding's selection rules, one position at a time;
-- grouped-query attention, forward and backward, one query head at a time.
+- dropout on the attention weights;
+- a pre-LN sublayer, forward and backward (the Attention Residuals twin's and the
+  encoder-decoder twin's);
+- sparse decoding's selection rules, one position at a time.
 
 Shapes as in reference.py; N = B T rows. The encoder-decoder's twin is reference_seq2seq.py;
 the designs of ``designs/`` keep their twins in their folders (``designs/mta/twin.py``, ...).
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import (attention_backward, attention_forward, head_loss_and_backward,
-                        depth_attention_backward, depth_attention_forward, embedding_backward, embedding_forward,
-                        layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
+from .reference import (attention_backward, attention_forward, layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
                         mlp_forward, softmax)
 
 
@@ -63,7 +61,7 @@ def dropout_attention_backward(dy, cache):
     return dx, dw_attn, db_attn, dw_proj, db_proj
 
 
-# --- Attention Residuals (Kimi Team, arXiv 2603.15031) ----------------------------------------
+# --- a pre-LN sublayer, as the Attention Residuals and encoder-decoder twins read it -----------
 
 
 def sublayer_forward(P, h, i, kind, x, cfg):
@@ -93,74 +91,6 @@ def sublayer_backward(dy, cache, h, kind, grads):
         grads[h + name] = gi
     dx, grads[f"{h}{norm}.weight"], grads[f"{h}{norm}.bias"] = layernorm_backward(da, ln)
     return dx
-
-
-def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
-    """Mean cross-entropy of a GPT with Attention Residuals (full, or in blocks), and the
-    gradient of every parameter. Sublayer j (attention and MLP of each block in turn) belongs
-    to block n = j // s + 1 (s sublayers a block; block 0 is the embedding) at place k = j % s.
-    Its input is the depth attention of its operation over the sources it reads: every finished
-    block's value S_m (the sum of its outputs; S_0 the embedding) and, from k >= 1 on, its own
-    block's partial sum P_{n,k} = o_{n,0} + ... + o_{n,k-1}. The first sublayer reads S_0 as it
-    is. The state before ln_f is res_f's depth attention over every block.
-
-    Backward, plainly: each source's gradient is the sum of what each of its readers sends;
-    output o_{n,k} enters S_n and every P_{n,k'}, k' > k, so its gradient is dS_n plus those
-    dP_{n,k'}. Walking the sublayers in reverse, every reader of a source comes before it."""
-    B, T = idx.shape
-    C, L = cfg.d_model, cfg.n_layer
-    s = 2 * L // cfg.residual_blocks if cfg.residual_blocks else 1
-    eps = cfg.ln_eps
-    c = cfg.residual_query_scale                                        # the logits' factor: q = c g w
-    x0, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
-    values = {("S", 0): x0.reshape(-1, C)}                              # source name -> (N, C)
-    reads, caches = [], []
-    for j in range(2 * L):
-        i, kind = j // 2, ("attn", "mlp")[j % 2]
-        h, op = f"h.{i}.", f"h.{i}.{kind}_res."
-        n, k = j // s + 1, j % s
-        names = [("S", m) for m in range(n)] + ([("P", n, k)] if k else [])
-        if j == 0:
-            x_in, op_cache = x0, None
-        else:
-            hx, op_cache = depth_attention_forward([values[name] for name in names], c * P[op + "query"],
-                                                   P[op + "gain"], eps)
-            x_in = hx.reshape(B, T, C)
-        out, cache = sublayer_forward(P, h, i, kind, x_in, cfg)
-        o = out.reshape(-1, C)
-        values[("P", n, k + 1)] = o if k == 0 else values[("P", n, k)] + o
-        if k == s - 1:
-            values[("S", n)] = values[("P", n, k + 1)]
-        reads.append(names)
-        caches.append((op_cache, cache))
-    final = [("S", m) for m in range(2 * L // s + 1)]
-    hf, final_cache = depth_attention_forward([values[name] for name in final], c * P["res_f.query"],
-                                              P["res_f.gain"], eps)
-    grads: dict = {}
-    loss, dhf = head_loss_and_backward(P, cfg, hf.reshape(B, T, C), targets, grads)
-
-    dsource = {name: np.zeros((B * T, C)) for name in values}
-    dvs, dw, grads["res_f.gain"] = depth_attention_backward(dhf.reshape(-1, C), final_cache)
-    grads["res_f.query"] = c * dw                                       # the twin read w' = c w
-    for name, dv in zip(final, dvs):
-        dsource[name] += dv
-    for j in reversed(range(2 * L)):
-        i, kind = j // 2, ("attn", "mlp")[j % 2]
-        h, op = f"h.{i}.", f"h.{i}.{kind}_res."
-        n, k = j // s + 1, j % s
-        do = dsource[("S", n)] + sum(dsource[("P", n, kk)] for kk in range(k + 1, s))
-        op_cache, cache = caches[j]
-        dx_in = sublayer_backward(do.reshape(B, T, C), cache, h, kind, grads).reshape(-1, C)
-        if j == 0:
-            dsource[("S", 0)] += dx_in
-            continue
-        dvs, dw, grads[op + "gain"] = depth_attention_backward(dx_in, op_cache)
-        grads[op + "query"] = c * dw
-        for name, dv in zip(reads[j], dvs):
-            dsource[name] += dv
-    dwte, grads["wpe"] = embedding_backward(dsource[("S", 0)].reshape(B, T, C), emb_cache)
-    grads["wte"] = grads.get("wte", 0) + dwte
-    return loss, {key: v for key, v in grads.items() if v is not None}
 
 
 # --- sparse decoding's selection (LessIsMore, Yang et al., arXiv 2508.07101) -----------------

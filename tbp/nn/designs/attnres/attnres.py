@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import init, registry
-from .config import ConfigError
-from .module import Module
-from .variant import Variant
+from ... import init, registry
+from ...config import ConfigError
+from ...module import Module
+from ...variant import Variant
 
 
 def rms_inverse(v: np.ndarray, eps: float) -> np.ndarray:
@@ -422,7 +422,7 @@ def _inspect(model, ids: list[int]) -> dict:
     return {"depth": {"operations": d["operations"], "sources": d["sources"], "mean": d["mean"]}}
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
     options=("residual_blocks", "residual_query_scale"), switch="--residual attention",
     refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
@@ -440,4 +440,4 @@ VARIANT = Variant(
                   dict(n_layer=3, residual="attention", residual_blocks=3, tie_head=False, bias=False)),
                  ("gpt [attention residuals: full, logits scaled by 0.3]",
                   dict(n_layer=2, residual="attention", residual_query_scale=0.3))),
-)
+))
