@@ -11,7 +11,8 @@ arms count as **equivalent if the paired difference's 95 % interval lies within 
 Fair tuning, in three phases (each skips the runs its records already hold):
 
 - ``sweep``: the full-head arm at learning rates 5e-4, 1e-3 (the default) and 2e-3 on seeds 1
-  and 2; its best rate (lowest mean loss) becomes every arm's rate;
+  and 2, extended by factors of 2 past an edge that holds the best (at most twice); its best
+  rate (lowest mean loss) becomes every arm's rate;
 - ``neighbours``: the shared-head arms at half and twice that rate on seed 1, so that a rate
   tuned for full heads cannot be what handicaps them (the reading says if a neighbour beats it);
 - ``seeds``: every arm at the chosen rate on seeds 1-5, paired by seed (the same initialisation
@@ -47,6 +48,7 @@ WORK = Path("bench-gqa")            # the prepared corpus the runs share (the ru
 MARGIN = 0.02
 ARMS = (4, 2, 1)
 SWEEP = (5e-4, 1e-3, 2e-3)
+EXTEND = 2                          # extensions of the grid past an edge best
 
 
 def train_once(kv: int, lr: float, seed: int, threads: int, data: str) -> dict:
@@ -85,11 +87,33 @@ def run_all(todo: list[tuple], jobs: int) -> None:
     runner.side_by_side(jobs, [(kv, lr, seed, threads, data) for kv, lr, seed in todo], train_once, record)
 
 
-def best_lr() -> float:
+def swept() -> dict[float, float]:
+    """The full-head arm's mean loss over seeds 1 and 2 at every rate both seeds have run."""
     rows = [r for r in records.read(NAME) if r["n_kv_head"] == 4 and r["seed"] in (1, 2)]
-    means = {lr: np.mean([r["val_split_loss"] for r in rows if r["lr"] == lr]) for lr in SWEEP
-             if sum(r["lr"] == lr for r in rows) == 2}
-    if len(means) < len(SWEEP):
+    rates = sorted({r["lr"] for r in rows})
+    return {lr: float(np.mean([r["val_split_loss"] for r in rows if r["lr"] == lr])) for lr in rates
+            if sum(r["lr"] == lr for r in rows) == 2}
+
+
+def sweep(jobs: int) -> None:
+    """SWEEP on seeds 1 and 2, then a factor of 2 past whichever edge holds the best mean,
+    until the best is inside the grid (at most EXTEND times): the full-head arm's rate must not
+    be the grid's choice."""
+    grid = list(SWEEP)
+    run_all([(4, lr, s) for s in (1, 2) for lr in grid], jobs)
+    for _ in range(EXTEND):
+        means = swept()
+        best = min(means, key=means.get)
+        if min(means) < best < max(means):
+            return
+        nxt = best * 2 if best == max(means) else best / 2
+        print(f"the best rate {best:g} is at the grid's edge: adding {nxt:g}", flush=True)
+        run_all([(4, nxt, s) for s in (1, 2)], jobs)
+
+
+def best_lr() -> float:
+    means = swept()
+    if not set(SWEEP) <= set(means):
         sys.exit("run the sweep first: python benchmarks/studies/gqa_quality.py sweep")
     return min(means, key=means.get)
 
@@ -134,7 +158,7 @@ def main():
     records.pin_gemm()
     for phase in a.phases:
         if phase == "sweep":
-            run_all([(4, lr, s) for s in (1, 2) for lr in SWEEP], a.jobs)
+            sweep(a.jobs)
         elif phase == "neighbours":
             lr = best_lr()
             run_all([(kv, f * lr, 1) for kv in ARMS[1:] for f in (0.5, 2.0)], a.jobs)
