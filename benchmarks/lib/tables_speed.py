@@ -170,7 +170,8 @@ def mpi_measured(rows: list[dict]) -> str:
     out = ["| model | 1 process × 2 threads | 2 ranks × 1 thread | Allreduce in the step (incl. waiting for the "
            "slower rank) | Allreduce of the gradient alone | 64 MiB in 4 MiB pieces / as one call |",
            "| --- | --- | --- | --- | --- | --- |"]
-    for model, got in _mpi_medians(rows).items():
+    medians = _mpi_medians(rows)
+    for model, got in medians.items():
         one, two = got["1x2"], got["2x1"]
         r0 = one["rounds"][0]
         tokens, grad = r0["tokens_per_step"], r0["grad_bytes"]
@@ -185,7 +186,7 @@ def mpi_measured(rows: list[dict]) -> str:
                    f"{t * 1e3:.2f} ms for {grad / 2 ** 20:.1f} MiB ({grad / t / 1e9:.1f} GB/s) | "
                    f"{alone('allreduce_s_by_bytes', big) * 1e3:.1f} / {alone('allreduce_one_call_s', big) * 1e3:.1f} ms |")
     steps = sorted({r["steps"] for r in rows})
-    n = max(len(x["rounds"]) for g in _mpi_medians(rows).values() for x in g.values())
+    n = max(len(x["rounds"]) for g in medians.values() for x in g.values())
     return "\n".join(out + _foot(rows, f"Medians of {', '.join(map(str, steps))} steps × {n} rounds, the layouts "
                                        f"alternating round by round.", "python benchmarks/mpi/mpi_scaling.py --rounds 5"))
 
