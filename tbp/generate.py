@@ -94,7 +94,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
 
     ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
-    ``sparse``: a tbp.nn.sparse.SparseRule for the cached decoder (sparse decoding), or None.
+    ``sparse``: a tbp.nn.designs.sparse.SparseRule for the cached decoder (sparse decoding), or None.
     An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
     (the <|sep|> token); its target ends at n_ctx tokens.
     """

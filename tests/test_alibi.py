@@ -11,7 +11,7 @@ from tbp.errors import TbpError
 from tbp.nn import CausalSelfAttention, ConfigError, build
 from tbp.nn.designs.alibi import Alibi, slopes
 from tbp.nn.designs.alibi import twin
-from tbp.nn.sparse import SparseRule
+from tbp.nn.designs.sparse import SparseRule
 
 B, T, C, H = 2, 9, 12, 3
 
@@ -121,14 +121,13 @@ def test_a_flash_backward_that_forgets_the_bias_fails_the_gradient_check(monkeyp
     """Flash recomputes P in its backward: without the bias there, the gradients are wrong, and
     the alibi rows of tbp gradcheck say so."""
     from tbp import gradcheck
-    from tbp.nn import kernels
-    from tbp.nn.flash import flash_backward
+    from tbp.nn.designs.flash import Flash, flash_backward
 
     def forgetful(self, dy, qs, k, v, y, saved, out):
         flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window)
     rng = np.random.default_rng(0)
     case = next(c for c in gradcheck.cases(rng) if c.layer == "attention [alibi, flash in tiles, window 3]")
     assert all(r.passed for r in gradcheck.check_case(case, np.random.default_rng(0)))
-    monkeypatch.setattr(kernels.Flash, "backward", forgetful)
+    monkeypatch.setattr(Flash, "backward", forgetful)
     rows = gradcheck.check_case(case, np.random.default_rng(0))
     assert any(r.tensor == "x (input)" and not r.passed for r in rows)

@@ -7,11 +7,11 @@ from helpers import assert_equals_twin
 from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
 from tbp.nn import CausalSelfAttention, ConfigError
-from tbp.nn import reference_variants as twin
+from tbp.nn.designs.sparse import twin as sparse_twin
 from tbp.nn.designs.gqa import GroupedQueryAttention
 from tbp.nn.designs.gqa import twin as gqa_twin
 from tbp.nn.designs.rope import Rotary
-from tbp.nn.sparse import SparseRule
+from tbp.nn.designs.sparse import SparseRule
 
 B, T, C = 2, 7, 16
 
@@ -114,7 +114,7 @@ def test_sparse_decoding_chooses_per_key_value_group(rng, kind):
         scores = sparse.kept_scores.reshape(2 * 2, 2, t + 1)              # (B Hkv, G, t)
         if kind == "topk":
             scores = scores.max(axis=1, keepdims=True)
-        want = twin.select_positions(scores, kind, 12)
+        want = sparse_twin.select_positions(scores, kind, 12)
         np.testing.assert_array_equal(sparse.kept.reshape(4, -1), np.array(want).reshape(4, -1))
 
 

@@ -10,7 +10,7 @@ from tbp import GPT, ModelConfig
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import CausalSelfAttention
 from tbp.nn import reference as ref
-from tbp.nn.flash import flash_backward, flash_forward
+from tbp.nn.designs.flash import flash_backward, flash_forward
 from tbp.nn.designs.rope import Rotary
 from tbp.optim import AdamW
 
@@ -88,7 +88,7 @@ def test_five_adamw_steps_give_the_same_losses_with_flash_and_dense(rng):
         model = GPT(ModelConfig(vocab_size=11, n_ctx=16, n_layer=2, n_head=2, d_model=16, attn_impl=impl),
                     seed=0, dtype=np.float64)
         for block in model.blocks:
-            block.attn.tiles = (5, 6)
+            block.attn.kernel.tiles = (5, 6)
         opt = AdamW(model.layout)
         run_losses = []
         for _ in range(5):
@@ -133,7 +133,7 @@ def test_the_sliding_cache_equals_recomputing_at_every_step(impl):
     model = rope_model(impl)
     if impl == "flash":
         for block in model.blocks:
-            block.attn.tiles = (5, 7)                 # several tiles inside and across the band
+            block.attn.kernel.tiles = (5, 7)                 # several tiles inside and across the band
     tokens = np.random.default_rng(3).integers(0, 13, (2, 60))
     full = model.forward(tokens)                      # (2, 60, V): band attention, width 12
     decoder = model.inference(batch=2)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn.sparse import SparseRule, merge_rank_major, select
+from tbp.nn.designs.sparse import SparseRule, merge_rank_major, select, twin
 
 
 def test_the_budget_splits_into_sinks_middle_and_recent():
@@ -63,7 +63,7 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
         if t + 1 <= 12:
             assert sparse.kept is None                         # nothing to thin yet
             continue
-        want = dense_step_with_mask(m, tokens[:, :t + 1], sparse.kept)
+        want = twin.last_logits(m.params, m.config, tokens[:, :t + 1], sparse.kept, layer=1)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
 
 
@@ -72,7 +72,7 @@ def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
     positions, one set for all heads) is built, checked and decoded like the built-in ones,
     and equals the built-in window with no sinks."""
     from tbp.nn import registry
-    from tbp.nn.sparse import Selection
+    from tbp.nn.designs.sparse import Selection
 
     def last_k(scores, rule):
         B, _, n = scores.shape
@@ -107,51 +107,9 @@ def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
         sparse.reset()
         sparse.forward(tokens[:, :t])
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
-        want = dense_step_with_mask(m, tokens[:, :t + 1], None, own_top=9)
+        want = twin.last_logits(m.params, m.config, tokens[:, :t + 1], None, layer=1, own_top=9)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
         assert sparse.kept.shape == (2, 2, 9)                      # the last layer's sets, a set per head
-
-
-def dense_step_with_mask(m, tokens, kept, own_top=None):
-    """The last token's logits when layers after the selection layer attend only to ``kept``:
-    the training forward written out with a -inf mask (layer 0 and layer 1 dense). With
-    ``own_top``, layers from 1 on keep each head's own ``own_top`` best scores instead."""
-    from tbp.nn.reference import layernorm_forward, mlp_forward, rope_forward, softmax
-    P, cfg = m.params, m.config
-    x = P["wte"][tokens]                                           # (B, T, C)
-    T = tokens.shape[1]
-    for i in range(cfg.n_layer):
-        h = f"h.{i}."
-        a, _ = layernorm_forward(x, P[h + "ln_1.weight"], P[h + "ln_1.bias"], cfg.ln_eps)
-        qkv = a @ P[h + "attn.c_attn.weight"] + P[h + "attn.c_attn.bias"]
-        H, Dk = cfg.n_head, cfg.d_qk
-        out = np.zeros((2, T, H * cfg.d_v))
-        for hd in range(H):
-            q = rope_forward(qkv[..., hd * Dk:(hd + 1) * Dk], cfg.rope_base)
-            k = rope_forward(qkv[..., H * Dk + hd * Dk:H * Dk + (hd + 1) * Dk], cfg.rope_base)
-            v = qkv[..., 2 * H * Dk + hd * cfg.d_v:2 * H * Dk + (hd + 1) * cfg.d_v]
-            s = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)
-            s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
-            if own_top is not None and i >= 1:                    # each layer's own best, per head
-                for b in range(2):
-                    keep = np.argsort(s[b, -1])[-own_top:]
-                    row = np.full(T, -np.inf)
-                    row[keep] = s[b, -1, keep]
-                    s[b, -1] = row
-            elif own_top is None and i > 1:                        # the last row sees the kept set only
-                for b in range(2):
-                    keep = kept[b] if kept.ndim == 2 else kept[b, hd]
-                    row = np.full(T, -np.inf)
-                    row[keep] = s[b, -1, keep]
-                    s[b, -1] = row
-            out[..., hd * cfg.d_v:(hd + 1) * cfg.d_v] = softmax(s) @ v
-        x = x + out @ P[h + "attn.c_proj.weight"] + P[h + "attn.c_proj.bias"]
-        mm, _ = layernorm_forward(x, P[h + "ln_2.weight"], P[h + "ln_2.bias"], cfg.ln_eps)
-        mm, _ = mlp_forward(mm, P[h + "mlp.c_fc.weight"], P[h + "mlp.c_fc.bias"], P[h + "mlp.c_proj.weight"],
-                            P[h + "mlp.c_proj.bias"])
-        x = x + mm
-    xf, _ = layernorm_forward(x, P["ln_f.weight"], P["ln_f.bias"], cfg.ln_eps)
-    return xf[:, -1] @ P["wte"].T
 
 
 def test_a_selection_layer_past_the_model_is_refused():

@@ -18,7 +18,7 @@ import sparse_decoding  # noqa: E402
 
 from tbp import GPT, ModelConfig  # noqa: E402
 from tbp.chat import ghost_attention  # noqa: E402
-from tbp.nn.sparse import SparseRule  # noqa: E402
+from tbp.nn.designs.sparse import SparseRule  # noqa: E402
 
 
 def test_a_retrieval_line_answers_its_last_question_only_from_the_haystack():

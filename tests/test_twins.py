@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
-from tbp.nn import reference_seq2seq, reference_variants as twin
+from tbp.nn import reference_seq2seq
 from tbp.nn.designs.attnres import twin as attnres_twin
 from tbp.nn.designs.mta import depth_scale, twin as mta_twin
-from tbp.nn.sparse import KINDS, SparseRule, select
+from tbp.nn.designs.sparse import KINDS, SparseRule, select, twin as sparse_twin
 
 B, T, C = 2, 6, 8
 
@@ -103,7 +103,7 @@ def test_the_selection_rules_equal_their_plain_twins(rng, kind, n, budget, recen
     scores = rng.standard_normal((3, 4, n))
     rule = SparseRule(kind, budget=budget, layers=(1,), recency=recency)
     fast = select(scores, rule)
-    plain = twin.select_positions(scores, kind, budget, rule.sinks, recency)
+    plain = sparse_twin.select_positions(scores, kind, budget, rule.sinks, recency)
     np.testing.assert_array_equal(fast, np.array(plain))
 
 

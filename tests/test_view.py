@@ -219,7 +219,7 @@ def test_the_page_shows_each_design_it_has():
     that builds with their charts."""
     from tbp import GPT, ModelConfig, lookinside, view
     from tbp.nn.designs.attnres import depth_map
-    from tbp.nn.sparse import SparseRule
+    from tbp.nn.designs.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
                             attention="mta", mta_ck=3), seed=0)
     ids = list(range(20))
@@ -271,7 +271,7 @@ def test_data_in_the_page_is_only_ever_text():
     or & (so nothing closes the script or opens a comment), and every Plotly label holds them as
     entities (Plotly renders a subset of HTML in labels), yet the page's data reads back exactly."""
     from tbp import GPT, ModelConfig, view
-    from tbp.nn.sparse import SparseRule
+    from tbp.nn.designs.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)
     label = 'run <!--<script>&"x"'
     layers = {"grad_norm": {"<b>h.0</b>": 1.0, "h.1&": 2.0}, "update_ratio": {"<i>h.0": 0.1}, "stream_rms": [1.0]}

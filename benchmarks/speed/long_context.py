@@ -36,7 +36,7 @@ cfg = ModelConfig(vocab_size=65, n_ctx=T, n_layer=4, n_head=4, d_model=128, posi
 model = GPT(cfg, seed=0)
 if tile:
     for block in model.blocks:
-        block.attn.tiles = (tile, tile)
+        block.attn.kernel.tiles = (tile, tile)
 opt = AdamW(model.layout)
 rng = np.random.default_rng(0)
 times = []

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp.bench import bench_sparse_decode, machine
 from tbp.nn import ModelConfig
-from tbp.nn.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import KINDS, SparseRule
 from tbp.parallel import blas_threads
 
 

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from stats import binomial_ci
 from tbp import GPT, ModelConfig, checkpoint
-from tbp.nn.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import KINDS, SparseRule
 from tbp.optim import AdamW, clip_grads
 from tbp.tokenizer import train_char
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp import checkpoint
 from tbp.data import Dataset
-from tbp.nn.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import KINDS, SparseRule
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from .. import jsonio
 from ..config import ModelConfig
 from ..nn import build
-from ..nn.sparse import KINDS, SparseRule
+from ..nn.designs.sparse import KINDS, SparseRule
 from ..errors import TbpError
 
 

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import registry
-from .flash import BLOCK_K, BLOCK_Q
 from .kernels import SPLIT_ROWS, causal_mask, kernel
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
@@ -30,10 +29,10 @@ class CausalSelfAttention(Module):
 
     ``impl`` picks the kernel once (kernels.py): "dense" keeps P (B, H, T, T) for the backward
     (causal: in query blocks of ``split_rows`` rows that skip the masked part); "flash"
-    computes the same numbers in tiles (``tiles`` = (block_q, block_k)) and keeps only each
-    row's log-sum-exp. ``positions`` (positions.py): what the model's positions scheme does in
-    attention -- transform queries and keys (rotary), add a term to the scores -- or nothing
-    (learned positions, the default). ``window``: each query attends to at most this many
+    computes the same numbers in tiles (``tiles`` = (block_q, block_k); None: the kernel's
+    own) and keeps only each row's log-sum-exp (designs/flash). ``positions`` (positions.py):
+    what the model's positions scheme does in attention -- transform queries and keys
+    (rotary), add a term to the scores -- or nothing (learned positions, the default). ``window``: each query attends to at most this many
     positions; a model without learned positions sets it to its context, so a sequence longer
     than the context is sliding-window attention -- exactly what the sliding KV cache computes.
     None: no limit.
@@ -45,7 +44,7 @@ class CausalSelfAttention(Module):
 
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02,
-                 impl: str = "dense", positions: Positions = LEARNED, tiles: tuple = (BLOCK_Q, BLOCK_K),
+                 impl: str = "dense", positions: Positions = LEARNED, tiles: tuple | None = None,
                  window: int | None = None, split_rows: int = SPLIT_ROWS, n_kv_head: int | None = None):
         super().__init__()
         self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal

@@ -16,7 +16,7 @@ import numpy as np
 # the modules that register a choice, in the order each axis lists its choices (the command
 # line's order); then the designs wing
 from . import positions as _positions, residual as _residual, attention as _attention  # noqa: F401
-from . import config, designs, dropout, flash, recompute, registry  # noqa: F401
+from . import config, designs, dropout, recompute, registry  # noqa: F401
 from .config import ConfigError, ModelConfig
 from .variant import USES, Variant
 
@@ -24,8 +24,7 @@ ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH
 
 # every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py, the
 # designs' (tbp/nn/designs/) are declared in the registry
-VARIANTS: list[Variant] = [flash.VARIANT, dropout.VARIANT,
-                           recompute.VARIANT, *registry.VARIANTS]
+VARIANTS: list[Variant] = [dropout.VARIANT, recompute.VARIANT, *registry.VARIANTS]
 
 
 def positions(cfg: ModelConfig):

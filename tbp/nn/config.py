@@ -107,7 +107,6 @@ class _KernelChoices:
 
 
 ATTN_IMPLS = _KernelChoices()
-FLASH_FROM_T = 2048    # auto: flash from this context on (measured: benchmarks/speed/long_context.py, docs/designs/flash-attention.md)
 POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
 # the choices of the design axes: what the engine has registered (registry.py)
 ARCHS, ATTENTIONS, RESIDUALS = registry.ARCH, registry.ATTENTION, registry.RESIDUAL
@@ -150,7 +149,7 @@ class ModelConfig(DictConfig):
                           cli=False, gpt2=True)
     attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "
                                     "backward; flash computes the same numbers in tiles with O(T) memory; "
-                                    f"auto: flash from a context of {FLASH_FROM_T} on.", choices=ATTN_IMPLS)
+                                    "auto: flash from the context where it is the faster.", choices=ATTN_IMPLS)
     positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or a "
                                        "scheme without one, which reads past the context as a sliding window "
                                        "(rope: queries and keys rotated by position; the designs add others).",
@@ -222,10 +221,13 @@ class ModelConfig(DictConfig):
 
     @property
     def attn_kernel(self) -> str:
-        """The kernel attn_impl stands for at this context: "dense" or "flash" (same results)."""
-        if self.attn_impl == "auto":        # flash, where no variant of this model refuses it
-            return "flash" if self.n_ctx >= FLASH_FROM_T and not any(r(self, "flash") for r in REFUSALS) \
-                else "dense"
+        """The kernel attn_impl stands for at this context (every kernel gives the same results):
+        for ``auto``, the one registered to take over at the longest context up to n_ctx that no
+        variant of this model refuses (flash from 2,048: registry.KERNEL_FROM), else dense."""
+        if self.attn_impl == "auto":
+            fits = [(T, name) for name, T in registry.KERNEL_FROM.items()
+                    if self.n_ctx >= T and not any(r(self, name) for r in REFUSALS)]
+            return max(fits)[1] if fits else "dense"
         return self.attn_impl
 
     @property

@@ -1,4 +1,4 @@
-"""The attention kernels: y = softmax(S + mask) v and its backward, in three forms.   [paper §3-4]
+"""The attention kernels: y = softmax(S + mask) v and its backward.   [paper §3-4]
 
 A layer picks its kernel once, when it is built (:func:`kernel`), and from then on calls one
 signature, whatever the form:
@@ -9,8 +9,9 @@ signature, whatever the form:
     kernel.backward(dy, qs, k, v, y, saved, (dqs, dk, dv))
     P = kernel.weights(qs, k, saved)                     (B, H, Tq, Tk), for looking inside
 
-``saved`` is the kernel's own business: the probabilities P (dense), P in query blocks
-(causal dense), or each row's log-sum-exp (flash). A positions scheme's rotation is applied by
+Here the dense kernel, in its two forms; a design registers others on the registry's kernel
+axis (FlashAttention, ``designs/flash/``). ``saved`` is the kernel's own business: the
+probabilities P (dense), P in query blocks (causal dense), or each row's log-sum-exp (flash). A positions scheme's rotation is applied by
 the layer before the kernel; its additive score term (``bias``, positions.py) and a window
 (sliding-window attention) are the kernel's: each form adds the bias to the scores it computes,
 where it adds the mask.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import gemm, registry
-from .flash import BLOCK_K, BLOCK_Q, flash_backward, flash_forward
 from .positions import add_bias
 
 
@@ -202,51 +202,19 @@ class CausalBlocks:
         return P
 
 
-class Flash:
-    """FlashAttention (flash.py): the same numbers in tiles, keeping only each row's
-    log-sum-exp L (B, H, Tq); ``tiles`` = (block_q, block_k)."""
-
-    def __init__(self, causal: bool = True, window: int | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
-                 bias=None):
-        self.causal, self.window, self.tiles, self.bias = causal, window, tiles, bias
-
-    def forward(self, qs, k, v, out, key_mask=None, drop=None):
-        if key_mask is not None or drop is not None:
-            raise ValueError("flash attention takes no key padding mask and no dropout; use the dense kernel")
-        return flash_forward(qs, k, v, self.causal, *self.tiles, out=out, window=self.window, bias=self.bias)[1]
-
-    def backward(self, dy, qs, k, v, y, saved, out) -> None:
-        flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window,
-                       bias=self.bias)
-
-    def weights(self, qs, k, saved) -> np.ndarray:
-        """P = exp(S - L): exactly the probabilities the forward used, recomputed."""
-        s = qs @ k.transpose(0, 1, 3, 2)                                   # (B, H, T, T)
-        if self.causal:
-            T = s.shape[-1]
-            s += causal_mask(T, 0, s.dtype, self.window if self.window and T > self.window else None)
-        if self.bias is not None:
-            add_bias(s, self.bias, np.arange(s.shape[2]) + s.shape[3] - s.shape[2], np.arange(s.shape[3]))
-        s -= saved[..., None]
-        return np.exp(s, out=s)
-
-
 @registry.kernel("dense")
-def _dense(causal: bool, window, rows: int, tiles: tuple, bias):
+def _dense(causal: bool, window, rows: int, tiles: tuple | None, bias):
     """Causal: query blocks of ``rows`` (the masked scores right of each block never computed);
     otherwise one dense square."""
     return CausalBlocks(rows, window, bias) if causal else Dense(bias)
 
 
-@registry.kernel("flash")
-def _flash(causal: bool, window, rows: int, tiles: tuple, bias):
-    return Flash(causal, window, tiles, bias)
-
-
 def kernel(impl: str, causal: bool, window: int | None = None, rows: int = SPLIT_ROWS,
-           tiles: tuple = (BLOCK_Q, BLOCK_K), bias=None):
+           tiles: tuple | None = None, bias=None):
     """The kernel ``impl`` names on the registry's kernel axis, for the layer's mask and its
-    positions scheme's score term ``bias(rows, keys, dtype)`` (positions.py; None: none)."""
+    positions scheme's score term ``bias(rows, keys, dtype)`` (positions.py; None: none).
+    ``rows``: causal dense attention's query blocks; ``tiles``: a tiled kernel's (block_q,
+    block_k), None for its own (the flash design's)."""
     make = registry.KERNEL.get(impl)
     if make is None:
         raise ValueError(f"attention kernel must be one of {', '.join(registry.KERNEL)}, got {impl!r}")

@@ -4,8 +4,7 @@ training; the tests hold the fast code to these in float64 (tests/test_twins.py)
 
 - dropout on the attention weights;
 - a pre-LN sublayer, forward and backward (the Attention Residuals twin's and the
-  encoder-decoder twin's);
-- sparse decoding's selection rules, one position at a time.
+  encoder-decoder twin's).
 
 Shapes as in reference.py; N = B T rows. The encoder-decoder's twin is reference_seq2seq.py;
 the designs of ``designs/`` keep their twins in their folders (``designs/mta/twin.py``, ...).
@@ -91,36 +90,3 @@ def sublayer_backward(dy, cache, h, kind, grads):
         grads[h + name] = gi
     dx, grads[f"{h}{norm}.weight"], grads[f"{h}{norm}.bias"] = layernorm_backward(da, ln)
     return dx
-
-
-# --- sparse decoding's selection (LessIsMore, Yang et al., arXiv 2508.07101) -----------------
-
-
-def select_positions(scores, kind, budget, sinks=4, recency=0.25):
-    """The kept positions of each batch row (and head, for topk), from scores (B, H, n).
-
-    topk: each head's ``budget`` best positions.  window: the first ``sinks`` positions and the
-    last budget - sinks.  lessismore: the sinks, the last ``recent`` positions, and between them
-    ``middle`` = min(int((1 - recency) budget), budget - sinks) positions taken rank by rank --
-    every head's best, then every head's second best, ... -- each position once.
-    Returns sorted lists: [B][K] (lessismore, window) or [B][H][K] (topk, layer-topk: the same
-    choice, made at every layer)."""
-    B, H, n = scores.shape
-    if kind in ("topk", "layer-topk"):
-        return [[sorted(sorted(range(n), key=lambda j: -scores[b, h, j])[:budget]) for h in range(H)]
-                for b in range(B)]
-    middle = min(int((1 - recency) * budget), budget - sinks)
-    if kind == "window":
-        middle = 0
-    recent = budget - sinks - middle
-    out = []
-    for b in range(B):
-        kept = list(range(sinks)) + list(range(n - recent, n))
-        ranked = [sorted(range(sinks, n - recent), key=lambda j: -scores[b, h, j]) for h in range(H)]
-        chosen = []
-        for rank in range(n):
-            for h in range(H):
-                if rank < len(ranked[h]) and ranked[h][rank] not in chosen and len(chosen) < middle:
-                    chosen.append(ranked[h][rank])
-        out.append(sorted(kept + chosen))
-    return out

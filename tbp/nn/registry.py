@@ -10,7 +10,8 @@ registration, with no edit of the modules that read the axis.
     RESIDUAL    ``residual``: name -> the residual scheme's class, built by its ``from_config``
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
     KERNEL      ``attn_impl``: name -> make(causal, window, rows, tiles, bias), the attention
-                kernel object (kernels.py: dense in query blocks, flash in tiles)
+                kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
+                KERNEL_FROM: name -> the context from which ``auto`` picks it
     SPARSE      a sparse decoding rule's kind: name -> its Selection (sparse.py): how it keeps
                 positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
@@ -25,6 +26,7 @@ RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
 SPARSE: dict = {}
 KERNEL: dict[str, Callable] = {}
+KERNEL_FROM: dict[str, int] = {}
 VARIANTS: list = []
 
 
@@ -63,8 +65,11 @@ def positions(name: str) -> Callable:
     return _register(POSITIONS, "positions", name)
 
 
-def kernel(name: str) -> Callable:
-    """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``."""
+def kernel(name: str, auto_from: int | None = None) -> Callable:
+    """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``;
+    ``auto_from``: the context from which ``attn_impl auto`` picks it over the dense kernel."""
+    if auto_from is not None:
+        KERNEL_FROM[name] = auto_from
     return _register(KERNEL, "attention kernel", name)
 
 

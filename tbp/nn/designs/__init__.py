@@ -5,3 +5,5 @@ from . import mta  # noqa: F401,E402  (first: the attention axis lists standard,
 from . import rope  # noqa: F401,E402  (before alibi: the positions axis lists learned, rope, alibi)
 from . import gqa  # noqa: F401,E402
 from . import alibi  # noqa: F401,E402
+from . import flash  # noqa: F401,E402
+from . import sparse  # noqa: F401,E402

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import registry
-from .positions import add_bias
-from .variant import Variant
+from ... import registry
+from ...kernels import causal_mask
+from ...positions import add_bias
 
 BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/speed/long_context.py)
 BLOCK_K = 128      # key rows per tile
+FLASH_FROM_T = 2048    # attn_impl auto: flash from this context on (measured: benchmarks/speed/long_context.py)
 
 
 def _mask(i0: int, i1: int, j0: int, j1: int, offset: int, dtype, window) -> np.ndarray | None:
@@ -152,19 +153,35 @@ def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray,
     return dqs, dk, dv
 
 
-VARIANT = Variant(
-    key="flash", name="the flash kernel", active=lambda cfg: cfg.attn_kernel == "flash", axis="attn_impl",
-    # one log-sum-exp per head and row instead of a T-long row of probabilities, and one
-    # tile of scores and probabilities at a time
-    activations=lambda cfg: cfg.n_layer * 2 * cfg.n_head * (1 - cfg.n_ctx) + 2 * cfg.n_head * BLOCK_K,
-    # tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
-    layer_cases=(("attention [flash]", lambda C, H, rng, dtype: _tiled(C, H, True, rng, dtype)),
-                 ("attention [flash, non-causal]", lambda C, H, rng, dtype: _tiled(C, H, False, rng, dtype))),
-    model_cases=(("gpt [flash]", {"attn_impl": "flash"}),),
-)
+class Flash:
+    """The attention kernel (kernels.py's signature) computing the same numbers in tiles,
+    keeping only each row's log-sum-exp L (B, H, Tq); ``tiles`` = (block_q, block_k)."""
+
+    def __init__(self, causal: bool = True, window: int | None = None, tiles: tuple = (BLOCK_Q, BLOCK_K),
+                 bias=None):
+        self.causal, self.window, self.tiles, self.bias = causal, window, tiles, bias
+
+    def forward(self, qs, k, v, out, key_mask=None, drop=None):
+        if key_mask is not None or drop is not None:
+            raise ValueError("flash attention takes no key padding mask and no dropout; use the dense kernel")
+        return flash_forward(qs, k, v, self.causal, *self.tiles, out=out, window=self.window, bias=self.bias)[1]
+
+    def backward(self, dy, qs, k, v, y, saved, out) -> None:
+        flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window,
+                       bias=self.bias)
+
+    def weights(self, qs, k, saved) -> np.ndarray:
+        """P = exp(S - L): exactly the probabilities the forward used, recomputed."""
+        s = qs @ k.transpose(0, 1, 3, 2)                                   # (B, H, T, T)
+        if self.causal:
+            T = s.shape[-1]
+            s += causal_mask(T, 0, s.dtype, self.window if self.window and T > self.window else None)
+        if self.bias is not None:
+            add_bias(s, self.bias, np.arange(s.shape[2]) + s.shape[3] - s.shape[2], np.arange(s.shape[3]))
+        s -= saved[..., None]
+        return np.exp(s, out=s)
 
 
-def _tiled(C: int, H: int, causal: bool, rng, dtype):
-    """An attention layer on the flash kernel in small tiles (a gradcheck case): the standard
-    attention, from the registry (attention.py imports this module for its tile sizes)."""
-    return registry.ATTENTION["standard"](C, H, 4, C // H, rng, dtype, True, causal, impl="flash", tiles=(2, 3))
+@registry.kernel("flash", auto_from=FLASH_FROM_T)
+def _flash(causal: bool, window, rows: int, tiles: tuple | None, bias):
+    return Flash(causal, window, tiles or (BLOCK_Q, BLOCK_K), bias)

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import registry
+from ... import registry
 
 KINDS = registry.SPARSE          # the kinds registered below, in the command line's order
 
