@@ -68,7 +68,7 @@ class TextBatches:
 
 class PairBatches:
     """Whole examples of a pairs dataset, laid out as the model's architecture reads them
-    (``collation``: tbp.nn.batch.OneSequence or SourceApart, the model's)."""
+    (``collation``: the model's, tbp.nn.batch.OneSequence or the encoder-decoder's SourceApart)."""
 
     def __init__(self, ds: Dataset, cfg, collation):
         self.ds, self.collation = ds, collation

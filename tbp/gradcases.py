@@ -13,11 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossAttention, CrossEntropy,
-                 DecoderBlock, Embedding, EncoderDecoder, LayerNorm, Linear, LoRA, ModelConfig, add_lora)
+from .nn import (GPT, LORA_TARGETS, MLP, Block, CausalSelfAttention, CrossEntropy, Embedding, LayerNorm, Linear,
+                 LoRA, ModelConfig, add_lora)
 from .nn.kernels import padding_mask
 from .nn.designs.attnres import DepthAttention, rms_inverse
-from .nn.build import VARIANTS
+from .nn.build import VARIANTS, build_model, model_class as build_model_class
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
 
@@ -233,23 +233,24 @@ def _cross_case(layer: str, module, rng, C: int, H: int, Dk: int) -> Case:
     return Case(layer, f, prepare)
 
 
-def _seq2seq_case(layer: str, cfg: ModelConfig, rng) -> Case:
-    """The whole encoder-decoder's loss: every decoder layer reads the same memory, so the
-    encoder's gradients check the sum over layers; row 0's source and target are padded."""
-    model = EncoderDecoder(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
-    pad = cfg.pad_id
-    src = rng.integers(1, cfg.vocab_size, (B, S_SRC))
-    tgt_in = rng.integers(1, cfg.vocab_size, (B, T))
-    tgt_out = rng.integers(1, cfg.vocab_size, (B, T))
-    src[0, -2:] = pad
-    tgt_out[0, -1] = pad
-    _randomize_away_from_kinks(model, rng, lambda: model.forward(src, tgt_in))
+def _pairs_case(layer: str, cfg: ModelConfig, rng) -> Case:
+    """A whole model that reads only pairs (its collation refuses text), on random pairs of
+    different lengths laid out by its collation: the padding, and the loss mask on it, are
+    the architecture's own. For the encoder-decoder, every decoder layer reads the same
+    memory, so the encoder's gradients check the sum over layers."""
+    model = build_model(cfg, seed=int(rng.integers(1 << 31)), dtype=np.float64)
+    sep, eot = cfg.vocab_size - 2, cfg.vocab_size - 1          # any ids: the collation only places them
+    lengths = ((S_SRC, T - 1), (S_SRC - 2, T - 2))             # row 1 shorter: padded source and target
+    pairs = [(rng.integers(1, sep, s), rng.integers(1, sep, t)) for s, t in lengths]
+    batch = model.collation.collate(pairs, sep, eot, cfg.pad_id)
+    _randomize_away_from_kinks(model, rng, lambda: model.batch_loss(batch))
 
     def f():
-        return model.loss(src, tgt_in, tgt_out)
+        return model.batch_loss(batch)
 
     def prepare():
-        model.loss_and_backward(src, tgt_in, tgt_out)
+        model.zero_grad()
+        model.batch_accumulate(batch)
         return _targets(model, H=cfg.n_head, Dk=cfg.d_qk)
 
     return Case(layer, f, prepare)
@@ -302,6 +303,11 @@ def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted:
     return Case(layer, f, prepare)
 
 
+def _d_qk(layer) -> int | None:
+    """The query/key width of the first attention inside ``layer`` (itself, or a block's)."""
+    return next((m.d_qk for _, m in layer.modules() if hasattr(m, "d_qk")), None)
+
+
 def cases(rng: np.random.Generator) -> list[Case]:
     """Every layer under every engine option, then the whole model under each option."""
     f64 = np.float64
@@ -334,18 +340,17 @@ def cases(rng: np.random.Generator) -> list[Case]:
         for label, make in variant.layer_cases:
             mine = own(label)
             layer = make(C, H, mine, f64)
-            out.append(_projected_case(label, layer, mine.standard_normal((B, T, C)), mine, H=H,
-                                       Dk=getattr(layer, "d_qk", None)))
+            out.append(_projected_case(label, layer, mine.standard_normal((B, T, C)), mine, H=H, Dk=_d_qk(layer)))
     for act in ("gelu", "relu"):
         out.append(_projected_case(f"mlp [{act}]", MLP(C, rng, f64, True, act), x(), rng))
     blk_cfg = ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H, d_model=C)
     out.append(_projected_case("block [pre-LN]", Block(blk_cfg, rng, f64), x(), rng, H=H, Dk=4))
     out.append(_encoder_attention_case(rng, C, H))
-    out.append(_cross_case("cross-attention [Tq=5, Tk=7, padded key]",
-                           CrossAttention(C, H, 4, C // H, rng, f64), rng, C, H, 4))
-    out.append(_cross_case("cross-attention [d_qk=3 != d_v=4]",
-                           CrossAttention(C, H, 3, C // H, rng, f64), rng, C, H, 3))
-    out.append(_cross_case("decoder-block [pre-LN, cross]", DecoderBlock(blk_cfg, rng, f64), rng, C, H, 4))
+    for variant in VARIANTS:
+        for label, make in variant.memory_cases:
+            mine = own(label)
+            layer = make(C, H, mine, f64)
+            out.append(_cross_case(label, layer, mine, C, H, _d_qk(layer)))
     out.append(_depth_case(rng, C))
     out.append(_loss_case(rng))
     out.append(_weighted_loss_case(rng))
@@ -361,10 +366,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
     for variant in VARIANTS:
         for label, fields in variant.model_cases:
-            out.append(_model_case(label, ModelConfig(**dict(base, **fields)), own(label)))
-    s2s = dict(base, arch="encoder-decoder", pad_id=0)
-    for label, extra in (("tied head, padding", {}),
-                         ("untied head, 1 enc + 2 dec", {"tie_head": False, "n_enc_layer": 1}),
-                         ("d_qk=2, no biases", {"d_qk": 2, "bias": False})):
-        out.append(_seq2seq_case(f"encoder-decoder [{label}]", ModelConfig(**s2s, **extra), rng))
+            cfg = ModelConfig(**dict(base, **fields))
+            pairs_only = build_model_class(cfg).collation.refuses is not None
+            out.append((_pairs_case if pairs_only else _model_case)(label, cfg, own(label)))
     return out

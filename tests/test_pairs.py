@@ -9,7 +9,8 @@ from tbp.batches import PairBatches, batches_for
 from tbp.data import Dataset
 from tbp.errors import TbpError
 from tbp.nn import ModelConfig, build_model
-from tbp.nn.batch import OneSequence, SourceApart
+from tbp.nn.batch import OneSequence
+from tbp.nn.designs.encdec import SourceApart
 
 from helpers import clean_fail, run, tiny, train_tiny
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
-from tbp.nn import reference_seq2seq
+from tbp.nn.designs.encdec import twin as encdec_twin
 from tbp.nn.designs.attnres import twin as attnres_twin
 from tbp.nn.designs.mta import depth_scale, twin as mta_twin
 from tbp.nn.designs.sparse import KINDS, SparseRule, select, twin as sparse_twin
@@ -92,7 +92,7 @@ def test_the_encoder_decoder_equals_its_plain_twin(rng, options):
     src[0, -2:] = 0                              # padded source keys
     tgt_out[1, -1] = 0                           # a padded target: no loss
     loss = model.loss_and_backward(src, tgt_in, tgt_out)
-    loss_ref, grads_ref = reference_seq2seq.encoder_decoder_loss_and_grads(model.params, cfg, src, tgt_in, tgt_out)
+    loss_ref, grads_ref = encdec_twin.encoder_decoder_loss_and_grads(model.params, cfg, src, tgt_in, tgt_out)
     assert loss == pytest.approx(loss_ref, rel=1e-12)
     assert_grads_equal(model, grads_ref)
 

@@ -28,19 +28,20 @@ from importlib import import_module
 _HOMES = {
     "ConfigError": "config", "ModelConfig": "config", "Module": "module", "Stack": "module", "Layout": "layout",
     "Embedding": "embedding", "Linear": "linear", "LoRA": "linear", "LayerNorm": "layernorm",
-    "CausalSelfAttention": "attention", "CrossAttention": "cross", "MultiTokenAttention": "designs.mta", "MLP": "mlp",
+    "CausalSelfAttention": "attention", "CrossAttention": "designs.encdec", "MultiTokenAttention": "designs.mta", "MLP": "mlp",
     "cross_entropy": "loss", "CrossEntropy": "loss", "build_model": "build", "model_class": "build",
     "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "gpt", "add_lora": "gpt",
-    "merge_lora": "gpt", "DecoderBlock": "seq2seq", "Encoder": "seq2seq", "EncoderDecoder": "seq2seq",
+    "merge_lora": "gpt", "DecoderBlock": "designs.encdec", "Encoder": "designs.encdec",
+    "EncoderDecoder": "designs.encdec",
     "Inference": "decode",
 }
 __all__ = list(_HOMES)
 
 
 def _engine() -> None:
-    """The builder (it installs the config's checks and imports the designs) and the
-    architectures, which register with it."""
-    for home in ("build", "gpt", "seq2seq"):
+    """The builder (it installs the config's checks and imports the designs wing, the
+    encoder-decoder among them) and the GPT, which register with it."""
+    for home in ("build", "gpt"):
         import_module(f".{home}", __name__)
 
 

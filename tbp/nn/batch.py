@@ -6,15 +6,13 @@ first (None for a GPT), ``noise`` each row's dropout seed. A model's ``batch_los
 ``batch_accumulate`` take it, so the trainer, the evaluator and the data-parallel split
 never ask which architecture they hold.
 
-A pair (source, target) is laid out by the architecture that reads it (its ``collation``):
-
-* :class:`OneSequence` (GPT): ``source <|sep|> target <|endoftext|>`` as one sequence,
-  ``idx``/``targets`` shifted by one, ``weights`` 1 on the target and its end token only --
-  completion-only training;
-* :class:`SourceApart` (encoder-decoder): ``source`` alone, ``idx`` = ``<|sep|>`` + target,
-  ``targets`` = target + ``<|endoftext|>``, ``weights`` 0 on the padding.
-
-Both pad to the batch's longest example with <|pad|>; examples are never cut. This module is a
+A pair (source, target) is laid out by the architecture that reads it (its ``collation``:
+``need(meta)``, ``collate(pairs, sep, eot, pad)``, ``describe`` and ``refuses``, the refusal
+of text and conversations or None). Here the GPT's, :class:`OneSequence`: ``source <|sep|>
+target <|endoftext|>`` as one sequence, ``idx``/``targets`` shifted by one, ``weights`` 1 on
+the target and its end token only -- completion-only training. An architecture of the
+designs wing brings its own (the encoder-decoder's ``SourceApart``, designs/encdec). Every
+collation pads to the batch's longest example with <|pad|>; examples are never cut. This module is a
 leaf: the data layer (tbp/batches.py) uses it without loading a layer of the engine.
 """
 from __future__ import annotations
@@ -76,32 +74,3 @@ class OneSequence:
             idx[r, :len(q) - 1], targets[r, :len(q) - 1] = q[:-1], q[1:]
             weights[r, len(s):len(q) - 1] = 1.0                  # predicting the target and the end
         return Batch(idx, targets, weights)
-
-
-class SourceApart:
-    """An encoder-decoder's pairs: the source to the encoder, the target to the decoder."""
-
-    describe = "encoder-decoder"
-    refuses = "an encoder-decoder trains on paired data (tbp prepare --format pairs, or --task reverse)"
-
-    @staticmethod
-    def need(meta: dict) -> tuple[int, str]:
-        """Context the longest source, or target with its start token, needs, and that said."""
-        n = max(meta["max_source_tokens"], meta["max_target_tokens"] + 1)
-        return n, f"source or target is {n} tokens (a target with its start token)"
-
-    @staticmethod
-    def collate(pairs: list, sep: int, eot: int, pad: int) -> Batch:
-        B = len(pairs)
-        S = max(len(s) for s, _ in pairs)
-        T = max(len(t) for _, t in pairs) + 1
-        source = np.full((B, S), pad, np.int64)
-        idx = np.full((B, T), pad, np.int64)
-        targets = np.full((B, T), pad, np.int64)
-        weights = np.zeros((B, T), np.float32)
-        for r, (s, t) in enumerate(pairs):
-            source[r, :len(s)] = s
-            idx[r, :len(t) + 1] = np.concatenate([[sep], t])
-            targets[r, :len(t) + 1] = np.concatenate([t, [eot]])
-            weights[r, :len(t) + 1] = 1.0
-        return Batch(idx, targets, weights, source)

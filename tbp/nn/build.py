@@ -5,9 +5,9 @@ object, from the registry's ``positions`` axis) are made here once and handed in
 A config value maps to a class through the registry (registry.py), where each class enters
 with a decorator; the class builds itself from the config (``from_config``), and what the
 rest of tbp asks of a variant it asks through ``active``, ``refusal`` and the declarations
-(variant.py), not by testing config strings. The architectures sit above this module (they
-build their blocks from it): they register when tbp.nn first gives one out, and seq2seq.py
-adds the encoder-decoder's declaration.
+(variant.py), not by testing config strings. The architectures build their blocks from this
+module: the GPT (gpt.py) registers when tbp.nn first gives a model out, the encoder-decoder
+with the designs wing (designs/encdec).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from .variant import USES, Variant
 
 ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
 
-# every variant's declaration (variant.py); the encoder-decoder's is added by seq2seq.py, the
-# designs' (tbp/nn/designs/) are declared in the registry
+# every variant's declaration (variant.py): the core's training options, then the designs'
+# (tbp/nn/designs/), declared in the registry
 VARIANTS: list[Variant] = [dropout.VARIANT, recompute.VARIANT, *registry.VARIANTS]
 
 

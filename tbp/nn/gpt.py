@@ -231,7 +231,7 @@ class LanguageModel(Module):
         return Inference(self, batch, sparse)
 
     def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
-        """An encoder-decoder's decoding reads its source into ``states`` (seq2seq.py); a GPT has none."""
+        """An encoder-decoder's decoding reads its source into ``states`` (designs/encdec); a GPT has none."""
         raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
 
 

@@ -6,8 +6,8 @@ training; the tests hold the fast code to these in float64 (tests/test_twins.py)
 - a pre-LN sublayer, forward and backward (the Attention Residuals twin's and the
   encoder-decoder twin's).
 
-Shapes as in reference.py; N = B T rows. The encoder-decoder's twin is reference_seq2seq.py;
-the designs of ``designs/`` keep their twins in their folders (``designs/mta/twin.py``, ...).
+Shapes as in reference.py; N = B T rows. The designs of ``designs/`` keep their twins in their
+folders (``designs/mta/twin.py``, ``designs/encdec/twin.py``, ...).
 """
 from __future__ import annotations
 

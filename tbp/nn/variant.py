@@ -51,7 +51,10 @@ class Variant:
     step_work: (cfg, batch) -> (multiply-adds of one training step, what makes them, what to
         change), for work that can take minutes; refused above memory.STEP_WORK_LIMIT.
     layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
-    model_cases: gradcheck cases of a small model, (label, config fields).
+    memory_cases: gradcheck cases of a layer that also reads a memory m (B, S, C) with a
+        padding key mask, ``forward(x, m, key_mask)`` (cross-attention), as layer_cases.
+    model_cases: gradcheck cases of a small model, (label, config fields); an architecture
+        that reads only pairs is checked on random pairs its collation lays out.
     inspect: (model, prompt ids) -> what ``tbp view`` shows of the design beyond the attention
         maps: {section: arrays, or dicts of them}, each section a part of the page's data.
     """
@@ -67,6 +70,7 @@ class Variant:
     activations: Callable | None = None
     step_work: Callable | None = None
     layer_cases: tuple = ()
+    memory_cases: tuple = ()
     model_cases: tuple = ()
     inspect: Callable | None = None
 

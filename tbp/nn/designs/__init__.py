@@ -7,3 +7,4 @@ from . import gqa  # noqa: F401,E402
 from . import alibi  # noqa: F401,E402
 from . import flash  # noqa: F401,E402
 from . import sparse  # noqa: F401,E402
+from . import encdec  # noqa: F401,E402

@@ -12,17 +12,17 @@ import dataclasses
 
 import numpy as np
 
-from . import build, init, registry
-from .config import ConfigError, ModelConfig
+from ... import init, registry
+from ...config import ConfigError, ModelConfig
 from .cross import CrossAttention
-from .embedding import Embedding
-from .batch import Batch, SourceApart
-from .gpt import Block, LanguageModel
-from .kernels import padding_mask
-from .layernorm import LayerNorm
-from .module import Module, Stack
-from .residual import Sum
-from .variant import Variant
+from ...embedding import Embedding
+from ...batch import Batch
+from ...gpt import Block, LanguageModel
+from ...kernels import padding_mask
+from ...layernorm import LayerNorm
+from ...module import Module, Stack
+from ...residual import Sum
+from ...variant import Variant
 
 
 class DecoderBlock(Block):
@@ -96,6 +96,35 @@ class Encoder(Module):
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         self.embed.backward(dx)
+
+
+class SourceApart:
+    """An encoder-decoder's pairs: the source to the encoder, the target to the decoder."""
+
+    describe = "encoder-decoder"
+    refuses = "an encoder-decoder trains on paired data (tbp prepare --format pairs, or --task reverse)"
+
+    @staticmethod
+    def need(meta: dict) -> tuple[int, str]:
+        """Context the longest source, or target with its start token, needs, and that said."""
+        n = max(meta["max_source_tokens"], meta["max_target_tokens"] + 1)
+        return n, f"source or target is {n} tokens (a target with its start token)"
+
+    @staticmethod
+    def collate(pairs: list, sep: int, eot: int, pad: int) -> Batch:
+        B = len(pairs)
+        S = max(len(s) for s, _ in pairs)
+        T = max(len(t) for _, t in pairs) + 1
+        source = np.full((B, S), pad, np.int64)
+        idx = np.full((B, T), pad, np.int64)
+        targets = np.full((B, T), pad, np.int64)
+        weights = np.zeros((B, T), np.float32)
+        for r, (s, t) in enumerate(pairs):
+            source[r, :len(s)] = s
+            idx[r, :len(t) + 1] = np.concatenate([[sep], t])
+            targets[r, :len(t) + 1] = np.concatenate([t, [eot]])
+            weights[r, :len(t) + 1] = 1.0
+        return Batch(idx, targets, weights, source)
 
 
 @registry.arch("encoder-decoder")
@@ -237,7 +266,7 @@ def _check(cfg: ModelConfig) -> None:
         raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="encoder-decoder", name="encoder-decoder", active=lambda cfg: cfg.arch == "encoder-decoder", axis="arch",
     options=("n_enc_layer",), switch="--arch encoder-decoder",
     refuses={"rope": "an encoder-decoder uses learned positions (rope is for the decoder-only GPT)",
@@ -255,6 +284,18 @@ VARIANT = Variant(
     # an encoder layer, and each decoder layer's cross-attention, keep what a GPT layer keeps
     activations=lambda cfg: 2 * cfg.n_enc_layer * (26 * cfg.d_model + 2 * cfg.n_head * cfg.n_ctx),
     check=_check,
-)
-
-build.VARIANTS.append(VARIANT)
+    # cross-attention over a source whose last position in row 0 is padding, as a layer and in a
+    # decoder block (its memory's gradient is checked; the padded position's must be zero)
+    memory_cases=(("cross-attention [Tq=5, Tk=7, padded key]",
+                   lambda C, H, rng, dtype: CrossAttention(C, H, 4, C // H, rng, dtype)),
+                  ("cross-attention [d_qk=3 != d_v=4]", lambda C, H, rng, dtype: CrossAttention(C, H, 3, C // H, rng, dtype)),
+                  ("decoder-block [pre-LN, cross]",
+                   lambda C, H, rng, dtype: DecoderBlock(ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H,
+                                                                     d_model=C), rng, dtype))),
+    # the whole model on random pairs, padded by its collation: every decoder layer reads the
+    # same memory, so the encoder's gradients check the sum over layers
+    model_cases=(("encoder-decoder [tied head, padding]", dict(arch="encoder-decoder", pad_id=0)),
+                 ("encoder-decoder [untied head, 1 enc + 2 dec]",
+                  dict(arch="encoder-decoder", pad_id=0, tie_head=False, n_enc_layer=1)),
+                 ("encoder-decoder [d_qk=2, no biases]", dict(arch="encoder-decoder", pad_id=0, d_qk=2, bias=False))),
+))

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .attention import decode_attend, split_heads
-from .kernels import Dense
-from .linear import Linear, weight_of
-from .module import DecodeState, Module
+from ...attention import decode_attend, split_heads
+from ...kernels import Dense
+from ...linear import Linear, weight_of
+from ...module import DecodeState, Module
 
 
 class CrossAttention(Module):

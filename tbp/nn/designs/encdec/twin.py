@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import (cross_attention_backward, cross_attention_forward, embedding_backward, embedding_forward,
+from ...reference import (cross_attention_backward, cross_attention_forward, embedding_backward, embedding_forward,
                         head_loss_and_backward, layernorm_backward, layernorm_forward)
-from .reference_variants import sublayer_backward, sublayer_forward
+from ...reference_variants import sublayer_backward, sublayer_forward
 
 
 # --- the encoder-decoder (Vaswani et al. 2017, Figure 1, pre-LN) -------------------------------
