@@ -190,7 +190,7 @@ def fit(tok: Tokenizer, messages: list[dict], max_tokens: int) -> list[dict] | N
 
 # --- preparing --------------------------------------------------------------------------------
 def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Path | None = None,
-                 kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
+                 tokenizer_kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
                  force: bool = False, loss: str | None = None, ghost: bool = False,
                  max_tokens: int | None = None, tokenizer: Tokenizer | None = None,
                  report: PrepareReport | None = None, origin: dict | None = None) -> dict:
@@ -199,14 +199,14 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     loss = loss or ("last" if ghost else "assistant")
     if loss not in LOSSES:
         raise TbpError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
-    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
+    out = Path(out) if out else default_out(dataset_name(name, tokenizer_kind, vocab_size))
     claim(out, force, (source,) if Path(source).exists() else (), val_fraction)
     t0 = time.perf_counter()
     if ghost:
         convs = [ghost_attention(c) for c in convs]
     texts = [m["content"] for c in convs for m in c]
     if tokenizer is None:
-        tokenizer = train_char("".join(texts), CHAT_SPECIALS) if kind == "char" else \
+        tokenizer = train_char("".join(texts), CHAT_SPECIALS) if tokenizer_kind == "char" else \
             train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB, CHAT_SPECIALS)
     else:
         chat_ids(tokenizer)

@@ -119,7 +119,7 @@ class _Zstd:
 class Source:
     """One file (or stdin, or text in memory) of a corpus, read as text blocks."""
     path: Path | None                 # None: ``text`` (the built-in corpus, text given in memory)
-    kind: str = "text"                # "text", "records" (JSON lines) or "parquet"
+    format: str = "text"              # "text", "records" (JSON lines) or "parquet"
     compression: str | None = None
     text: str | None = None
     ends_with_newline: bool = False   # a folder's files (and every record) end with a newline
@@ -140,10 +140,10 @@ class Source:
                 yield self.text[i:i + READ_BYTES]
             progress(self.size())
             return
-        if self.kind == "parquet":
+        if self.format == "parquet":
             yield from self._parquet(text_field, progress)
             return
-        lines = self._lines if self.kind == "records" else None
+        lines = self._lines if self.format == "records" else None
         text = self._decoded(encoding, progress)
         yield from (lines(text, text_field) if lines else self._ended(text))
 
@@ -326,8 +326,8 @@ def in_memory(text: str, name: str, source: str) -> Corpus:
 
 def _source(path: Path, in_folder: bool) -> Source:
     compression, inner = _layers(path)
-    kind = "records" if inner in RECORD_SUFFIXES else "parquet" if inner in PARQUET_SUFFIXES else "text"
-    return Source(path, kind, compression, ends_with_newline=in_folder)
+    format = "records" if inner in RECORD_SUFFIXES else "parquet" if inner in PARQUET_SUFFIXES else "text"
+    return Source(path, format, compression, ends_with_newline=in_folder)
 
 
 def _readable(path: Path) -> bool:

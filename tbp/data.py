@@ -23,7 +23,7 @@ from .jsonio import read_json
 from .corpus import Corpus, in_memory, open_corpus
 from .dataprep import DEFAULT_BPE_VOCAB, Kind, PrepareReport, claim, dataset_name, default_out, versions
 from .textprep import DEFAULT_SAMPLE, prepare_text
-from .tokenizer import KINDS as TOKENIZERS, Tokenizer
+from .tokenizer import TOKENIZERS, Tokenizer
 from . import chat, pairs
 
 
@@ -47,7 +47,7 @@ def split_text(text: str, val_fraction: float) -> tuple[str, str]:
 
 
 # --- preparing ------------------------------------------------------------------------------
-def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = "char",
+def prepare_corpus(path: str | None, out: str | Path | None = None, tokenizer_kind: str = "char",
                    vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
                    encoding: str = "utf-8", report: PrepareReport | None = None, text_field: str | None = None,
                    tokenizer_sample: int = DEFAULT_SAMPLE) -> dict:
@@ -55,22 +55,22 @@ def prepare_corpus(path: str | None, out: str | Path | None = None, kind: str = 
     prepare it into ``out`` (default data/<dataset_name>); returns the meta dict, with its "path"."""
     out = Path(out) if out else None
     with open_corpus(path, encoding, text_field or "text", spool_dir=(out.parent if out else Path("data"))) as corpus:
-        if text_field is not None and not any(s.kind in ("records", "parquet") for s in corpus.sources):
+        if text_field is not None and not any(s.format in ("records", "parquet") for s in corpus.sources):
             raise ConfigError(f"--text-field is for JSON lines and Parquet; {corpus.source} is plain text")
-        out = out or default_out(dataset_name(corpus.name, kind, vocab_size))
-        return prepare_from(corpus, out, kind, vocab_size, val_fraction, force, report=report,
+        out = out or default_out(dataset_name(corpus.name, tokenizer_kind, vocab_size))
+        return prepare_from(corpus, out, tokenizer_kind, vocab_size, val_fraction, force, report=report,
                             tokenizer_sample=tokenizer_sample)
 
 
-def prepare(text: str, name: str, source: str, out: str | Path, kind: str = "char",
+def prepare(text: str, name: str, source: str, out: str | Path, tokenizer_kind: str = "char",
             vocab_size: int | None = None, val_fraction: float = 0.1, force: bool = False,
             tokenizer: Tokenizer | None = None, report: PrepareReport | None = None) -> dict:
     """:func:`prepare_from` for text in memory."""
-    return prepare_from(in_memory(text, name, source), Path(out), kind, vocab_size, val_fraction, force,
+    return prepare_from(in_memory(text, name, source), Path(out), tokenizer_kind, vocab_size, val_fraction, force,
                         tokenizer, report)
 
 
-def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int | None = None,
+def prepare_from(corpus: Corpus, out: Path, tokenizer_kind: str = "char", vocab_size: int | None = None,
                  val_fraction: float = 0.1, force: bool = False, tokenizer: Tokenizer | None = None,
                  report: PrepareReport | None = None, tokenizer_sample: int = DEFAULT_SAMPLE,
                  unknown: str = "refuse") -> dict:
@@ -85,9 +85,9 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
     out = Path(out)
     claim(out, force, (corpus.source,) if corpus.spool is None and Path(corpus.source).exists() else (),
           val_fraction)
-    if kind not in TOKENIZERS:
-        raise TbpError(f"unknown tokenizer {kind!r}; choose from {', '.join(TOKENIZERS)}")
-    meta = prepare_text(corpus, out, kind, vocab_size, val_fraction, force, tokenizer, report, versions(),
+    if tokenizer_kind not in TOKENIZERS:
+        raise TbpError(f"unknown tokenizer {tokenizer_kind!r}; choose from {', '.join(TOKENIZERS)}")
+    meta = prepare_text(corpus, out, tokenizer_kind, vocab_size, val_fraction, force, tokenizer, report, versions(),
                         tokenizer_sample, DEFAULT_BPE_VOCAB, unknown)
     meta["path"] = str(out)
     report.done(meta)
@@ -95,7 +95,7 @@ def prepare_from(corpus: Corpus, out: Path, kind: str = "char", vocab_size: int 
 
 
 # --- a run's data -----------------------------------------------------------------------------
-def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: str = "char",
+def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, tokenizer_kind: str = "char",
                     vocab_size: int | None = None, report: PrepareReport | None = None,
                     unknown: str = "refuse") -> Dataset:
     """A prepared folder as is; a text file (or folder of text) prepared on the fly; None -> the
@@ -112,7 +112,7 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
             raise TbpError(f"{arg}: no such file or directory")
         with open_corpus(arg, spool_dir=Path("data")) as corpus:
             sha = corpus.sha256()                # a stream: the corpus is never held in memory
-            out = default_out(dataset_name(corpus.name, kind, vocab_size, tokenizer)
+            out = default_out(dataset_name(corpus.name, tokenizer_kind, vocab_size, tokenizer)
                               + ("" if unknown == "refuse" else f"-{unknown}"))
             ds = _reuse(out, sha, tokenizer)
             if ds is None and _holds_other_text(out, sha):
@@ -120,7 +120,7 @@ def resolve_dataset(arg: str | None, tokenizer: Tokenizer | None = None, kind: s
                 out = out.with_name(f"{out.name}-{sha[:8]}")
                 ds = _reuse(out, sha, tokenizer)
             if ds is None:
-                prepare_from(corpus, out, kind, vocab_size, force=out.exists(), tokenizer=tokenizer,
+                prepare_from(corpus, out, tokenizer_kind, vocab_size, force=out.exists(), tokenizer=tokenizer,
                              report=report, unknown=unknown)
                 ds = Dataset.load(out)
     if tokenizer is not None and ds.tokenizer.sha256() != tokenizer.sha256():

@@ -67,13 +67,13 @@ def default_out(name: str) -> Path:
     return Path("data") / name
 
 
-def dataset_name(name: str, kind: str = "char", vocab_size: int | None = None,
+def dataset_name(name: str, tokenizer_kind: str = "char", vocab_size: int | None = None,
                  tokenizer: Tokenizer | None = None) -> str:
     """The folder name a corpus called ``name`` is prepared under: the name itself for a char
     tokenizer, ``name-bpeN`` for BPE, ``name-tokXXXXXXXX`` when encoded with a given tokenizer."""
     if tokenizer is not None:
         return f"{name}-tok{tokenizer.sha256()[:8]}"
-    return name if kind == "char" else f"{name}-bpe{vocab_size or DEFAULT_BPE_VOCAB}"
+    return name if tokenizer_kind == "char" else f"{name}-bpe{vocab_size or DEFAULT_BPE_VOCAB}"
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def make_task(task: str, examples: int = TASK_EXAMPLES, min_len: int = 1, max_le
 
 # --- preparing --------------------------------------------------------------------------------
 def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str | Path | None = None,
-                  kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
+                  tokenizer_kind: str = "char", vocab_size: int | None = None, val_fraction: float = 0.1,
                   force: bool = False, tokenizer: Tokenizer | None = None,
                   report: PrepareReport | None = None, origin: dict | None = None,
                   lines: list[int] | None = None) -> dict:
@@ -131,7 +131,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     "path"). ``origin`` (a task's parameters) is recorded in the meta; ``lines`` (each pair's
     line in its file) names a refused pair."""
     report = report or PrepareReport()
-    out = Path(out) if out else default_out(dataset_name(name, kind, vocab_size))
+    out = Path(out) if out else default_out(dataset_name(name, tokenizer_kind, vocab_size))
     claim(out, force, (source,) if Path(source).exists() else (), val_fraction)
     n_val = max(1, round(len(pairs) * val_fraction))
     if len(pairs) - n_val < 1:
@@ -140,7 +140,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     sides = [side for pair in pairs for side in pair]
     text = "".join(sides)
     if tokenizer is None:
-        if kind == "char":
+        if tokenizer_kind == "char":
             tokenizer = train_char(text, PAIR_SPECIALS)
         else:
             tokenizer = train_bpe(sides, vocab_size or DEFAULT_BPE_VOCAB, PAIR_SPECIALS)

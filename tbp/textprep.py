@@ -129,7 +129,7 @@ def _train_chunks(corpus: Corpus, cut: int, every: int, progress):
         yield buf
 
 
-def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, val_fraction: float,
+def prepare_text(corpus: Corpus, out: Path, tokenizer_kind: str, vocab_size: int | None, val_fraction: float,
                  force: bool, tokenizer: Tokenizer | None, report, versions: dict,
                  sample: int = DEFAULT_SAMPLE, default_bpe_vocab: int = 1024, unknown: str = "refuse") -> dict:
     """Prepare ``corpus`` into the folder ``out`` (checked by the caller); returns meta.
@@ -140,7 +140,7 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
         check_encodable(tokenizer)
     given_char = tokenizer is not None and tokenizer.kind == "char"
     fingerprint = corpus.fingerprint()
-    info = _read(corpus, report, char=(tokenizer is None and kind == "char") or given_char)
+    info = _read(corpus, report, char=(tokenizer is None and tokenizer_kind == "char") or given_char)
     if info["blank"]:
         raise TbpError(f"{corpus.source}: corpus is empty")
     missing = lacking(info["counts"], tokenizer) if given_char else {}
@@ -150,7 +150,7 @@ def prepare_text(corpus: Corpus, out: Path, kind: str, vocab_size: int | None, v
     cut = _cut(corpus, n, val_fraction, report)
     sampled = None
     if tokenizer is None:
-        if kind == "char":
+        if tokenizer_kind == "char":
             tokenizer = train_char("".join(sorted(info["alphabet"])))
             if vocab_size is not None and vocab_size < tokenizer.vocab_size:
                 raise TbpError(f"--vocab-size {vocab_size} is below the corpus alphabet: "

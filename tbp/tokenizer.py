@@ -24,7 +24,7 @@ PAIR_SPECIALS = (EOT, SEP, PAD)
 # the chat template: each message is <|role|> content <|end|>
 SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIALS = (EOT, PAD, SYSTEM, USER, ASSISTANT, END)
-KINDS = ("char", "bpe")
+TOKENIZERS = ("char", "bpe")          # the kinds of tokenizer: a character per id, or byte-level BPE
 ENCODE_SLICE = 1 << 20          # characters encoded in one call of the library (encode_flat)
 
 

@@ -8,7 +8,7 @@ from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
 from tbp.nn.designs.encdec import twin as encdec_twin
 from tbp.nn.designs.attnres import twin as attnres_twin
 from tbp.nn.designs.mta import depth_scale, twin as mta_twin
-from tbp.nn.designs.sparse import KINDS, SparseRule, select, twin as sparse_twin
+from tbp.nn.designs.sparse import SELECTIONS, SparseRule, select, twin as sparse_twin
 
 B, T, C = 2, 6, 8
 
@@ -97,7 +97,7 @@ def test_the_encoder_decoder_equals_its_plain_twin(rng, options):
     assert_grads_equal(model, grads_ref)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SELECTIONS)
 @pytest.mark.parametrize("n,budget,recency", [(40, 12, 0.25), (9, 8, 0.5), (100, 30, 0.0)])
 def test_the_selection_rules_equal_their_plain_twins(rng, kind, n, budget, recency):
     scores = rng.standard_normal((3, 4, n))

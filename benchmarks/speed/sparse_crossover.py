@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp.bench import bench_sparse_decode, machine
 from tbp.nn import ModelConfig
-from tbp.nn.designs.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import SELECTIONS, SparseRule
 from tbp.parallel import blas_threads
 
 
@@ -43,7 +43,7 @@ def sweep(a, layers: tuple[int, ...]) -> None:
     for n_layer in a.n_layers:
         for n in a.lengths:
             cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=n_layer, n_head=4, d_model=128, positions="rope")
-            for kind in KINDS:
+            for kind in SELECTIONS:
                 res = bench_sparse_decode(cfg, SparseRule(kind, max(8, n // 16), layers), repeats=a.rounds)
                 records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
                                                     "n_ctx": n, "blas_threads": threads, "config": cfg.to_dict(), **res})
@@ -62,7 +62,7 @@ def plot_curves(a) -> None:
     fig = plot.figure(6.5, 4)
     ax = fig.add_subplot()
     depths = sorted({r["n_layer"] for r in rows})
-    for kind, colour in zip(KINDS, ("C0", "C1", "C2")):
+    for kind, colour in zip(SELECTIONS, ("C0", "C1", "C2")):
         for depth, style in zip(depths, ("-", "--", ":")):
             pts = sorted((r["n_ctx"], r["decode_sparse_speedup"])
                          for r in rows if r["sparse"]["kind"] == kind and r["n_layer"] == depth)

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from stats import binomial_ci
 from tbp import GPT, ModelConfig, checkpoint
-from tbp.nn.designs.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import SELECTIONS, SparseRule
 from tbp.optim import AdamW, clip_grads
 from tbp.tokenizer import train_char
 
@@ -318,7 +318,7 @@ def evaluate(args) -> None:
     n = L - 1                                                             # cache length at the answer's step
     budgets = args.budgets or [n // d for d in (64, 32, 16, 8, 4)]
     layer_sets = [tuple(int(x) for x in s.split(",")) for s in args.layers]
-    rules = [None] + [SparseRule(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
+    rules = [None] + [SparseRule(kind, K, layers) for layers in layer_sets for K in budgets for kind in SELECTIONS
                       if kind == "lessismore" or layers == layer_sets[0]]
     got = answers(model, ids, rules, args.batch, log=lambda m: print(m, flush=True))
     right = [(g == ids[:, L - ANSWER:]).all(1) for g in got]          # per rule, per line

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp import checkpoint
 from tbp.data import Dataset
-from tbp.nn.designs.sparse import KINDS, SparseRule
+from tbp.nn.designs.sparse import SELECTIONS, SparseRule
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -73,7 +73,7 @@ def main() -> None:
     inputs = windows[:, :n]
     layer_sets = [tuple(int(x) for x in s.split(",")) for s in a.layers]
     budgets = [n // d for d in (64, 32, 16, 8, 4)]
-    rules = [None] + [SparseRule(kind, K, layers) for layers in layer_sets for K in budgets for kind in KINDS
+    rules = [None] + [SparseRule(kind, K, layers) for layers in layer_sets for K in budgets for kind in SELECTIONS
                       if kind == "lessismore" or layers == layer_sets[0]]
     logp = last_steps(model, inputs, a.last, rules, a.batch)
     pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]   # (W, m)

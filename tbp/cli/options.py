@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from .. import jsonio
 from ..config import ModelConfig
 from ..nn import build
-from ..nn.designs.sparse import KINDS, SparseRule
+from ..nn.designs.sparse import SELECTIONS, SparseRule
 from ..errors import TbpError
 
 
@@ -210,7 +210,7 @@ def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
                               "the layers after them); layers before the first stay dense.")(f)
         f = click.option("--budget", type=click.IntRange(min=2), default=budget, show_default=True,
                          help="With --sparse: cached tokens each new token attends to.")(f)
-        return click.option("--sparse", type=click.Choice(list(KINDS)), default=None, help=sparse_help)(f)
+        return click.option("--sparse", type=click.Choice(list(SELECTIONS)), default=None, help=sparse_help)(f)
     return wrap
 
 

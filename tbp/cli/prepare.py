@@ -11,7 +11,7 @@ from .. import data
 from ..chat import LOSSES, prepare_chat, read_conversations
 from ..pairs import MAX_TASK_EXAMPLES, MAX_TASK_LEN, TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, \
     prepare_pairs, read_pairs
-from ..tokenizer import KINDS, Tokenizer
+from ..tokenizer import TOKENIZERS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
 from click.core import ParameterSource
 
@@ -133,7 +133,7 @@ def pairs_summary(meta: dict) -> None:
 @click.option("--max-len", type=click.IntRange(1, MAX_TASK_LEN), default=12, show_default=True,
               help="With --task: longest string.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="With --task: the draw.")
-@click.option("--tokenizer", "kind", type=click.Choice(KINDS), default="char", show_default=True,
+@click.option("--tokenizer", "tokenizer_kind", type=click.Choice(TOKENIZERS), default="char", show_default=True,
               help="char: one token per character; bpe: byte-level BPE, lossless on any text.")
 @click.option("--vocab-size", type=click.IntRange(min=1, max=2 ** 32 - 1), default=None,
               help="BPE vocabulary size (default 1024). For char, a floor the alphabet must fit in.")
@@ -155,7 +155,7 @@ def pairs_summary(meta: dict) -> None:
                    f"{DEFAULT_SAMPLE >> 20}M characters].")
 @click.option("--encoding", default="utf-8", show_default=True, callback=text_encoding,
               help="Text encoding of the input (any Python codec name: latin-1, utf-16, cp1252 ...).")
-def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_len, max_len, seed, kind,
+def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_len, max_len, seed, tokenizer_kind,
             vocab_size, val_fraction, out, tokenizer_from, force, text_field, tokenizer_sample, encoding):
     """Turn text into a dataset: a trained tokenizer and train/val token files.
 
@@ -176,7 +176,7 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
     if tokenizer_from is not None:
         if task is None and fmt == "text":
             raise click.UsageError("--tokenizer-from is for pairs and conversations (--format pairs|chat, --task)")
-        if ctx.get_parameter_source("kind") is not ParameterSource.DEFAULT or vocab_size is not None:
+        if ctx.get_parameter_source("tokenizer_kind") is not ParameterSource.DEFAULT or vocab_size is not None:
             raise click.UsageError("--tokenizer and --vocab-size choose a tokenizer to train; "
                                    "--tokenizer-from reuses one: give one or the other")
         tokenizer = Tokenizer.load(tokenizer_from / "tokenizer.json")
@@ -196,7 +196,7 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
             raise click.UsageError(f"--min-len {min_len} is longer than --max-len {max_len}")
         pairs = make_task(task, examples, min_len, max_len, seed)
         origin = {"name": task, "examples": examples, "min_len": min_len, "max_len": max_len, "seed": seed}
-        prepare_pairs(pairs, task, f"task:{task}", out, kind, vocab_size,
+        prepare_pairs(pairs, task, f"task:{task}", out, tokenizer_kind, vocab_size,
                       TASK_VAL_FRACTION if val_fraction is None else val_fraction, force,
                       tokenizer=tokenizer, report=PrepareBar(), origin=origin)
         return
@@ -207,17 +207,17 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
         if path is None:
             raise click.UsageError("--format chat needs --data FILE (JSON lines of conversations)")
         convs, name, source, _ = read_conversations(path, encoding)
-        prepare_chat(convs, name, source, out, kind, vocab_size, val_fraction, force, loss, ghost_attention,
+        prepare_chat(convs, name, source, out, tokenizer_kind, vocab_size, val_fraction, force, loss, ghost_attention,
                      max_tokens, tokenizer=tokenizer, report=PrepareBar())
         return
     if fmt == "pairs":
         if path is None:
             raise click.UsageError("--format pairs needs --data FILE (or a built-in --task)")
         pairs, name, source, lines = read_pairs(path, encoding)
-        prepare_pairs(pairs, name, source, out, kind, vocab_size, val_fraction, force, tokenizer=tokenizer,
+        prepare_pairs(pairs, name, source, out, tokenizer_kind, vocab_size, val_fraction, force, tokenizer=tokenizer,
                       report=PrepareBar(), lines=lines)
         return
-    if kind != "bpe":
+    if tokenizer_kind != "bpe":
         refuse_unused(ctx, ("tokenizer_sample",), "--tokenizer bpe")
-    data.prepare_corpus(path, out, kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
+    data.prepare_corpus(path, out, tokenizer_kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
                         text_field=text_field, tokenizer_sample=tokenizer_sample or DEFAULT_SAMPLE)

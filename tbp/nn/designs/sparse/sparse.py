@@ -32,7 +32,7 @@ import numpy as np
 
 from ... import registry
 
-KINDS = registry.SPARSE          # the kinds registered below, in the command line's order
+SELECTIONS = registry.SPARSE     # each kind of rule's Selection, registered below, in the command line's order
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class SparseRule:
     sinks: int = 4
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"sparse kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind not in SELECTIONS:
+            raise ValueError(f"sparse kind must be one of {', '.join(SELECTIONS)}, got {self.kind!r}")
         if self.budget < (1 if self.per_head else self.sinks + 2):
             raise ValueError(f"a budget of {self.budget} leaves no room beside {self.sinks} sink tokens")
         if not 0 <= self.recency < 1:
@@ -70,13 +70,13 @@ class SparseRule:
     @property
     def per_head(self) -> bool:
         """Each head keeps its own set (topk, layer-topk), rather than one set for all heads."""
-        return KINDS[self.kind].per_head
+        return SELECTIONS[self.kind].per_head
 
     @property
     def every_layer(self) -> bool:
         """Every layer from the first selection layer on chooses its own set from its own scores
         (layer-topk), rather than reusing the last selection layer's."""
-        return KINDS[self.kind].every_layer
+        return SELECTIONS[self.kind].every_layer
 
     def chooses_at(self, layer: int) -> bool:
         """Whether ``layer`` scores every cached position densely and chooses a set."""
@@ -99,7 +99,7 @@ def select(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
     Returns (B, K) sorted positions for lessismore and window (one set for every head), or
     (B, H, K) for topk and layer-topk (a set per head).
     """
-    return KINDS[rule.kind].keep(scores, rule)
+    return SELECTIONS[rule.kind].keep(scores, rule)
 
 
 def _best_per_head(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
