@@ -14,7 +14,7 @@ def load(run, dtype=None, best: bool = False):
 
     dtype: None keeps the stored dtype; best=True takes the best-validation weights.
     """
-    from .checkpoint import load_model
+    from .runfiles import load_model
     return load_model(run, dtype=dtype, best=best)[0]
 
 

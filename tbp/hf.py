@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from . import checkpoint, memory
+from . import checkpoint, jsonio, memory, runfiles
 from .errors import TbpError
 from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, staged_dir
 from .nn import GPT, ModelConfig, build
@@ -138,12 +138,12 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
         if not (src / f).is_file():
             raise TbpError(f"{src}: missing {f} (a GPT-2 folder has config.json, model.safetensors, "
                            f"tokenizer.json)")
-    cfg = _config_from_hf(checkpoint.read_json(src / "config.json"), src / "config.json")
+    cfg = _config_from_hf(jsonio.read_json(src / "config.json"), src / "config.json")
     tok = Tokenizer.load(src / "tokenizer.json")
     if tok.vocab_size != cfg.vocab_size:
         raise TbpError(f"{src}: tokenizer has {tok.vocab_size} tokens but config.json says vocab_size "
                        f"{cfg.vocab_size}")
-    header = checkpoint.read_shapes(src / "model.safetensors")
+    header = runfiles.read_shapes(src / "model.safetensors")
     want = GPT.shapes(cfg)
     for name, shape in header.items():
         t = tbp_name(name)
@@ -151,7 +151,7 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
             raise TbpError(f"{src / 'model.safetensors'}: {t} has shape {tuple(shape)}, but config.json "
                            f"implies {want[t]}")
     memory.check_fits(2 * memory.model_bytes(cfg), f"importing {src}")
-    raw, _ = checkpoint.read_arrays(src / "model.safetensors")
+    raw, _ = runfiles.read_arrays(src / "model.safetensors")
     arrays, lm_head = {}, None
     for name, a in raw.items():
         if name.endswith("lm_head.weight"):
@@ -164,7 +164,7 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
         raise TbpError(f"{src}: lm_head.weight differs from wte: an untied head without bias "
                        f"is not a GPT-2 layout tbp represents")
     model = GPT(cfg, seed=0, dtype=np.float32)
-    checkpoint.load_into(model, {k: a.astype(np.float32, copy=False) for k, a in arrays.items()},
+    runfiles.load_into(model, {k: a.astype(np.float32, copy=False) for k, a in arrays.items()},
                          src / "model.safetensors")
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
               "imported_from": str(src.resolve())}

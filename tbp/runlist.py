@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from . import checkpoint
+from . import checkpoint, runfiles
 from .errors import TbpError
 from .fsutil import foreign_files, is_held
 
@@ -33,14 +33,14 @@ USABLE = ("training", "finished", "stopped", "imported", "merged")
 def status(run: Path, cfg: dict | None = None, state: dict | None = None) -> str:
     """training, finished, stopped, aborted, imported or merged (see the module's docstring)."""
     run = Path(run)
-    cfg = cfg if cfg is not None else checkpoint.read_config(run)
+    cfg = cfg if cfg is not None else runfiles.read_config(run)
     if is_held(run):
         return "training"
     if cfg.get("imported_from"):
         return "imported"
     if cfg.get("merged_from"):
         return "merged"
-    state = state if state is not None else checkpoint.read_state(run)
+    state = state if state is not None else runfiles.read_state(run)
     train = cfg.get("train") or {}
     if state.get("step", 0) >= train.get("max_iters", 0):
         return "finished"
@@ -73,10 +73,10 @@ def _newest(run: Path) -> float:
 def describe(run: Path) -> dict:
     """One run's line: name, kind, shape, status (with the reason it stopped), steps, losses, size."""
     run = Path(run)
-    cfg = checkpoint.read_config(run)
-    state = checkpoint.read_state(run) if (run / "state.json").is_file() else {}
+    cfg = runfiles.read_config(run)
+    state = runfiles.read_state(run) if (run / "state.json").is_file() else {}
     m = cfg.get("model") or {}
-    evals = [x for x in checkpoint.read_metrics(run) if "val_loss" in x]
+    evals = [x for x in runfiles.read_metrics(run) if "val_loss" in x]
     return {"run": str(run), "kind": kind(cfg) + (" (LoRA)" if cfg.get("lora") else ""),
             "shape": f"{m.get('n_layer')} × {m.get('d_model')}, context {m.get('n_ctx')}",
             "status": status(run, cfg, state), "why": state.get("stopped"),
@@ -89,7 +89,7 @@ def describe(run: Path) -> dict:
 def runs(root: Path = ROOT) -> list[Path]:
     """The runs directly under ``root``, newest checkpoint first."""
     root = Path(root)
-    found = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and checkpoint.is_run(p)] \
+    found = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and runfiles.is_run(p)] \
         if root.is_dir() else []
     return sorted(found, key=_newest, reverse=True)
 
@@ -100,13 +100,13 @@ def default_run(kinds: tuple[str, ...] | None = None, root: Path = ROOT, lora: b
     TbpError naming what was passed over."""
     named = os.environ.get(ENV)
     if named:
-        if not checkpoint.is_run(Path(named)):
+        if not runfiles.is_run(Path(named)):
             raise TbpError(f"{ENV}={named}: not a run (no config.json and checkpoint there)")
         return Path(named), f"from {ENV}"
     passed = []
     for run in runs(root):
         try:
-            cfg = checkpoint.read_config(run)
+            cfg = runfiles.read_config(run)
             st = status(run, cfg)
         except TbpError:
             passed.append(f"{run} (unreadable)")
@@ -132,9 +132,9 @@ def check_removable(run: Path) -> None:
     """Refuse (TbpError) to remove ``run`` unless it is a run holding only what tbp writes in one
     and no training is writing it."""
     run = Path(run)
-    if not checkpoint.is_run(run):
+    if not runfiles.is_run(run):
         raise TbpError(f"{run}: not a run (no config.json and checkpoint); nothing removed")
-    foreign = foreign_files(run, checkpoint.RUN_FILES)
+    foreign = foreign_files(run, runfiles.RUN_FILES)
     if foreign:
         raise TbpError(f"{run}: holds files tbp did not write ({', '.join(sorted(foreign)[:3])}); nothing removed")
     if is_held(run):

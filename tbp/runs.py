@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, memory
+from . import checkpoint, memory, runfiles
 from .batches import DoesNotFit, batches_for
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport, resolve_dataset
@@ -82,7 +82,7 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
     if req.resume:
         ds = None
         if req.data is not None:
-            kind = checkpoint.read_config(req.out).get("data_kind") or "text"
+            kind = runfiles.read_config(req.out).get("data_kind") or "text"
             prepared = Path(req.data).is_dir() and (Path(req.data) / "meta.json").is_file()
             if kind != "text" and not prepared:        # on the fly is plain text: not this run's data
                 raise TbpError(f"{req.out} was trained on {kind} data, and --data {req.data} is a raw file, which "
@@ -132,7 +132,7 @@ def _check_claim(out: Path, force: bool, inputs: tuple) -> list[Path]:
     committed = (out / "state.json").is_file()
     if contents and not force:
         _refuse_a_committed_run(out)
-    check_replaceable(out, checkpoint.RUN_FILES, "config.json" if committed else RunLock.NAME,
+    check_replaceable(out, runfiles.RUN_FILES, "config.json" if committed else RunLock.NAME,
                       "a tbp run", inputs)
     return contents
 
@@ -187,12 +187,12 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     memory.check_step_work(mcfg, tcfg.batch_size)
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
-        model, tok, _ = checkpoint.load_model(base_run, dtype=np.dtype(tcfg.dtype), compute=_compute(model_overrides))
+        model, tok, _ = runfiles.load_model(base_run, dtype=np.dtype(tcfg.dtype), compute=_compute(model_overrides))
         base = None
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
-            weights = checkpoint.weights_path(base_run)
-            base = {"path": portable_path(Path(base_run), Path(out)), "sha256": checkpoint.file_sha256(weights)}
+            weights = runfiles.weights_path(base_run)
+            base = {"path": portable_path(Path(base_run), Path(out)), "sha256": runfiles.file_sha256(weights)}
         record = _record(model.config, tcfg, ds, lora, base)
         record["init_from"] = str(Path(base_run).resolve())
         return Trainer(model, ds, tcfg, out, record, adapter=lora is not None, callbacks=callbacks, lock=lock,
@@ -207,7 +207,7 @@ def resume(out: Path, train_overrides: dict, model_overrides: dict, ds: Dataset 
     and moments (names, shapes, the same step), the tokenizer, and the data the run trained on.
     """
     out = Path(out)
-    cfg = checkpoint.read_config(out)
+    cfg = runfiles.read_config(out)
     lock = RunLock(out).acquire()
     try:
         return _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock)
@@ -221,7 +221,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     where = out / "state.json"
     if not where.is_file():
         raise TbpError(f"{out}: has no checkpoint to resume from (state.json is missing)")
-    run = checkpoint.open_run(out, cfg)                  # every record of the run, read once
+    run = runfiles.open_run(out, cfg)                  # every record of the run, read once
     state_d, files, tok = run.state, run.files, run.tokenizer
     if files["optimizer"] is None:
         raise TbpError(f"{out}: holds weights but no optimizer state (imported or merged), so it cannot be "
@@ -243,12 +243,12 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
                        f"(state.json records SHA-256 {state.tokenizer_sha256[:12]})")
     mcfg = run.model_config
     _refuse_model_changes(mcfg, model_overrides, f"the run being resumed ({out})")
-    checkpoint.verify_weights(out, cfg, mcfg, files=files)
+    runfiles.verify_weights(out, cfg, mcfg, files=files)
     compute = _compute(model_overrides)
     mcfg = dataclasses.replace(mcfg, **compute)
     memory.check_train_fits(mcfg, tcfg, f"resuming {out}")
     memory.check_step_work(mcfg, tcfg.batch_size)
-    model, w_meta = checkpoint.model_of(run, dtype=np.dtype(tcfg.dtype), compute=compute)
+    model, w_meta = runfiles.model_of(run, dtype=np.dtype(tcfg.dtype), compute=compute)
     if ds is None:
         if not cfg.get("data"):
             raise TbpError(f"{out / 'config.json'}: names no dataset; pass --data")
@@ -264,7 +264,7 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
         raise TbpError(f"{ds.path}: is {ds.kind} data, but {out} was trained on {cfg.get('data_kind') or 'text'} "
                        f"data; continue it on data of its own kind")
     adapter = bool(cfg.get("lora"))
-    opt_arrays, opt_meta = checkpoint.read_arrays(files["optimizer"])
+    opt_arrays, opt_meta = runfiles.read_arrays(files["optimizer"])
     steps = {"state.json": state.step, "optimizer": opt_meta.get("step"), "weights": w_meta.get("step")}
     if len({str(v) for v in steps.values()}) != 1:
         raise TbpError(f"{out}: files are from different steps ({steps}); the checkpoint is damaged")
@@ -287,14 +287,14 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
 def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) -> ModelConfig:
     """The model config of a run to fine-tune, after refusing what cannot be: an adapter run,
     options that contradict its shape, a bad LoRA request, weights that do not match (headers)."""
-    base_cfg = checkpoint.read_config(base_run)
+    base_cfg = runfiles.read_config(base_run)
     if base_cfg.get("lora"):
         raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
-    mcfg = checkpoint.read_model_config(base_run, base_cfg)
+    mcfg = runfiles.read_model_config(base_run, base_cfg)
     _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
         _check_lora(lora, mcfg)
-    checkpoint.verify_weights(base_run, base_cfg, mcfg)
+    runfiles.verify_weights(base_run, base_cfg, mcfg)
     return dataclasses.replace(mcfg, **_compute(model_overrides))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, runfiles
 from .config import TrainConfig
 from .batches import batches_for
 from .data import Dataset
@@ -372,5 +372,5 @@ def trim_metrics(run: Path, step: int) -> None:
     and a torn last line from a hard kill."""
     path = Path(run) / "metrics.jsonl"
     if path.is_file():
-        keep = [m for m in checkpoint.read_metrics(run) if m.get("step", 0) <= step]
+        keep = [m for m in runfiles.read_metrics(run) if m.get("step", 0) <= step]
         atomic_write_text(path, "".join(json.dumps(m) + "\n" for m in keep))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, train_tiny
 
-from tbp import GPT, ModelConfig, checkpoint
+from tbp import GPT, ModelConfig, runfiles
 from tbp.cli import train as cli_train
 
 
@@ -32,9 +32,9 @@ def test_train_on_a_text_file_writes_a_complete_run(trained):
 
 
 def test_existing_run_without_resume_or_force_is_refused(trained, corpus_file):
-    before = checkpoint.weights_path(trained).read_bytes()
+    before = runfiles.weights_path(trained).read_bytes()
     clean_fail(run(["train", "--data", corpus_file, "--out", trained, *TINY]), 1, "already holds a run")
-    assert checkpoint.weights_path(trained).read_bytes() == before
+    assert runfiles.weights_path(trained).read_bytes() == before
     r = run(["train", "--data", corpus_file, "--out", trained, "--force", "--max-iters", 3, *TINY])
     assert r.exit_code == 0, r.output
     assert json.loads((trained / "state.json").read_text())["step"] == 3
@@ -138,7 +138,7 @@ def test_the_final_val_loss_is_the_split_itself_and_eval_agrees(tmp_path, corpus
     curve's), and at the end the whole split in order, the very number tbp eval reports."""
     import json as js
     from helpers import train_tiny
-    from tbp.checkpoint import read_metrics
+    from tbp.runfiles import read_metrics
     out = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     last = [m for m in read_metrics(out) if "val_loss" in m][-1]
     assert last["val_split_every"] == 1 and last["val_split_tokens"] > 0

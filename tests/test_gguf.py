@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import clean_fail, run, train_tiny
 
-from tbp import GPT, ModelConfig, checkpoint
+from tbp import GPT, ModelConfig, checkpoint, runfiles
 from tbp.tokenizer import CHAT_SPECIALS, train_bpe, train_char
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed: pip install -e '.[gguf]'")
@@ -213,7 +213,7 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
                          "--n-layer", "2", *extra)
     out = export(run_dir, tmp_path / "m.gguf")
     llm = load(out, n_ctx=80)
-    model, tok, _ = checkpoint.load_model(run_dir)
+    model, tok, _ = runfiles.load_model(run_dir)
     prompt = "3 the cat sat on"
     ids = tok.encode(prompt)
     assert llm.tokenize(prompt.encode(), add_bos=False, special=False) == ids

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import run
 
-from tbp import checkpoint, hf
+from tbp import hf, runfiles
 from tbp.optim import AdamW
 
 FIXTURE = Path(__file__).parent / "data" / "gpt2_small"
@@ -39,7 +39,7 @@ def imported(tmp_path_factory):
 
 def test_logits_loss_and_every_gradient_equal_transformers(imported):
     out, want = imported
-    model = checkpoint.load_model(out, dtype=np.float64)[0]
+    model = runfiles.load_model(out, dtype=np.float64)[0]
     x, y = want["x"], want["y"]
     loss = model.loss_and_backward(x, y)
     assert abs(loss - float(want["loss"])) / float(want["loss"]) < BOUND
@@ -55,7 +55,7 @@ def test_logits_loss_and_every_gradient_equal_transformers(imported):
 
 def test_ten_adamw_steps_follow_transformers(imported):
     out, want = imported
-    model = checkpoint.load_model(out, dtype=np.float64)[0]
+    model = runfiles.load_model(out, dtype=np.float64)[0]
     opt = AdamW(model.layout, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8)
     losses = []
     for _ in range(len(want["adamw_losses"])):

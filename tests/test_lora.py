@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helpers import run, tiny
 
-from tbp import GPT, checkpoint, runs
+from tbp import GPT, runfiles, runs
 from tbp.config import TrainConfig
 from tbp.nn import merge_lora
 from tbp.train import Callbacks
@@ -31,16 +31,16 @@ def lora(args=(), out="ft", iters=30):
 
 
 def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, tmp_path):
-    base_weights = checkpoint.weights_path(base)
+    base_weights = runfiles.weights_path(base)
     weights_before = base_weights.read_bytes()
     base_model = GPT.load(base)
     r = lora()
     assert r.exit_code == 0, r.output
     assert base_weights.read_bytes() == weights_before
     ft = tmp_path / "ft"
-    adapter = checkpoint.weights_path(ft)
+    adapter = runfiles.weights_path(ft)
     assert adapter.name.startswith("adapter-") and not list(ft.glob("model*"))
-    arrays, _ = checkpoint.read_arrays(adapter)
+    arrays, _ = runfiles.read_arrays(adapter)
     assert arrays and all("lora_" in k for k in arrays)
     adapted = GPT.load(ft)
     for k, v in base_model.params.items():          # every base tensor inside the adapted model
@@ -48,7 +48,7 @@ def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, 
     ratio = adapter.stat().st_size / len(weights_before)
     assert ratio < 0.25, ratio
     cfg = json.loads((ft / "config.json").read_text())
-    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == checkpoint.file_sha256(base_weights)
+    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == runfiles.file_sha256(base_weights)
 
 
 def test_loss_on_the_new_data_falls(base, tmp_path):
@@ -116,7 +116,7 @@ def test_bad_lora_options(base, args, msg):
 
 def test_changed_or_missing_base_is_refused(base, tmp_path):
     assert lora(iters=5).exit_code == 0
-    base_weights = checkpoint.weights_path(base)
+    base_weights = runfiles.weights_path(base)
     data = bytearray(base_weights.read_bytes())
     data[-1] ^= 1                                  # one bit of one weight
     base_weights.write_bytes(bytes(data))
@@ -132,7 +132,7 @@ def test_the_base_is_recorded_relative_so_the_runs_move_together(base, tmp_path)
     the pair still loads and generates; tbp info shows where the base is."""
     import shutil
     assert lora().exit_code == 0
-    assert checkpoint.read_config(tmp_path / "ft")["base"]["path"] == "../base"
+    assert runfiles.read_config(tmp_path / "ft")["base"]["path"] == "../base"
     moved = tmp_path / "elsewhere"
     moved.mkdir()
     shutil.move(str(tmp_path / "ft"), moved / "ft")
@@ -167,7 +167,7 @@ def test_fine_tuning_a_char_base_on_text_with_new_characters(base, tmp_path):
         r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", f"ft-{mode}", "--max-iters", 2,
                  "--unknown-chars", mode, "--eval-batches", 1, "--batch-size", 2, "-q"])
         assert r.exit_code == 0, r.output
-        ds = Dataset.load(checkpoint.read_config(tmp_path / f"ft-{mode}")["data"])
+        ds = Dataset.load(runfiles.read_config(tmp_path / f"ft-{mode}")["data"])
         assert ds.meta["unknown_chars"]["mode"] == mode and ds.meta["unknown_chars"]["count"] == 35
         assert ds.meta["train_tokens"] + ds.meta["val_tokens"] == kept
         # bits per byte are of what the tokens encode: the dropped characters' 55 bytes are not in it

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tbp import distributed
-from tbp.checkpoint import read_metrics
+from tbp.runfiles import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "6",

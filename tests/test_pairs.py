@@ -183,8 +183,8 @@ def test_eval_of_a_text_run_covers_the_whole_validation_split(tmp_path, corpus_f
     assert r.exit_code == 0, r.output
     figures = json.loads(r.stdout)
     assert "exact_match" not in figures
-    from tbp import checkpoint
-    model, _, cfg = checkpoint.load_model(out)
+    from tbp import runfiles
+    model, _, cfg = runfiles.load_model(out)
     ds = Dataset.load(cfg["data"])
     T = model.config.n_ctx
     windows = (ds.val.size - 1) // T
@@ -204,8 +204,8 @@ def test_a_pairs_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     assert run(["train", *common, "--out", "split", "--max-iters", "5"]).exit_code == 0
     r = run(["train", "--out", "split", "--resume", "--max-iters", "10", "-q"])
     assert r.exit_code == 0, r.output
-    from tbp import checkpoint
-    a, b = checkpoint.load_model("straight")[0], checkpoint.load_model("split")[0]
+    from tbp import runfiles
+    a, b = runfiles.load_model("straight")[0], runfiles.load_model("split")[0]
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, tiny, train_tiny
 
-from tbp import checkpoint, data
+from tbp import checkpoint, data, runfiles
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import GPT, ModelConfig
 
@@ -32,7 +32,7 @@ def _newest(run_dir, stem):
 
 
 def _weights_digest(run_dir):
-    return sorted(checkpoint.file_sha256(p) for p in Path(run_dir).glob("*.safetensors"))
+    return sorted(runfiles.file_sha256(p) for p in Path(run_dir).glob("*.safetensors"))
 
 # --- 1. a save is one commit ----------------------------------------------------------------
 
@@ -281,7 +281,7 @@ def test_a_token_file_of_a_torn_size_is_named(tmp_path, corpus_file, monkeypatch
 
 def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
     opt = _newest(trained, "optimizer")
-    arrays, meta = checkpoint.read_arrays(opt)
+    arrays, meta = runfiles.read_arrays(opt)
     arrays["m.ln_f.weight"] = np.zeros((1,), np.float32)       # broadcastable to (16,), still wrong
     checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
     clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
@@ -292,7 +292,7 @@ def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
                                         (-1.0, "v.ln_f.weight holds negative second moments")])
 def test_moments_that_cannot_be_are_refused_on_resume(trained, value, msg):
     opt = _newest(trained, "optimizer")
-    arrays, meta = checkpoint.read_arrays(opt)
+    arrays, meta = runfiles.read_arrays(opt)
     arrays["v.ln_f.weight"][3] = value
     checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
     clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1, msg)
@@ -301,7 +301,7 @@ def test_moments_that_cannot_be_are_refused_on_resume(trained, value, msg):
 @pytest.mark.parametrize("dtype", [np.float16, np.int32])
 def test_weights_of_another_dtype_are_one_line_for_every_reader(trained, tmp_path, dtype):
     weights = _newest(trained, "model")
-    arrays, meta = checkpoint.read_arrays(weights)
+    arrays, meta = runfiles.read_arrays(weights)
     checkpoint.write_arrays(weights, {k: a.astype(dtype) for k, a in arrays.items()}, int(meta["step"]), "model")
     msg = f"holds {np.dtype(dtype).name} tensors"
     for args in (["generate", "--checkpoint", trained, "--max-new-tokens", 3], ["export", trained, "--out", tmp_path / "hf"],
@@ -499,7 +499,7 @@ def test_a_file_size_limit_names_the_file(trained, monkeypatch):
 def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
     """Runs saved as model.safetensors / best-model.safetensors / optimizer.safetensors (no
     "files" in state.json) load, resume, and keep their best weights until a better eval."""
-    files = checkpoint.checkpoint_files(trained)
+    files = runfiles.checkpoint_files(trained)
     state = json.loads((trained / "state.json").read_text())
     for key, legacy in (("weights", "model.safetensors"), ("best", "best-model.safetensors"),
                         ("optimizer", "optimizer.safetensors")):
@@ -562,7 +562,7 @@ def test_weights_that_overflow_are_named_not_sampled_or_averaged(trained):
     """Finite weights whose forward overflows float32: generate and eval say so (exit 1), never
     sample from NaN logits or print NaN as JSON."""
     weights = _newest(trained, "model")
-    arrays, meta = checkpoint.read_arrays(weights)
+    arrays, meta = runfiles.read_arrays(weights)
     arrays["ln_f.weight"] = arrays["ln_f.weight"] * np.float32(3e38) / np.abs(arrays["ln_f.weight"]).max()
     arrays["wte"] = arrays["wte"] * np.float32(1e3)
     checkpoint.write_arrays(weights, arrays, int(meta["step"]), "model")
@@ -698,8 +698,8 @@ def test_identical_runs_write_identical_checkpoint_bytes_and_old_files_still_rea
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     old = tmp_path / "old.safetensors"                          # an earlier release's metadata
     old.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"format": "tbp-1", "kind": "weights", "step": "7"}))
-    assert checkpoint.read_arrays(old)[1]["step"] == "7"
+    assert runfiles.read_arrays(old)[1]["step"] == "7"
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"tbp": "[1, 2]"}))
     with pytest.raises(Exception, match="damaged metadata"):
-        checkpoint.read_arrays(bad)
+        runfiles.read_arrays(bad)

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import clean_fail, run, tiny
 
-from tbp import checkpoint, runlist
+from tbp import runfiles, runlist
 
 SMALL = "".join(f"the cat sat on mat {i % 3}\n" for i in range(150))      # ~3 KB: overfits fast
 
@@ -33,12 +33,12 @@ def test_early_stop_ends_after_n_evaluations_without_a_lower_loss_and_keeps_the_
     st = state(d)
     assert st["step"] < 2000 and st["stopped"].startswith("early stop: no lower validation loss in 2 evaluations")
     assert st["step"] - st["best_step"] == 20                      # two evaluations after the best one
-    evals = [m for m in checkpoint.read_metrics(d) if "val_loss" in m]
+    evals = [m for m in runfiles.read_metrics(d) if "val_loss" in m]
     assert min(e["val_loss"] for e in evals) == pytest.approx(st["best_val_loss"])
     assert all(e["val_loss"] >= st["best_val_loss"] for e in evals if e["step"] > st["best_step"])
     said = " ".join(r.output.split())
     assert "stopped: early stop" in said and "--best" in said
-    assert checkpoint.checkpoint_files(d)["best"] is not None
+    assert runfiles.checkpoint_files(d)["best"] is not None
     assert runlist.status(d) == "stopped"
 
 
@@ -47,7 +47,7 @@ def test_max_time_stops_with_an_evaluation_and_a_checkpoint_and_resume_goes_on(t
     r, d = train(tmp_path, "mt", "--max-iters", 10 ** 6, "--eval-interval", 10 ** 5, "--max-time", "0.5")
     st = state(d)
     assert st["stopped"] == "max time: 0.5 s" and 0 < st["step"] < 10 ** 6
-    last = checkpoint.read_metrics(d)[-1]
+    last = runfiles.read_metrics(d)[-1]
     assert last["step"] == st["step"] and "val_loss" in last          # evaluated at the step it stopped
     r2 = run(["train", "--out", d, "--resume", "--max-time", "0.5", "-q"])
     assert r2.exit_code == 0, r2.output
@@ -170,7 +170,7 @@ def test_early_stop_counts_evaluations_even_when_the_interval_changes(tmp_path, 
     r = run(["train", "--out", d, "--resume", "--max-iters", 4000, "--eval-interval", 7, "--early-stop", 2,
              "--lr", "0.03", "-q"])
     assert r.exit_code == 0, r.output
-    evals = [m for m in checkpoint.read_metrics(d) if "val_loss" in m and m["step"] > st["step"]]
+    evals = [m for m in runfiles.read_metrics(d) if "val_loss" in m and m["step"] > st["step"]]
     after = state(d)                           # 3 KB read thousands of times over: it overfits, and stops
     assert after["stopped"].startswith("early stop: no lower validation loss in 2 evaluations")
     assert after["evals_since_best"] == 2 and after["step"] < 4000

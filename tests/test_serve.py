@@ -12,7 +12,7 @@ import pytest
 from helpers import clean_fail, run, tiny
 from test_chat import dialogues, write
 
-from tbp import checkpoint
+from tbp import runfiles
 
 WHY = "tbp serve's tests need the serve extra and the openai client: pip install -e '.[test-all]'"
 pytest.importorskip("starlette", reason=WHY)
@@ -26,7 +26,7 @@ class Server:
 
     def __init__(self, run_dir, **kw):
         from tbp.serve import Served, app
-        model, tok, _ = checkpoint.load_model(run_dir)
+        model, tok, _ = runfiles.load_model(run_dir)
         self.served = Served(model, tok, "m")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbp import GPT, ModelConfig, checkpoint, runs
+from tbp import GPT, ModelConfig, checkpoint, runfiles, runs
 from tbp.config import TrainConfig
 from tbp.errors import ConfigError, TbpError
 from tbp.nn import Layout, Module
@@ -100,7 +100,7 @@ def test_resume_with_a_larger_max_iters_continues(tmp_path, dataset):
 def test_resume_refuses_files_from_different_steps(tmp_path, dataset):
     tr = new_trainer(tmp_path, dataset, max_iters=10)
     tr.run_loop()
-    checkpoint.write_arrays(checkpoint.checkpoint_files(tmp_path / "run")["optimizer"], tr.opt.state_arrays(), 3,
+    checkpoint.write_arrays(runfiles.checkpoint_files(tmp_path / "run")["optimizer"], tr.opt.state_arrays(), 3,
                             "optimizer")
     with pytest.raises(TbpError, match="different steps"):
         runs.resume(tmp_path / "run", {}, {}, None)
@@ -224,7 +224,7 @@ def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus
     train = dict(batch_size=4, max_iters=6, eval_interval=3, eval_batches=1, seed=2)
     first = runs.start(runs.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train))
     first.run_loop()
-    assert checkpoint.read_state(tmp_path / "a")["step"] == 6
+    assert runfiles.read_state(tmp_path / "a")["step"] == 6
     more = runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 9}))
     assert more.state.step == 6 and more.cfg.max_iters == 9 and more.cfg.batch_size == 4
     more.run_loop()
@@ -237,7 +237,7 @@ def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus
 
 def test_a_resume_reads_each_of_the_runs_files_once(tmp_path, corpus_file, monkeypatch):
     """config.json, state.json, the tokenizer, the weights and the optimizer state: one read each
-    (checkpoint.RunRecord), however many checks look at them."""
+    (runfiles.RunRecord), however many checks look at them."""
     from collections import Counter
     from tbp import jsonio
     from tbp.tokenizer import Tokenizer
@@ -281,7 +281,7 @@ def test_the_final_evaluation_is_announced_and_inside_the_run_time(tmp_path, dat
     state = tr.run_loop()
     assert SlowEval.calls == 2 and state.elapsed_s >= 0.6
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert checkpoint.read_state(tmp_path / "run")["elapsed_s"] == pytest.approx(state.elapsed_s)
+    assert runfiles.read_state(tmp_path / "run")["elapsed_s"] == pytest.approx(state.elapsed_s)
     # steps 3-4 trained 2 x 4 x 16 tokens in milliseconds; counted with the 0.3 s evaluation before
     # them, tokens/s could not pass 128 / 0.3
     assert logged[-1]["tokens_per_s"] > 2 * 128 / 0.3

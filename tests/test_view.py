@@ -14,7 +14,7 @@ import pytest
 from conftest import CORPUS
 from helpers import browser, clean_fail, run, train_tiny
 
-from tbp import checkpoint
+from tbp import runfiles
 
 pytest.importorskip("plotly", reason="the view extra is not installed: pip install -e '.[view]'")
 
@@ -255,7 +255,7 @@ def test_an_encoder_decoder_page_holds_its_cross_attention(tmp_path, monkeypatch
     want = json.loads(run(["attention", "--checkpoint", "run", "--prompt", "1234", "--json"]).stdout.splitlines()[-1])
     assert shown["prompt"]["cross"]["source"] == want["source"] and shown["prompt"]["cross"]["target"] == want["target"]
     assert {str(i): m for i, m in enumerate(shown["prompt"]["cross"]["maps"])} == want["layers"]
-    last = [m for m in checkpoint.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
+    last = [m for m in runfiles.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
     assert "grad_norm" in last and "stream_rms" not in last          # no one residual stream to read
 
 

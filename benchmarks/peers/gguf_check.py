@@ -34,8 +34,8 @@ TYPES = ("f32", "f16", "q8_0")
 
 
 def export(run: Path, kind: str, folder: Path) -> Path:
-    from tbp import checkpoint, gguf
-    model, tok, _ = checkpoint.load_model(run)
+    from tbp import gguf, runfiles
+    model, tok, _ = runfiles.load_model(run)
     out = folder / f"{kind}.gguf"
     gguf.export_gguf(model, tok, out, kind, name=run.name)
     return out
@@ -48,10 +48,10 @@ def llama(path: Path, n_ctx: int, threads: int):
 
 
 def windows(run: Path, model):
-    from tbp import checkpoint
+    from tbp import runfiles
     from tbp.batches import batches_for
     from tbp.data import Dataset
-    ds = Dataset.load(Path(checkpoint.read_config(run)["data"]))          # as tbp eval finds it
+    ds = Dataset.load(Path(runfiles.read_config(run)["data"]))          # as tbp eval finds it
     return [(i, t) for b in batches_for(ds, model.config, model.collation).ordered("val", 32)
             for i, t in zip(b.idx, b.targets)]
 
@@ -63,10 +63,10 @@ def nll(z: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def agree(args) -> None:
     from test_gguf import LlamaGelu
-    from tbp import checkpoint
+    from tbp import runfiles
     run = Path(args.checkpoint)
-    model, tok, _ = checkpoint.load_model(run)
-    model64 = checkpoint.load_model(run, dtype=np.float64)[0]
+    model, tok, _ = runfiles.load_model(run)
+    model64 = runfiles.load_model(run, dtype=np.float64)[0]
     rows = windows(run, model)
     n_ctx = model.config.n_ctx
     with tempfile.TemporaryDirectory() as d:
@@ -118,10 +118,10 @@ def agree(args) -> None:
 
 
 def speed(args) -> None:
-    from tbp import checkpoint
+    from tbp import runfiles
     from tbp.generate import Sampling, generate_ids
     run = Path(args.checkpoint)
-    model, tok, _ = checkpoint.load_model(run)
+    model, tok, _ = runfiles.load_model(run)
     prompt = windows(run, model)[0][0][:16].tolist()
     new = min(args.new, model.config.n_ctx - len(prompt))     # llama.cpp aborts past the learned positions
     threads = args.threads

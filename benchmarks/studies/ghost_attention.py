@@ -168,10 +168,10 @@ def prepare(args) -> dict[str, Path]:
 def converse(run: Path, dialogues: list) -> dict:
     """Held-out dialogues, greedy, TEST_TURNS turns each: per turn, how many replies keep the
     instruction and how many name the right colour."""
-    from tbp import checkpoint
+    from tbp import runfiles
     from tbp.conversation import Conversation
     from tbp.generate import Sampling
-    model, tok, _ = checkpoint.load_model(run)
+    model, tok, _ = runfiles.load_model(run)
     kept, right, refills = np.zeros(TEST_TURNS, int), np.zeros(TEST_TURNS, int), 0
     each, having = {}, {}                  # per kind of constraint: replies that keep it, dialogues that ask it
     for inst, qa in dialogues:
@@ -192,9 +192,9 @@ def converse(run: Path, dialogues: list) -> dict:
 def system_mass(run: Path, dialogues: list) -> list[float]:
     """Mean attention mass the reply tokens put on the system message's tokens, by turn, over
     layers and heads, on the consistent transcripts of dialogues cut to the model's context."""
-    from tbp import checkpoint, lookinside
+    from tbp import lookinside, runfiles
     from tbp.chat import render
-    model, tok, _ = checkpoint.load_model(run)
+    model, tok, _ = runfiles.load_model(run)
     n_ctx = model.config.n_ctx
     total, count = np.zeros(TRAIN_TURNS), np.zeros(TRAIN_TURNS)
     for inst, qa in dialogues:

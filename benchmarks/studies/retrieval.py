@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from stats import binomial_ci
-from tbp import GPT, ModelConfig, checkpoint
+from tbp import GPT, ModelConfig, checkpoint, runfiles
 from tbp.nn.designs.sparse import SELECTIONS, SparseRule
 from tbp.optim import AdamW, clip_grads
 from tbp.tokenizer import train_char
@@ -185,7 +185,7 @@ def train(args) -> None:
               for (T, facts, asks, _, lines, lr), n in zip(STAGES, steps_of)][args.first - 1:args.stages]
     log, step, wall = [], 0, 0.0
     if args.init_from:                       # go on from a run of this study: its stages come first
-        model, _, prior = checkpoint.load_model(args.init_from, dtype=np.float32)
+        model, _, prior = runfiles.load_model(args.init_from, dtype=np.float32)
         cfg, log = model.config, prior["study"]["stages"]
         step, wall = sum(s["steps"] for s in log), log[-1]["wall_s"]
     else:
@@ -309,7 +309,7 @@ def fact_ranks(model, ids: np.ndarray, tok, budgets: list[int], lines: int = 64)
 
 
 def evaluate(args) -> None:
-    model, tok, cfg = checkpoint.load_model(args.run)
+    model, tok, cfg = runfiles.load_model(args.run)
     study = cfg.get("study") or {}
     form = study.get("form", "record")
     ids = heldout(tok, args.sequences, args.length, args.facts, markov=study.get("filler", "uniform") == "markov",

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp import checkpoint
+from tbp import runfiles
 from tbp.data import Dataset
 from tbp.nn.designs.sparse import SELECTIONS, SparseRule
 
@@ -62,10 +62,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
-    model = checkpoint.load_model(a.run, dtype=np.float32)[0]
-    step = checkpoint.read_state(Path(a.run))["step"]                   # the checkpoint's training step
+    model = runfiles.load_model(a.run, dtype=np.float32)[0]
+    step = runfiles.read_state(Path(a.run))["step"]                   # the checkpoint's training step
     n = a.n or model.config.n_ctx
-    val = np.asarray(Dataset.load(checkpoint.read_config(a.run)["data"]).val, dtype=np.int64)
+    val = np.asarray(Dataset.load(runfiles.read_config(a.run)["data"]).val, dtype=np.int64)
     W = min(a.windows, (len(val) - 1) // n)
     # each window carries one more token: the successor of its last position
     windows = np.stack([val[w * n:(w + 1) * n + 1] for w in range(W)])

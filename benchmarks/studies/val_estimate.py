@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp import checkpoint
+from tbp import runfiles
 from tbp.batches import batches_for
 from tbp.data import Dataset
 from tbp.evaluate import split_loss
@@ -26,7 +26,7 @@ def main():
     p.add_argument("run", type=Path)
     p.add_argument("--draws", type=int, default=8)
     args = p.parse_args()
-    model, tok, cfg = checkpoint.load_model(args.run)
+    model, tok, cfg = runfiles.load_model(args.run)
     ds = Dataset.load(cfg["data"])
     train = cfg["train"]
     whole, tokens = split_loss(model, ds)

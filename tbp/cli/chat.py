@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import checkpoint
+from .. import runfiles
 from ..chat import read_conversations
 from ..conversation import Conversation
 from ..errors import TbpError
@@ -48,7 +48,7 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
       tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
     """
     run = the_run(run, ("chat",))
-    model, tok, _ = checkpoint.load_model(run, best=best)
+    model, tok, _ = runfiles.load_model(run, best=best)
     sampling = Sampling(temperature, top_k, top_p)
     if messages_file is not None:
         _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .. import checkpoint
+from .. import runfiles
 from ..data import Dataset
 from ..errors import TbpError
 from ..evaluate import evaluate
@@ -41,7 +41,7 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
       tbp eval --checkpoint checkpoints/reverse --zero-encoder --json
     """
     run = the_run(run)
-    model, tok, cfg = checkpoint.load_model(run, best=best)
+    model, tok, cfg = runfiles.load_model(run, best=best)
     if data_dir is None:
         if not cfg.get("data"):
             raise TbpError(f"{run / 'config.json'}: names no dataset; pass --data")

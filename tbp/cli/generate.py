@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import checkpoint, dataprep, jsonio, memory
+from .. import dataprep, jsonio, memory, runfiles
 from ..errors import TbpError
 from ..generate import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
@@ -172,7 +172,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
     where, numbered = read_prompts_at(prompts_file) if prompts_file is not None else (None, [])
     texts = [(t, False) for _, t in numbered] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]
-    model, tok, cfg = checkpoint.load_model(run, best=best)    # checks shapes and the weights' memory
+    model, tok, cfg = runfiles.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .. import checkpoint
+from .. import runfiles
 from ..config import ModelConfig
 from ..fsutil import from_recorded
 from ..errors import TbpError
@@ -43,8 +43,8 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
     rows = []
     for run in runs:
         try:
-            cfg = checkpoint.read_config(run)
-            state = checkpoint.read_state(run)
+            cfg = runfiles.read_config(run)
+            state = runfiles.read_state(run)
         except TbpError:
             continue
         m = cfg.get("model") or {}
@@ -64,12 +64,12 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
 
 
 def run_info(run: Path) -> dict:
-    cfg = checkpoint.read_config(run)
+    cfg = runfiles.read_config(run)
     lora = cfg.get("lora")
-    header = checkpoint.read_header(checkpoint.weights_path(run))
+    header = runfiles.read_header(runfiles.weights_path(run))
     shapes = {k: list(shape) for k, (shape, _) in header.items()}
-    state = checkpoint.read_state(run)
-    metrics = checkpoint.read_metrics(run)
+    state = runfiles.read_state(run)
+    metrics = runfiles.read_metrics(run)
     files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
     return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
             "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
@@ -126,7 +126,7 @@ def info(path, run, as_json):
         layers = f"encoder-decoder: {m['n_enc_layer']} encoder + {m['n_layer']} decoder layers"
     t.add_row("model", f"{layers} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
-    cfg = checkpoint.read_model_config(Path(d["path"]))
+    cfg = runfiles.read_model_config(Path(d["path"]))
     t.add_row("attention", f"{cfg.attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
                            f"{cfg.positions} positions")
     for variant in build.active(cfg):                  # each variant's own row (nn/variant.py)

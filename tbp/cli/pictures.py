@@ -9,7 +9,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .. import checkpoint, lookinside, plot
+from .. import lookinside, plot, runfiles
 from ..nn.designs.attnres import depth_map
 from ..errors import TbpError
 from .common import console, the_run
@@ -18,8 +18,8 @@ from .options import check_sparse, sparse_options, sparse_rule
 
 
 def _run_curves(run: Path) -> dict:
-    cfg = checkpoint.read_config(run)
-    metrics = checkpoint.read_metrics(run)
+    cfg = runfiles.read_config(run)
+    metrics = runfiles.read_metrics(run)
     if not metrics:
         raise TbpError(f"{run}: no metrics.jsonl lines to plot yet")
     train, model = cfg.get("train") or {}, cfg.get("model") or {}
@@ -131,7 +131,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
         raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
                                "give one of them")
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = checkpoint.load_model(run, best=best)
+    model, tok, _ = runfiles.load_model(run, best=best)
     if rule is not None:
         check_sparse(model.config, rule)
     if model.reads_source:

@@ -11,7 +11,7 @@ import click
 from tqdm import tqdm
 
 from .. import distributed, ranksetup, runs
-from ..checkpoint import read_metrics
+from ..runfiles import read_metrics
 from ..config import ModelConfig, TrainConfig
 from ..nn import LORA_TARGETS
 from ..pieces import UNKNOWN

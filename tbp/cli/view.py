@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .. import checkpoint
+from .. import runfiles
 from ..errors import TbpError
 from ..fsutil import atomic_write_text
 from .common import console, the_run
@@ -18,7 +18,7 @@ def _runs(main: Path, more: tuple) -> list[dict]:
     shows the prompt alone); a --compare run is there for its curves, so it must have some."""
     runs = []
     for run in (main, *more):
-        metrics = checkpoint.read_metrics(run)
+        metrics = runfiles.read_metrics(run)
         if not metrics and run != main:
             raise TbpError(f"{run}: no metrics.jsonl lines to compare: the run has not logged a step")
         runs.append({"label": Path(run).name, "metrics": metrics})
@@ -79,7 +79,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, spars
     rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
     _claim(out, force)
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = checkpoint.load_model(run, best=best)        # first: it names what is not a run
+    model, tok, _ = runfiles.load_model(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
     if rule is not None:
         check_sparse(model.config, rule)
