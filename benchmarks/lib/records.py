@@ -45,6 +45,15 @@ def cpus(rows: list[dict]) -> str:
     return "; ".join(sorted({r["cpu"] for r in rows}))
 
 
+def provenance(rows: list[dict]) -> str:
+    """Where a table's records ran, for its footnote: "CPU: ...; TBP_GEMM ...; commit(s) ..."
+    over every record shown (a record older than the TBP_GEMM field ran with its default, auto)."""
+    commits = sorted({r["commit"] for r in rows})
+    gemms = sorted({r.get("tbp_gemm", "auto") for r in rows})
+    return (f"CPU: {cpus(rows)}; TBP_GEMM {', '.join(gemms)}; commit{'s' * (len(commits) > 1)} "
+            f"{', '.join(commits)}.")
+
+
 def commit(tree: Path | None = None) -> str:
     """The commit of ``tree`` (default: this checkout), with "+dirty" for uncommitted changes."""
     tree = tree or Path(__file__).resolve().parents[2]

@@ -40,7 +40,6 @@ def positions(rows: list[dict]) -> str:
                 f"reading at most the last 128 positions; **full**: the same weights built with a context of L, each "
                 f"query reading every earlier position (distances up to L − 1, never seen in training). Learned positions "
                 f"have no vector past 128. Mean ± 95 % t interval over the seeds; the paired difference pairs seeds. "
-                f"CPU: {records.cpus(rows)}; TBP_GEMM {', '.join(sorted({r.get('tbp_gemm', 'auto') for r in rows}))}; "
-                f"commits {', '.join(sorted({r['commit'] for r in rows}))}.",
+                f"{records.provenance(rows)}",
             "", "`python benchmarks/studies/alibi_positions.py --jobs 2`"]
     return "\n".join(out)

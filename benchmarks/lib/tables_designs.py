@@ -26,8 +26,7 @@ def flash_long_context(rows: list[dict]) -> str:
                 f"batch 1, random tokens: each cell the median over {r0['rounds']} rounds (range in brackets) of a "
                 f"process's median of {r0['steps']} steps after a warm-up; the kernels' order alternated from round "
                 f"to round, and the ratio is the median of the rounds' ratios. Peak: the process's peak resident set "
-                f"size, Python and NumPy included (about 40 MiB), the largest of the rounds. CPU: {records.cpus(rows)}; "
-                f"commit {', '.join(sorted({r['commit'] for r in rows}))}.",
+                f"size, Python and NumPy included (about 40 MiB), the largest of the rounds. {records.provenance(rows)}",
             "", "`python benchmarks/speed/long_context.py`"]
     return "\n".join(out)
 
@@ -65,8 +64,7 @@ def seq2seq_curves(rows: list[dict]) -> str:
                 f"\"first step ≥ 99 %\" per seed, in steps of {steps[0]:,} (evaluations every {steps[0]:,} steps of one "
                 f"{r0['iters']:,}-step schedule); \"encoder zeroed\": next-token accuracy / exact match of the "
                 f"encoder-decoder with its encoder's output zeroed at the end. The encoder-decoder has 2 + 2 layers "
-                f"× 64 (237k parameters), the GPT 4 layers × 64 with the loss on the target (203k). CPU: "
-                f"{records.cpus(rows)}; TBP_GEMM {', '.join(sorted({r.get('tbp_gemm', 'auto') for r in rows}))}; "
-                f"commit {', '.join(sorted({r['commit'] for r in rows}))}.",
+                f"× 64 (237k parameters), the GPT 4 layers × 64 with the loss on the target (203k). "
+                f"{records.provenance(rows)}",
             "", "`python benchmarks/studies/seq2seq_tasks.py --task reverse --seeds 1 2 3`"]
     return "\n".join(out)

@@ -41,8 +41,7 @@ def keeps(rows: list[dict]) -> str:
     out += ["", f"Share of replies that keep every constraint of the instruction (for no instruction: that keep "
                 f"none), greedy, {r0['dialogues']} held-out dialogues of {r0['test_turns']} turns per test and seed "
                 f"(half as many with no instruction); training dialogues had 1–{r0['train_turns']} turns. ± is a 95 % "
-                f"t interval over the seeds. {r0['iters']:,} training steps per arm. CPU: {records.cpus(talk)}; "
-                f"commits {', '.join(sorted({r['commit'] for r in talk}))}."]
+                f"t interval over the seeds. {r0['iters']:,} training steps per arm. {records.provenance(talk)}"]
     return "\n".join(out)
 
 

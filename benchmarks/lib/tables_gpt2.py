@@ -18,7 +18,7 @@ def recompute_memory(rows: list[dict]) -> str:
     out += ["", f"Full fine-tuning steps (forward, backward, AdamW over all 124M weights) of a model of GPT-2 124M's "
                 f"shape on random tokens, one thread, each configuration in a fresh process; peak memory is the "
                 f"process's peak resident set (ru_maxrss); step time the median of steps 2-{r['steps']}. "
-                f"CPU: {records.cpus(rows)}; commit {r['commit']}. `benchmarks/speed/recompute_memory.py`."]
+                f"{records.provenance(rows)} `benchmarks/speed/recompute_memory.py`."]
     return "\n".join(out)
 
 
@@ -30,8 +30,8 @@ def gpt2_generation(rows: list[dict]) -> str:
         out.append(f"| {n:,} token{'s' * (n != 1)} | {r['first_token_s'] * 1000:,.0f} ms | {r['decode_tokens_per_s']:.1f} |")
     r = rows[-1]
     out += ["", f"Batch 1, KV cache, greedy, random weights of GPT-2 124M's shape (context 1,024); {r['new_tokens']} "
-                f"new tokens after each prompt, median of {r['rounds']}; threads: the machine's. CPU: "
-                f"{records.cpus(rows)}; commit {r['commit']}. `benchmarks/speed/gpt2_generation.py`."]
+                f"new tokens after each prompt, median of {r['rounds']}; threads: the machine's. "
+                f"{records.provenance(rows)} `benchmarks/speed/gpt2_generation.py`."]
     return "\n".join(out)
 
 
@@ -50,6 +50,6 @@ def llmc_race(rows: list[dict]) -> str:
     out += ["", f"Full fine-tuning steps (forward, backward, AdamW) of GPT-2 124M's shape, the same random weights in "
                 f"both; the median of each run's steps after a warm-up step ({', '.join(sorted({str(len(x['tbp_step_s'])) for x in shown}))} "
                 f"steps). llm.c {r['llmc_commit']} `train_gpt2.c` ({r['llmc_flags']}; {r['gcc']}); the validation "
-                f"losses show that the weights crossed over intact. CPU: {records.cpus(shown)}; commits "
-                f"{', '.join(sorted({x['commit'] for x in shown}))}. `benchmarks/peers/llmc_race.py`."]
+                f"losses show that the weights crossed over intact. "
+                f"{records.provenance(shown)} `benchmarks/peers/llmc_race.py`."]
     return "\n".join(out)

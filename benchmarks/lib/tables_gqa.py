@@ -55,8 +55,8 @@ def quality(rows: list[dict]) -> str:
                 f"arm's best of the sweep), the minimum a tenth of it. Mean ± 95 % t interval over the seeds; the "
                 f"difference paired by seed. Declared before the runs: equivalent if the interval lies within "
                 f"±{margin} nats. Rates tried, mean loss over seeds 1 and 2 where both ran, else seed 1: "
-                f"{'; '.join(cells)}. CPU: {records.cpus(rows)}; commits "
-                f"{', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"{'; '.join(cells)}. "
+                f"{records.provenance(rows)}"]
     return "\n".join(out)
 
 
@@ -73,5 +73,5 @@ def speed(rows: list[dict]) -> str:
     r = shown[-1]
     out += ["", f"Tokens/s decoding {r['tokens']} tokens after a prompt that fills the rest of the context, batch 1, "
                 f"random weights (speed needs the shape only), 4 × 128 with 4 query heads; the median of {r['rounds']} "
-                f"rounds, the arms interleaved in one process. CPU: {records.cpus(shown)}; commit {r['commit']}."]
+                f"rounds, the arms interleaved in one process. {records.provenance(shown)}"]
     return "\n".join(out)

@@ -21,7 +21,7 @@ def gguf_agree(rows: list[dict]) -> str:
     out += ["", f"Logit differences relative to the largest logit, over the {r['windows']} windows of the "
                 f"validation split ({r['tokens']:,} positions); losses over the same positions (tbp in float64). "
                 f"Model: {_shape(r['model'])}, a {r['tokenizer']} tokenizer. llama-cpp-python {r['llama_cpp_python']} "
-                f"(float32 KV cache), gguf {r['gguf']}. CPU: {records.cpus(rows)}; commit {r['commit']}. "
+                f"(float32 KV cache), gguf {r['gguf']}. {records.provenance(rows)} "
                 f"`benchmarks/peers/gguf_check.py agree`."]
     return "\n".join(out)
 
@@ -40,7 +40,7 @@ def gguf_speed(rows: list[dict]) -> str:
                                     for r in rows}))
                 + ", the programs interleaved in each round. tbp's products through NumPy's BLAS; llama.cpp "
                   f"through llama-cpp-python {rows[-1]['llama_cpp_python']}, one Python call per token for both. "
-                  f"CPU: {records.cpus(rows)}; commit {rows[-1]['commit']}. `benchmarks/peers/gguf_check.py speed`."]
+                  f"{records.provenance(rows)} `benchmarks/peers/gguf_check.py speed`."]
     return "\n".join(out)
 
 

@@ -14,7 +14,7 @@ def timing(rows: list[dict]) -> str:
     for arm, r in newest.items():
         out.append(f"| {NAMES[arm]} | {r['step_ms']:.1f} ms | {ref / r['step_ms']:.2f}× | {r['rounds']}, interleaved |")
     out += ["", f"`tbp bench` training steps at the study's shape (4 layers × 64, 2 heads, batch 32, context 80), "
-                f"medians; CPU: {records.cpus(rows)}. Each arm trains MTA 2 × 9's steps × this ratio: the same wall time."]
+                f"medians. Each arm trains MTA 2 × 9's steps × this ratio: the same wall time. {records.provenance(rows)}"]
     return "\n".join(out)
 
 
@@ -88,5 +88,5 @@ def seeds(rows: list[dict]) -> str:
                 f"already drawn, the batches being drawn with replacement from {POOL:,} examples. "
                 f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
                 f"mean's ± is a 95 % t interval over the seeds, and the paired difference pairs seeds (the same "
-                f"initial draw and batches). CPU: {records.cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"initial draw and batches). {records.provenance(rows)}"]
     return "\n".join(out)

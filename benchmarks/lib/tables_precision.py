@@ -30,8 +30,8 @@ def quality(rows: list[dict]) -> str:
         out.append(f"| {arm.split(',')[0]} | {evaluated} | {len(losses)} | {m:.4f} ± {h:.4f} | {d} |")
     out += ["", f"Paired: the same initialisation and batches; the difference's mean ± 95 % t interval, then each "
                 f"seed's. The default run: 4 × 128, context 128, 1,500 steps, {rows[0]['val_split_tokens']:,} "
-                f"validation tokens, one thread a run (a run repeats bit for bit at a given thread count). CPU: "
-                f"{records.cpus(rows)}; commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"validation tokens, one thread a run (a run repeats bit for bit at a given thread count). "
+                f"{records.provenance(rows)}"]
     return "\n".join(out)
 
 
@@ -61,8 +61,7 @@ def speed(rows: list[dict]) -> str:
                 f"medians of the rounds' ratios; tbp bf16 / tbp fp32 is the ratio of the medians, fp32 being the "
                 f"faster of tbp's two libraries (NumPy's OpenBLAS, `tbp`, or MKL, `tbp+mkl`). MKL "
                 f"{', '.join(sorted({str(r['mkl']) for r in rows}))}, PyTorch {', '.join(sorted({r['torch'] for r in rows}))}; "
-                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
-                f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. {records.provenance(rows)}"]
     return "\n".join(out)
 
 
@@ -84,8 +83,7 @@ def products(rows: list[dict]) -> str:
     out += ["", f"GFLOP/s, one thread, medians of {rows[0]['rounds']} paired rounds; this machine's float32 "
                 f"matmul peak (1,024³, NumPy): {peak:.0f} GFLOP/s. MKL {', '.join(sorted({r['mkl'] for r in rows}))}"
                 f"{'; oneDNN ' + ', '.join(sorted({r['onednn'] for r in rows if r.get('onednn')})) if any(r.get('onednn') for r in rows) else ''}; "
-                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. CPU: {records.cpus(rows)}; "
-                f"commits {', '.join(sorted({r['commit'] for r in rows}))}."]
+                f"bf16 units: {', '.join(sorted({str(r['bf16_units']) for r in rows}))}. {records.provenance(rows)}"]
     return "\n".join(out)
 
 

@@ -120,8 +120,8 @@ def retrieval(rows: list[dict]) -> str:
     out.append(f"Exact match of the generated answer (greedy, free-running from the last question's key on, "
                f"under the rule), in % with Wilson's 95 % interval; where the lines were recorded one by one, "
                f"then Δ, the rule's exact match less dense decoding's on the same lines, in points with a 95 % "
-               f"interval over the lines. The readers are expectations over the same lines. CPU: "
-               f"{records.cpus(rows)}.")
+               f"interval over the lines. The readers are expectations over the same lines. "
+               f"{records.provenance(rows)}")
     return "\n".join(out)
 
 
@@ -161,7 +161,7 @@ def retrieval_train(rows: list[dict]) -> str:
                        f"{100 * s['heldout_accuracy']:.1f} % | {s['wall_s'] / 60:.0f} |")
         out.append("")
     out.append(f"Held-out accuracy: the share of every question's value predicted right (teacher-forced, top "
-               f"token) on 64 held-out lines of the stage's context. CPU: {records.cpus(rows)}.")
+               f"token) on 64 held-out lines of the stage's context. {records.provenance(rows)}")
     return "\n".join(out)
 
 
@@ -185,6 +185,6 @@ def sparse_text(rows: list[dict]) -> str:
                 f"{r0['n_cache']:,} tokens, so every prediction reads a cache of {r0['n_cache'] - r0['last'] + 1:,}–"
                 f"{r0['n_cache']:,}; ± a 95 % interval over the windows; in brackets, the share of those predictions whose "
                 f"top token is dense decoding's. Model: {c['n_layer']} × {c['d_model']}, "
-                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. CPU: {records.cpus(rows)}; "
-                f"commit {r0['commit']}."]
+                f"{c['n_head']} heads, rotary positions, context {c['n_ctx']}, trained {r0['step']:,} steps. "
+                f"{records.provenance(rows)}"]
     return "\n".join(out)

@@ -7,7 +7,7 @@ import records
 
 
 def _foot(rows: list[dict], how: str, command: str) -> list[str]:
-    return ["", f"{how} CPU: {records.cpus(rows)}; commit {', '.join(sorted({r['commit'] for r in rows}))}.",
+    return ["", f"{how} {records.provenance(rows)}",
             "", f"`{command}`"]
 
 
