@@ -288,7 +288,8 @@ VARIANT = registry.declare(Variant(
     # decoder block (its memory's gradient is checked; the padded position's must be zero)
     memory_cases=(("cross-attention [Tq=5, Tk=7, padded key]",
                    lambda C, H, rng, dtype: CrossAttention(C, H, 4, C // H, rng, dtype)),
-                  ("cross-attention [d_qk=3 != d_v=4]", lambda C, H, rng, dtype: CrossAttention(C, H, 3, C // H, rng, dtype)),
+                  ("cross-attention [d_qk=3 != d_v=4]",
+                   lambda C, H, rng, dtype: CrossAttention(C, H, 3, C // H, rng, dtype)),
                   ("decoder-block [pre-LN, cross]",
                    lambda C, H, rng, dtype: DecoderBlock(ModelConfig(vocab_size=7, n_ctx=8, n_layer=1, n_head=H,
                                                                      d_model=C), rng, dtype))),
