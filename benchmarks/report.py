@@ -336,6 +336,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gatt_keeps": (tables_gatt.keeps, "ghost_attention"), "gatt_paired": (tables_gatt.paired, "ghost_attention"),
           "gatt_parts": (tables_gatt.parts, "ghost_attention"),
           "gatt_attention": (tables_gatt.attention, "ghost_attention"),
+          "gatt_ft_keeps": (tables_gatt.keeps, "ghost_attention_ft"), "gatt_ft_paired": (tables_gatt.paired, "ghost_attention_ft"),
           "precision_quality": (tables_precision.quality, "precision_quality"),
           "precision_speed": (tables_precision.speed, "precision_speed"),
           "precision_products": (tables_precision.products, "precision_products"),

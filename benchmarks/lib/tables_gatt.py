@@ -17,6 +17,14 @@ def _rate(r: dict, first: int, last: int, key: str = "kept") -> float:
     return sum(r[key][first - 1:last]) / (r["dialogues"] * (last - first + 1))
 
 
+def _budget(r: dict) -> str:
+    """The training an arm had: its steps, after the pretraining its fine-tuning started from."""
+    if "pretrain_iters" in r:
+        return (f"Each arm fine-tuned {r['iters']:,} steps from the same model, pretrained {r['pretrain_iters']:,} "
+                f"steps on the dialogues with every instruction taken out (one per seed).")
+    return f"{r['iters']:,} training steps per arm."
+
+
 def _cell(values: list[float]) -> str:
     m, h = stats.mean_ci(values)
     return f"{100 * m:.1f} %" + ("" if h != h else f" ± {100 * h:.1f}")
@@ -41,7 +49,7 @@ def keeps(rows: list[dict]) -> str:
     out += ["", f"Share of replies that keep every constraint of the instruction (for no instruction: that keep "
                 f"none), greedy, {r0['dialogues']} held-out dialogues of {r0['test_turns']} turns per test and seed "
                 f"(half as many with no instruction); training dialogues had 1–{r0['train_turns']} turns. ± is a 95 % "
-                f"t interval over the seeds. {r0['iters']:,} training steps per arm. {records.provenance(talk)}"]
+                f"t interval over the seeds. {_budget(r0)} {records.provenance(talk)}"]
     return "\n".join(out)
 
 

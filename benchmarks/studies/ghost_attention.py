@@ -35,7 +35,17 @@ the reply tokens put on the system message, by turn (the analogue of the paper's
 ``picture`` draws it. One record per (arm, seed, test) and per (arm, seed) attention profile
 in benchmarks/results/ghost_attention.jsonl; report.py makes the tables.
 
+``finetune`` is Ghost Attention where Llama 2 uses it, a fine-tuning stage: a model pretrained
+(``--iters`` steps) on the same dialogues with every instruction taken out -- plain replies
+only -- is fine-tuned (``--ft-iters`` steps, from its weights) on each arm's data, the same
+dialogues and recipe for every arm: Ghost Attention against the same data without its mask
+(``nomask``, Llama 2's baseline: the instruction once, the loss on every reply) and against
+the consistent data. Every dataset of this stage shares the consistent data's tokenizer (it has
+every character any arm writes), which fine-tuning requires. Records:
+results/ghost_attention_ft.jsonl, the same fields plus ``pretrain_iters``.
+
     python benchmarks/studies/ghost_attention.py train --seeds 1 2 3
+    python benchmarks/studies/ghost_attention.py finetune --seeds 1 2 3
     python benchmarks/studies/ghost_attention.py picture
 """
 import argparse
@@ -222,7 +232,7 @@ def train(args) -> None:
             if all((arm, seed, t) in done for t in (*TESTS, "attention")):
                 continue
             run = Path(args.work) / f"run-{arm}-{seed}"
-            if not (run / "state.json").exists() or json.loads((run / "state.json").read_text())["step"] < args.iters:
+            if not _trained(run, args.iters):
                 tbp("train", "--data", data[arm], "--out", run, "--force", "--seed", seed, "--threads", 1,
                     "--max-iters", args.iters, "--n-ctx", n_ctx, *SHAPE, "--batch-size", 16, "--lr", "2e-3",
                     "--min-lr", "2e-4", "--eval-interval", 500, "-q")
@@ -231,13 +241,73 @@ def train(args) -> None:
             base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"],
                     "config": cfg, "iters": args.iters, "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS,
                     "test_turns": TEST_TURNS, "train_s": round(state["elapsed_s"], 1), "threads": 1}
-            for test in TESTS:
-                if (arm, seed, test) not in done:
-                    records.append("ghost_attention", {**base, "test": test, **converse(run, tests[test])})
-            if (arm, seed, "attention") not in done:
-                records.append("ghost_attention", {**base, "test": "attention", "dialogues": len(tests["seen"]),
-                                                   "system_mass": system_mass(run, tests["seen"])})
+            _evaluate("ghost_attention", run, base, tests, done, arm, seed)
             print(f"{arm} seed {seed} done", flush=True)
+
+
+def _prepared(source: Path, out: Path, tokenizer_from: Path, flags: list) -> Path:
+    """``source`` (chat JSON lines) prepared into ``out`` with ``tokenizer_from``'s tokenizer."""
+    if not (out / "meta.json").exists():
+        tbp("prepare", "--format", "chat", "--data", source, "--out", out, "--force", "--val-fraction", "0.05",
+            "--tokenizer-from", tokenizer_from, *flags)
+    return out
+
+
+def _evaluate(name: str, run: Path, base: dict, tests: dict, done: set, arm: str, seed: int) -> None:
+    """The held-out tests and the attention profile of one trained model, as records ``name``."""
+    for test in TESTS:
+        if (arm, seed, test) not in done:
+            records.append(name, {**base, "test": test, **converse(run, tests[test])})
+    if (arm, seed, "attention") not in done:
+        records.append(name, {**base, "test": "attention", "dialogues": len(tests["seen"]),
+                              "system_mass": system_mass(run, tests["seen"])})
+
+
+def _trained(run: Path, steps: int) -> bool:
+    return (run / "state.json").exists() and json.loads((run / "state.json").read_text())["step"] >= steps
+
+
+def finetune(args) -> None:
+    """Pretrain on plain dialogues, then fine-tune a copy per arm; the tests as in ``train``."""
+    data = prepare(args)
+    work = Path(args.work)
+    shared = data["consistent"]                   # its tokenizer writes every arm's characters
+    rng = random.Random(0)                        # the training dialogues of ``prepare``, drawn again
+    dialogues = [dialogue(rng, rng.randint(1, TRAIN_TURNS)) for _ in range(args.dialogues)]
+    plain = work / "plain.jsonl"
+    if not plain.exists():
+        with open(plain, "w", encoding="utf-8") as f:
+            for _, qa in dialogues:
+                f.write(json.dumps({"messages": messages((), qa, "consistent")}) + "\n")
+    base_data = _prepared(plain, work / "ft-data-plain", shared, [])
+    ft_data = {arm: _prepared(work / f"{source}.jsonl", work / f"ft-data-{arm}", shared, flags)
+               for arm, (source, flags) in ARMS.items() if arm in args.arms}
+    n_ctx = max(json.loads((d / "meta.json").read_text())["max_example_tokens"]
+                for d in (base_data, *ft_data.values())) - 1
+    tests = held_out(args.held_out)
+    done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention_ft")}
+    for seed in args.seeds:
+        pre = work / f"pretrained-{seed}"
+        for arm in ft_data:
+            if all((arm, seed, t) in done for t in (*TESTS, "attention")):
+                continue
+            if not _trained(pre, args.iters):
+                tbp("train", "--data", base_data, "--out", pre, "--force", "--seed", seed, "--threads", 1,
+                    "--max-iters", args.iters, "--n-ctx", n_ctx, *SHAPE, "--batch-size", 16, "--lr", "2e-3",
+                    "--min-lr", "2e-4", "--eval-interval", 500, "-q")
+            run = work / f"ft-{arm}-{seed}"
+            if not _trained(run, args.ft_iters):
+                tbp("train", "--init-from", pre, "--data", ft_data[arm], "--out", run, "--force", "--seed", seed,
+                    "--threads", 1, "--max-iters", args.ft_iters, "--batch-size", 16, "--lr", "1e-3",
+                    "--min-lr", "1e-4", "--eval-interval", 250, "-q")
+            cfg = json.loads((run / "config.json").read_text())
+            state = json.loads((run / "state.json").read_text())
+            base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"],
+                    "config": cfg, "iters": args.ft_iters, "pretrain_iters": args.iters,
+                    "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS, "test_turns": TEST_TURNS,
+                    "train_s": round(state["elapsed_s"], 1), "threads": 1}
+            _evaluate("ghost_attention_ft", run, base, tests, done, arm, seed)
+            print(f"fine-tuned {arm} seed {seed} done", flush=True)
 
 
 def picture(args) -> None:
@@ -267,18 +337,19 @@ def picture(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="+", choices=["train", "picture"])
+    ap.add_argument("phases", nargs="+", choices=["train", "finetune", "picture"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--dialogues", type=int, default=6000)
     ap.add_argument("--held-out", type=int, default=100, help="dialogues per test (none: half)")
-    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--iters", type=int, default=2000, help="training steps (finetune: of the pretraining)")
+    ap.add_argument("--ft-iters", type=int, default=500, help="finetune: steps of each arm's fine-tuning")
     ap.add_argument("--work", default="bench-gatt")
     ap.add_argument("--picture", default=str(Path(__file__).resolve().parents[2] / "docs/images/ghost_attention.png"))
     args = ap.parse_args()
     records.pin_gemm()
     for phase in args.phases:
-        {"train": train, "picture": picture}[phase](args)
+        {"train": train, "finetune": finetune, "picture": picture}[phase](args)
 
 
 if __name__ == "__main__":
