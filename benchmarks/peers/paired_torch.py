@@ -245,12 +245,16 @@ def main():
                     torch.set_num_threads(os.cpu_count() or 1)
                     ours, theirs, tokens, per = tbp_generator(GENERATE), torch_generator(GENERATE), 1, 1
                     label = f"generate {GENERATE[0]}L-{GENERATE[2]} T{GENERATE[3]} B1"
+                    size = {"n_layer": GENERATE[0], "n_head": GENERATE[1], "d_model": GENERATE[2],
+                            "n_ctx": GENERATE[3], "batch": 1}
                 else:
                     shape, batch, per, vocab = TRAIN[case]
                     torch.set_num_threads(threads)
                     ours = tbp_trainer(shape, batch, rng, threads, stack, vocab)
                     theirs, tokens = torch_trainer(shape, batch, rng, vocab), batch * shape[3]
                     label = f"train {shape[0]}L-{shape[2]} V{vocab} T{shape[3]} B{batch}, {threads} thread(s)"
+                    size = {"n_layer": shape[0], "n_head": shape[1], "d_model": shape[2], "n_ctx": shape[3],
+                            "vocab_size": vocab, "batch": batch}
                 # the decoder's products are a row or a few: NumPy's, whichever library is installed
                 chosen_libs = {"tbp": None} if case == "generate" else libs
                 engines = {name: with_products(ours, chosen) for name, chosen in chosen_libs.items()}
@@ -266,7 +270,7 @@ def main():
             report["rows"].append({"case": label, **res})
             if a.record:
                 records.append("precision_speed" if a.bf16 else "paired_torch",
-                               {"case": case, "label": label, "threads": threads, "rounds": a.rounds,
+                               {"case": case, "label": label, "shape": size, "threads": threads, "rounds": a.rounds,
                                 "torch": torch.__version__, "mkl": lib and lib.version,
                                 "bf16_units": info["bf16_units"], "bf16_library": bf16_library,
                                 "commit": records.commit(), "arms": res})
