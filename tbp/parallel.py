@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import blas as blaslib
-from .nn import LanguageModel
+from .nn import LanguageModel, registry
 from .nn.batch import Batch
 
 
@@ -95,9 +95,8 @@ class Serial:
     """One thread: the interface of :class:`DataParallel` with nothing to share out, so the
     training loop and the benchmark never ask which of the two they hold.
 
-    With flash attention, BLAS runs one thread inside: its tiles are small products, which
-    a second BLAS thread slows down (T = 2048, batch 1: 0.78 s a step with two threads,
-    0.58-0.63 s with one; benchmarks/speed/long_context.py --blas-threads 1).
+    With a kernel of small tile products (flash attention), BLAS runs one thread inside, as
+    the kernel's registration asks (registry.KERNEL_ONE_THREAD): a second thread slows them.
 
     ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
     None leaves it as it is. ``rows``: tokens per batch (the products' size, for choosing
@@ -113,7 +112,7 @@ class Serial:
         self.gemm = self.eval_gemm = None        # blas.Choice, made on entering
 
     def __enter__(self) -> "Serial":
-        n = 1 if self.model.config.attn_kernel == "flash" else self.blas
+        n = 1 if self.model.config.attn_kernel in registry.KERNEL_ONE_THREAD else self.blas
         with contextlib.ExitStack() as stack:          # undone at once if entering fails
             if n is not None:
                 stack.enter_context(blas_threads(n))

@@ -11,7 +11,8 @@ registration, with no edit of the modules that read the axis.
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
     KERNEL      ``attn_impl``: name -> make(causal, window, rows, tiles, bias), the attention
                 kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
-                KERNEL_FROM: name -> the context from which ``auto`` picks it
+                KERNEL_FROM: name -> the context from which ``auto`` picks it; KERNEL_ONE_THREAD:
+                the kernels whose products are small tiles, which run best on one BLAS thread
     SPARSE      a sparse decoding rule's kind: name -> its Selection (sparse.py): how it keeps
                 positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
@@ -27,6 +28,7 @@ POSITIONS: dict[str, Callable] = {}
 SPARSE: dict = {}
 KERNEL: dict[str, Callable] = {}
 KERNEL_FROM: dict[str, int] = {}
+KERNEL_ONE_THREAD: set[str] = set()
 VARIANTS: list = []
 
 
@@ -65,11 +67,14 @@ def positions(name: str) -> Callable:
     return _register(POSITIONS, "positions", name)
 
 
-def kernel(name: str, auto_from: int | None = None) -> Callable:
+def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) -> Callable:
     """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``;
-    ``auto_from``: the context from which ``attn_impl auto`` picks it over the dense kernel."""
+    ``auto_from``: the context from which ``attn_impl auto`` picks it over the dense kernel;
+    ``one_thread``: training holds BLAS to one thread with it (its products are small tiles)."""
     if auto_from is not None:
         KERNEL_FROM[name] = auto_from
+    if one_thread:
+        KERNEL_ONE_THREAD.add(name)
     return _register(KERNEL, "attention kernel", name)
 
 

@@ -182,6 +182,8 @@ class Flash:
         return np.exp(s, out=s)
 
 
-@registry.kernel("flash", auto_from=FLASH_FROM_T)
+# one BLAS thread: a second slows its small tile products down (T = 2048, batch 1: 0.78 s a step
+# with two threads, 0.58-0.63 s with one; benchmarks/speed/long_context.py --blas-threads 1)
+@registry.kernel("flash", auto_from=FLASH_FROM_T, one_thread=True)
 def _flash(causal: bool, window, rows: int, tiles: tuple | None, bias):
     return Flash(causal, window, tiles or (BLOCK_Q, BLOCK_K), bias)
