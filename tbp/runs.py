@@ -98,8 +98,9 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
         return init_from(out, req.init_from, tcfg, ds, req.force, req.lora, req.model, callbacks)
     ds = resolve_dataset(req.data, None, req.tokenizer, req.vocab_size, report=report)
     derived = {"vocab_size": ds.tokenizer.vocab_size}
-    if req.model.get("arch") == "encoder-decoder" and ds.kind == "pairs":
-        derived["pad_id"] = ds.meta["pad_id"]                  # padded sources are masked
+    arch = build.ARCH.get(req.model.get("arch", ModelConfig.defaults()["arch"]))   # unknown: ModelConfig says so
+    if arch is not None:
+        derived.update(arch.collation.derived(ds.kind, ds.meta))     # what the architecture takes from the data
     mcfg = ModelConfig(**derived, **req.model)
     out = req.out or Path("checkpoints") / ds.path.name
     return new_run(out, mcfg, tcfg, ds, req.force, callbacks)

@@ -7,8 +7,9 @@ first (None for a GPT), ``noise`` each row's dropout seed. A model's ``batch_los
 never ask which architecture they hold.
 
 A pair (source, target) is laid out by the architecture that reads it (its ``collation``:
-``need(meta)``, ``collate(pairs, sep, eot, pad)``, ``describe`` and ``refuses``, the refusal
-of text and conversations or None). Here the GPT's, :class:`OneSequence`: ``source <|sep|>
+``need(meta)``, ``collate(pairs, sep, eot, pad)``, ``derived(kind, meta)`` (the config fields
+the architecture takes from a dataset), ``describe`` and ``refuses``, the refusal of text and
+conversations or None). Here the GPT's, :class:`OneSequence`: ``source <|sep|>
 target <|endoftext|>`` as one sequence, ``idx``/``targets`` shifted by one, ``weights`` 1 on
 the target and its end token only -- completion-only training. An architecture of the
 designs wing brings its own (the encoder-decoder's ``SourceApart``, designs/encdec). Every
@@ -62,6 +63,11 @@ class OneSequence:
         that said as the end of "its longest ..."."""
         n = meta["max_example_tokens"] + 1
         return n, f"example is {n} tokens as one sequence (source, separator, target)"
+
+    @staticmethod
+    def derived(kind: str, meta: dict) -> dict:
+        """Nothing: a GPT reads every dataset with the config it is given."""
+        return {}
 
     @staticmethod
     def collate(pairs: list, sep: int, eot: int, pad: int) -> Batch:

@@ -111,6 +111,11 @@ class SourceApart:
         return n, f"source or target is {n} tokens (a target with its start token)"
 
     @staticmethod
+    def derived(kind: str, meta: dict) -> dict:
+        """The padding id of a pairs dataset: padded source positions are masked as keys."""
+        return {"pad_id": meta["pad_id"]} if kind == "pairs" else {}
+
+    @staticmethod
     def collate(pairs: list, sep: int, eot: int, pad: int) -> Batch:
         B = len(pairs)
         S = max(len(s) for s, _ in pairs)
