@@ -253,8 +253,8 @@ def test_a_resume_reads_each_of_the_runs_files_once(tmp_path, corpus_file, monke
             reads[key(path)] += 1
             return original(path, *a, **kw)
         monkeypatch.setattr(module, name, wrapper)
-    counted(checkpoint, "read_arrays", lambda p: "weights" if "optimizer" not in str(p) else "optimizer")
-    counted(checkpoint, "read_json", lambda p: os.path.basename(str(p)))
+    counted(runfiles, "read_arrays", lambda p: "weights" if "optimizer" not in str(p) else "optimizer")
+    counted(runfiles, "read_json", lambda p: os.path.basename(str(p)))
     counted(jsonio, "read_json", lambda p: os.path.basename(str(p)))
     original_load = Tokenizer.load
     run_dir = tmp_path / "a"                  # the dataset's own tokenizer is another file, read once too
