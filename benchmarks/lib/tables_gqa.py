@@ -48,7 +48,7 @@ def quality(rows: list[dict]) -> str:
     for kv, x in tried:
         v = [r["val_split_loss"] for r in rows if r["n_kv_head"] == kv and r["lr"] == x and r["seed"] in (1, 2)]
         seeds = sorted(r["seed"] for r in rows if r["n_kv_head"] == kv and r["lr"] == x and r["seed"] in (1, 2))
-        cells.append(f"{kv} heads at {x:g}: {np.mean(v):.4f} (seed{'s' if len(seeds) > 1 else ''} "
+        cells.append(f"{kv} head{'s' * (kv != 1)} at {x:g}: {np.mean(v):.4f} (seed{'s' if len(seeds) > 1 else ''} "
                      f"{', '.join(map(str, seeds))})")
     out += ["", f"The default run (4 × 128, 4 query heads, context 128, 1,500 steps, "
                 f"{rows[0]['val_split_tokens']:,} validation tokens); every arm at peak rate {lr:g} (the full-head "
