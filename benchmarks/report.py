@@ -332,7 +332,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "retrieval": (tables_sparse.retrieval, "retrieval"),
           "retrieval_train": (tables_sparse.retrieval_train, "retrieval_train"), "sparse_text": (tables_sparse.sparse_text, "sparse_text"),
           "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),
-          "mta_seeds": (tables_mta.seeds, "mta_find_block"),
+          "mta_seeds": (tables_mta.seeds, "mta_find_block"), "mta_matched": (tables_mta.matched, "mta_find_block"),
           "gatt_keeps": (tables_gatt.keeps, "ghost_attention"), "gatt_paired": (tables_gatt.paired, "ghost_attention"),
           "gatt_parts": (tables_gatt.parts, "ghost_attention"),
           "gatt_attention": (tables_gatt.attention, "ghost_attention"),

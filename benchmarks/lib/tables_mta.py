@@ -52,7 +52,7 @@ def seeds(rows: list[dict]) -> str:
     """Every arm's runs after the sweep (each at the learning rate the sweep chose for it) over
     the seeds: error per seed with Wilson's interval, the mean with a t interval, and the paired
     difference against standard attention."""
-    rows = [r for r in rows if r["phase"] != "sweep"]
+    rows = [r for r in rows if r["phase"] != "sweep" and "pool" not in r]     # the fixed pool's (matched: below)
     if not rows:
         return "(no runs after the sweep yet)"
     longest = {arm: max((r["steps"] for r in rows if r["arm"] == arm), default=0) for arm in NAMES}
@@ -89,4 +89,52 @@ def seeds(rows: list[dict]) -> str:
                 f"Error = 1 − greedy exact match on {n:,} held-out examples, with Wilson's 95 % interval per run; the "
                 f"mean's ± is a 95 % t interval over the seeds, and the paired difference pairs seeds (the same "
                 f"initial draw and batches). {records.provenance(rows)}"]
+    return "\n".join(out)
+
+
+def matched(rows: list[dict]) -> str:
+    """The runs with matched repeats (each drawn from a pool sized to its draws): per arm, rate
+    and budget, the error on each seed and its mean, and the paired difference from MTA 2 × 9."""
+    rows = [r for r in rows if "pool" in r]
+    if not rows:
+        return "(no runs with matched repeats yet)"
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["arm"], r["lr"], r["factor"]), {})[r["seed"]] = r
+    mta = next((got for (arm, _, factor), got in groups.items() if arm == "mta" and factor == 1), {})
+    seed_list = sorted({r["seed"] for r in rows})
+    out = ["| arm | lr | budget | steps | pool | repeats | " + " | ".join(f"seed {s}" for s in seed_list)
+           + " | mean error | − MTA 2 × 9, paired |",
+           "| --- | ---: | --- | ---: | ---: | ---: |" + " ---: |" * len(seed_list) + " ---: | ---: |"]
+    order = sorted(groups, key=lambda k: (list(NAMES).index(k[0]) if k[0] in NAMES else 99, k[2], k[1]))
+    for key in order:
+        arm, lr, factor = key
+        got = groups[key]
+        r0 = next(iter(got.values()))
+        cells = []
+        for s in seed_list:
+            if s in got:
+                lo, hi = stats.binomial_ci(round(got[s]["error"] * got[s]["examples"]), got[s]["examples"])
+                cells.append(f"{_pct(got[s]['error'])} ({100 * lo:.1f}–{100 * hi:.1f})")
+            else:
+                cells.append("")
+        errors = {s: r["error"] for s, r in got.items()}
+        m, h = stats.mean_ci(list(errors.values()))
+        diff = ""
+        if got is not mta and mta:
+            d, dh, n = stats.paired(errors, {s: r["error"] for s, r in mta.items()})
+            if n:
+                diff = f"{100 * d:+.1f}" + (f" ± {100 * dh:.1f}" if n > 1 else "") + f" points ({n} seed{'s' * (n > 1)})"
+        draws = r0["steps"] * r0["config"]["train"]["batch_size"]
+        budget = "matched" if factor == 1 else f"{factor} × matched"
+        out.append(f"| {NAMES[arm]} | {lr:g} | {budget} | {r0['steps']:,} | {r0['pool']:,} | "
+                   f"{100 * repeated(draws, r0['pool']):.0f} % | " + " | ".join(cells)
+                   + f" | {_pct(m) + ('' if h != h else f' ± {100 * h:.1f}')} | {diff} |")
+    out += ["", f"Each run draws its batches with replacement from its own pool of examples, sized to its draws "
+                f"(steps × batch), so the expected share of repeated draws (repeats) is the same for every run; the "
+                f"pools are prefixes of one stream, and the {rows[0]['examples']:,} held-out examples, drawn from "
+                f"another, are the same for all. Budget: the wall time of MTA 2 × 9's steps (matched), or a "
+                f"multiple of it. Error = 1 − greedy exact match, with Wilson's 95 % interval per run; the mean's "
+                f"± is a 95 % t interval over the seeds, the difference paired by seed. "
+                f"{records.provenance(rows)}"]
     return "\n".join(out)

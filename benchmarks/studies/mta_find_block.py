@@ -28,7 +28,16 @@ The study, each phase resumable (records already written are skipped):
 
 Training batches are drawn with replacement from ``--examples`` examples, so an arm sees some
 of them more than once (the seeds table gives each arm's expected share of repeated draws);
-1,000 held-out examples are never in training. Every training is one record in
+1,000 held-out examples are never in training.
+
+4. ``matched`` (``--pool matched``): the same question with the repeats matched and the
+   baseline given more room. Each run draws from its own pool, sized to its draws (``--examples``
+   for MTA 2 x 9's ``--steps``, in proportion for the others), so every run repeats the same
+   expected share of its examples; the pools are nested prefixes of one stream, and the 1,000
+   held-out examples, drawn from another stream first, are the same for every pool. Standard
+   attention runs at its matched budget and at ``--factors`` times it, at its swept rate and at
+   ``--baseline-lrs`` (below the old grid), on ``--baseline-seeds``; MTA 2 x 9 at its swept rate
+   on ``--seeds``. Every training is one record in
 results/mta_find_block.jsonl: its config, seed, commit, CPU, steps, wall time, and `tbp eval`'s
 exact match (error = 1 - exact match) with the number of held-out examples.
 
@@ -37,6 +46,7 @@ The documentation's tables came from exactly these (``TBP_RESULTS=DIR`` reruns t
     python benchmarks/studies/mta_find_block.py timing
     python benchmarks/studies/mta_find_block.py sweep                  # --steps 2000, seed 1
     python benchmarks/studies/mta_find_block.py seeds --steps 6000     # every arm, seeds 1-3
+    python benchmarks/studies/mta_find_block.py matched --pool matched --steps 6000 --seeds 1 2 3 4 5
 """
 import argparse
 import json
@@ -73,8 +83,14 @@ def example(rng: random.Random, blocks: int, n: int, q: int) -> tuple[str, str]:
     return ".".join("".join(b) for b in items) + "#" + "".join(query), "".join(target)
 
 
-def data(args) -> Path:
-    """The pairs dataset: --examples training examples and 1,000 held out, all distinct."""
+HELD_OUT = 1000
+
+
+def data(args, pool: int | None = None) -> Path:
+    """The pairs dataset: --examples training examples and 1,000 held out, all distinct; with
+    ``pool``, that many training examples before the held-out ones of :func:`pooled`."""
+    if pool is not None:
+        return pooled(args, pool)
     work = Path(args.work)
     out = work / "data"
     if (out / "meta.json").exists():
@@ -93,8 +109,36 @@ def data(args) -> Path:
     return out
 
 
-def n_ctx(args) -> int:
-    return json.loads((data(args) / "meta.json").read_text())["max_example_tokens"] + 1
+def pooled(args, pool: int) -> Path:
+    """A dataset whose training part is the first ``pool`` examples of one stream (seed 0) and
+    whose last 1,000 are held out, drawn first from another stream (seed 1) and never trained
+    on: every pool holds the same held-out examples, and a smaller pool is a prefix of a larger."""
+    work = Path(args.work)
+    out = work / f"data-pool{pool}"
+    if (out / "meta.json").exists():
+        return out
+    work.mkdir(parents=True, exist_ok=True)
+    shape = (args.blocks, args.block_size, args.query)
+    held, heldout = random.Random(1), {}
+    while len(heldout) < HELD_OUT:
+        src, tgt = example(held, *shape)
+        heldout.setdefault(src, tgt)
+    rng, seen, rows = random.Random(0), set(heldout), []
+    while len(rows) < pool:
+        src, tgt = example(rng, *shape)
+        if src not in seen:
+            seen.add(src)
+            rows.append(f"{src}\t{tgt}\n")
+    rows += [f"{src}\t{tgt}\n" for src, tgt in heldout.items()]
+    tsv = work / f"find-block-pool{pool}.tsv"
+    tsv.write_text("".join(rows))
+    tbp("prepare", "--format", "pairs", "--data", tsv, "--out", out, "--force", "--val-fraction", HELD_OUT / len(rows))
+    tsv.unlink()
+    return out
+
+
+def n_ctx(args, pool: int | None = None) -> int:
+    return json.loads((data(args, pool) / "meta.json").read_text())["max_example_tokens"] + 1
 
 
 def timing(args) -> None:
@@ -122,21 +166,29 @@ def matched_steps(args, arm: str) -> int:
     return round(args.steps * t[MATCHED_TO] / t[arm])
 
 
-def train_one(args, arm: str, lr: float, seed: int, phase: str) -> None:
-    steps = matched_steps(args, arm)
-    if (arm, lr, seed, steps) in {(r["arm"], r["lr"], r["seed"], r["steps"]) for r in records.read("mta_find_block")}:
+def _key(r: dict) -> tuple:
+    """A run's identity: arm, rate, seed, steps, and its pool (None: the fixed ``--examples``)."""
+    return r["arm"], r["lr"], r["seed"], r["steps"], r.get("pool")
+
+
+def train_one(args, arm: str, lr: float, seed: int, phase: str, factor: int = 1) -> None:
+    """One training of ``arm`` for ``factor`` times its matched steps, then its held-out eval."""
+    steps = factor * matched_steps(args, arm)
+    pool = round(args.examples * steps / args.steps) if args.pool == "matched" else None   # draws per example kept
+    if (arm, lr, seed, steps, pool) in {_key(r) for r in records.read("mta_find_block")}:
         return
-    run = Path(args.work) / f"{arm}-lr{lr:g}-n{steps}-s{seed}"
+    run = Path(args.work) / (f"{arm}-lr{lr:g}-n{steps}-s{seed}" + (f"-p{pool}" if pool else ""))
     if (run / "state.json").exists():             # stopped part-way: continue it (tbp resumes exactly)
         tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
     else:
-        tbp("train", "--data", data(args), "--out", run, "--force", "--seed", seed, "--threads", 1, *SHAPE,
-            *ARMS[arm], "--n-ctx", n_ctx(args), "--batch-size", 32, "--lr", lr, "--min-lr", lr / 10,
+        tbp("train", "--data", data(args, pool), "--out", run, "--force", "--seed", seed, "--threads", 1, *SHAPE,
+            *ARMS[arm], "--n-ctx", n_ctx(args, pool), "--batch-size", 32, "--lr", lr, "--min-lr", lr / 10,
             "--max-iters", steps, "--eval-interval", 500, "-q")
     ev = json.loads(tbp("eval", "--checkpoint", run, "--json"))
     state = json.loads((run / "state.json").read_text())
     cfg = json.loads((run / "config.json").read_text())
     row = {"phase": phase, "n_layer": SHAPE[1], "arm": arm, "lr": lr, "seed": seed, "steps": steps,
+           **({"pool": pool, "factor": factor} if pool else {}),
            "commit": records.commit(), "config": cfg, "train_s": state["elapsed_s"], "threads": 1,
            "examples": ev["examples"], "exact_match": ev["exact_match"], "error": 1 - ev["exact_match"],
            "token_accuracy": ev["token_accuracy"], "val_loss": ev["val_loss"]}
@@ -175,9 +227,25 @@ def seeds(args) -> None:
                 train_one(args, arm, lr, seed, "seed" if arm in SWEPT else "ablation")
 
 
+def matched(args) -> None:
+    """The repeats matched: MTA 2 x 9 at its swept rate on every seed, then standard attention at
+    each budget factor and rate on the baseline seeds (seeds outermost: a partial run is balanced)."""
+    if args.pool != "matched":
+        sys.exit("the matched phase draws each run from its own pool: pass --pool matched")
+    lr_mta, lr_std = best_lr("mta"), best_lr("standard")
+    if lr_mta is None or lr_std is None:
+        sys.exit("no learning-rate sweep: run the sweep phase first")
+    for seed in args.seeds:
+        train_one(args, "mta", lr_mta, seed, "matched")
+    for seed in args.baseline_seeds:
+        for factor in args.factors:
+            for lr in sorted({lr_std, *args.baseline_lrs}):
+                train_one(args, "standard", lr, seed, "matched", factor)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds"])
+    ap.add_argument("phases", nargs="+", choices=["timing", "sweep", "seeds", "matched"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
     ap.add_argument("--steps", type=int, default=2000, help="the 2 x 9 MTA arm's steps; the others match its time")
@@ -186,12 +254,17 @@ def main():
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--block-size", type=int, default=5)
     ap.add_argument("--query", type=int, default=2)
-    ap.add_argument("--examples", type=int, default=300_000)
+    ap.add_argument("--examples", type=int, default=300_000, help="training examples (--pool matched: MTA 2 x 9's)")
+    ap.add_argument("--pool", choices=["fixed", "matched"], default="fixed",
+                    help="fixed: every run draws from --examples; matched: each from a pool sized to its draws")
+    ap.add_argument("--factors", type=int, nargs="+", default=[1, 3], help="matched: standard attention's budgets")
+    ap.add_argument("--baseline-lrs", type=float, nargs="+", default=[5e-4], help="matched: rates beside its swept one")
+    ap.add_argument("--baseline-seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--work", default="bench-mta")
     args = ap.parse_args()
     records.pin_gemm()
     for phase in args.phases:
-        {"timing": timing, "sweep": sweep, "seeds": seeds}[phase](args)
+        {"timing": timing, "sweep": sweep, "seeds": seeds, "matched": matched}[phase](args)
 
 
 if __name__ == "__main__":
