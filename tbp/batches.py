@@ -2,7 +2,7 @@
 values, one row per example:
 
 * text: ``idx`` and ``targets`` (B, n_ctx), random windows, targets shifted by one;
-* pairs: laid out by the architecture that reads them (its ``collation``, tbp/nn/batch.py): one
+* pairs: laid out by the architecture that reads them (its ``collation``: tbp/nn/batch.py, designs/encdec): one
   sequence with the loss on the target for a GPT, the source apart for an encoder-decoder;
 * conversations: each conversation one row, ``weights`` its loss mask (chat.py).
 

@@ -30,6 +30,21 @@ def test_the_face_still_gives_the_model_and_its_loader():
     assert out.split() == ["True", "4"]
 
 
+@pytest.mark.parametrize("first", ["tbp.nn.designs.sparse", "tbp.nn.designs.flash", "tbp.nn.designs.encdec",
+                                   "tbp.nn.designs", "tbp.nn.build"])
+def test_every_declaration_is_asked_whichever_module_is_imported_first(first):
+    """A design imported before the builder still has its declaration in build.VARIANTS (the
+    registry's own list), the core's options first: the checks and refusals see every variant."""
+    code = (f"import {first}\nfrom tbp.nn import build, ModelConfig\n"
+            "print(' '.join(v.key for v in build.VARIANTS))\n"
+            "try:\n    ModelConfig(arch='encoder-decoder', positions='rope')\nexcept ValueError:\n    print('refused')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.split("\n")
+    keys = out[0].split()
+    assert keys[:2] == ["dropout", "recompute"] and "encoder-decoder" in keys and len(set(keys)) == len(keys)
+    assert out[1] == "refused"
+
+
 def _imports(path: Path) -> set[str]:
     """The tbp modules ``path`` imports, at its top or inside a function (a deferred import is
     still an arrow of the graph)."""

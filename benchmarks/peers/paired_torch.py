@@ -246,7 +246,7 @@ def main():
                     ours, theirs, tokens, per = tbp_generator(GENERATE), torch_generator(GENERATE), 1, 1
                     label = f"generate {GENERATE[0]}L-{GENERATE[2]} T{GENERATE[3]} B1"
                     size = {"n_layer": GENERATE[0], "n_head": GENERATE[1], "d_model": GENERATE[2],
-                            "n_ctx": GENERATE[3], "batch": 1}
+                            "n_ctx": GENERATE[3], "vocab_size": V, "batch": 1}
                 else:
                     shape, batch, per, vocab = TRAIN[case]
                     torch.set_num_threads(threads)

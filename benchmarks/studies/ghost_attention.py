@@ -280,22 +280,23 @@ def finetune(args) -> None:
             for _, qa in dialogues:
                 f.write(json.dumps({"messages": messages((), qa, "consistent")}) + "\n")
     base_data = _prepared(plain, work / "ft-data-plain", shared, [])
+    # every arm's data, whichever --arms this call runs: the pretrained model's context must fit them all
     ft_data = {arm: _prepared(work / f"{source}.jsonl", work / f"ft-data-{arm}", shared, flags)
-               for arm, (source, flags) in ARMS.items() if arm in args.arms}
+               for arm, (source, flags) in ARMS.items()}
     n_ctx = max(json.loads((d / "meta.json").read_text())["max_example_tokens"]
                 for d in (base_data, *ft_data.values())) - 1
     tests = held_out(args.held_out)
     done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention_ft")}
     for seed in args.seeds:
-        pre = work / f"pretrained-{seed}"
-        for arm in ft_data:
+        pre = work / f"pretrained-{seed}-n{args.iters}"            # the budgets in the names: no stale reuse
+        for arm in args.arms:
             if all((arm, seed, t) in done for t in (*TESTS, "attention")):
                 continue
             if not _trained(pre, args.iters):
                 tbp("train", "--data", base_data, "--out", pre, "--force", "--seed", seed, "--threads", 1,
                     "--max-iters", args.iters, "--n-ctx", n_ctx, *SHAPE, "--batch-size", 16, "--lr", "2e-3",
                     "--min-lr", "2e-4", "--eval-interval", 500, "-q")
-            run = work / f"ft-{arm}-{seed}"
+            run = work / f"ft-{arm}-{seed}-n{args.ft_iters}-from{args.iters}"
             if not _trained(run, args.ft_iters):
                 tbp("train", "--init-from", pre, "--data", ft_data[arm], "--out", run, "--force", "--seed", seed,
                     "--threads", 1, "--max-iters", args.ft_iters, "--batch-size", 16, "--lr", "1e-3",
@@ -303,7 +304,8 @@ def finetune(args) -> None:
             cfg = json.loads((run / "config.json").read_text())
             state = json.loads((run / "state.json").read_text())
             base = {"arm": arm, "seed": seed, "commit": records.commit(), "n_layer": cfg["model"]["n_layer"],
-                    "config": cfg, "iters": args.ft_iters, "pretrain_iters": args.iters,
+                    "config": cfg, "iters": args.ft_iters,
+                    "pretrain_iters": json.loads((pre / "state.json").read_text())["step"],
                     "train_dialogues": args.dialogues, "train_turns": TRAIN_TURNS, "test_turns": TEST_TURNS,
                     "train_s": round(state["elapsed_s"], 1), "threads": 1}
             _evaluate("ghost_attention_ft", run, base, tests, done, arm, seed)

@@ -205,7 +205,7 @@ def _last_eval(run: Path):
 @click.option("--data", "data_arg", default=None, metavar="DIR|FILE",
               help="A prepared dataset folder, or text (file or folder) prepared on the fly. "
                    "Default: the built-in corpus.")
-@click.option("--tokenizer", "tokenizer_kind", type=click.Choice(TOKENIZERS), default="char", show_default=True,
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="char", show_default=True,
               help="Tokenizer for text prepared on the fly (new runs only).")
 @click.option("--vocab-size", type=click.IntRange(min=1), default=None,
               help="BPE vocabulary for text prepared on the fly (default 1024).")
@@ -232,7 +232,7 @@ def _last_eval(run: Path):
                    "name at the same time takes DIR/<run name>-2/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
-def train(ctx, data_arg, tokenizer_kind, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank,
+def train(ctx, data_arg, tokenizer, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank,
           lora_alpha, lora_targets, tb_dir, quiet, **opts):
     """Train a GPT with handwritten backprop; checkpoints at every eval, resumable exactly.
 
@@ -252,7 +252,7 @@ def train(ctx, data_arg, tokenizer_kind, vocab_size, out, resume, init_from, for
     lora = None
     if lora_rank is not None:
         lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
-    request = runs.RunRequest(out=out, data=data_arg, tokenizer=tokenizer_kind, vocab_size=vocab_size, resume=resume,
+    request = runs.RunRequest(out=out, data=data_arg, tokenizer=tokenizer, vocab_size=vocab_size, resume=resume,
                               init_from=init_from, force=force, lora=lora, unknown_chars=unknown_chars,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     if tb_dir is not None and out is not None and tensorboard_inside(tb_dir, out):

@@ -32,10 +32,10 @@ class CausalSelfAttention(Module):
     computes the same numbers in tiles (``tiles`` = (block_q, block_k); None: the kernel's
     own) and keeps only each row's log-sum-exp (designs/flash). ``positions`` (positions.py):
     what the model's positions scheme does in attention -- transform queries and keys
-    (rotary), add a term to the scores -- or nothing (learned positions, the default). ``window``: each query attends to at most this many
-    positions; a model without learned positions sets it to its context, so a sequence longer
-    than the context is sliding-window attention -- exactly what the sliding KV cache computes.
-    None: no limit.
+    (rotary), add a term to the scores -- or nothing (learned positions, the default).
+    ``window``: each query attends to at most this many positions; a model without learned
+    positions sets it to its context, so a sequence longer than the context is sliding-window
+    attention -- exactly what the sliding KV cache computes. None: no limit.
 
     The keys and values are ``n_kv_head`` heads (here H, one per query head); a variant that
     shares them between groups of query heads passes ``n_kv_head`` and changes :meth:`_expand`,
@@ -167,7 +167,7 @@ class CausalSelfAttention(Module):
         s.qk = s.qkv[:, :(H + Hkv) * Dk].reshape(B, Tn, H + Hkv, Dk)   # queries and keys, for rotary
         s.qk_rotated = np.empty_like(s.qk)
         s.att = np.empty((B, H, Tn, n_ctx), dtype)               # scores, then probabilities (unnormalised)
-        s.scores = np.empty((B, H, n_ctx), dtype)                # a selection layer's scores (sparse.py)
+        s.scores = np.empty((B, H, n_ctx), dtype)                # a selection layer's scores (designs/sparse)
         s.rowmax = np.empty((B, H, Tn, 1), dtype)                # max of each score row
         s.ysum = np.empty((B, H, Tn, Dv + 1), dtype)             # [sum_j p_j v_j, sum_j p_j]
         s.ysum_v, s.ysum_p = s.ysum[..., :-1], s.ysum[..., -1:]
@@ -181,7 +181,7 @@ class CausalSelfAttention(Module):
         return cached
 
     def select(self, scores: np.ndarray, rule) -> np.ndarray:
-        """Sparse decoding's kept positions from the new row's scores (B, H, t) (sparse.py)."""
+        """Sparse decoding's kept positions from the new row's scores (B, H, t) (designs/sparse)."""
         return rule.keep(scores)
 
     @staticmethod

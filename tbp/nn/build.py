@@ -23,8 +23,9 @@ from .variant import USES, Variant
 ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
 
 # every variant's declaration (variant.py): the core's training options, then the designs'
-# (tbp/nn/designs/), declared in the registry
-VARIANTS: list[Variant] = [dropout.VARIANT, recompute.VARIANT, *registry.VARIANTS]
+# (tbp/nn/designs/) -- the registry's own list, so a declaration made after this module was
+# first imported (a design imported before the builder) is in it too
+VARIANTS: list[Variant] = registry.VARIANTS
 
 
 def positions(cfg: ModelConfig):

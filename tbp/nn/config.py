@@ -149,7 +149,8 @@ class ModelConfig(DictConfig):
                           cli=False, gpt2=True)
     attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "
                                     "backward; flash computes the same numbers in tiles with O(T) memory; "
-                                    "auto: flash from the context where it is the faster.", choices=ATTN_IMPLS)
+                                    "auto: flash at long contexts, for that memory (tbp info shows the choice).",
+                            choices=ATTN_IMPLS)
     positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or a "
                                        "scheme without one, which reads past the context as a sliding window "
                                        "(rope: queries and keys rotated by position; the designs add others).",

@@ -56,7 +56,7 @@ class Rows:
 
 
 class Sparse:
-    """Sparse decoding's state during one step (sparse.py): the ``rule``; ``keep``, the
+    """Sparse decoding's state during one step (designs/sparse): the ``rule``; ``keep``, the
     positions the last selection layer chose (None before the first); ``scores`` (B, H, t),
     what it chose them from."""
 
@@ -115,7 +115,7 @@ class Inference:
 
     ``sparse`` (a sparse.SparseRule) thins attention for one-token steps once more positions are
     cached than its budget: at its selection layers the token attends densely and picks the
-    set the following layers attend to (sparse.py). Prefill and layers before the first
+    set the following layers attend to (designs/sparse). Prefill and layers before the first
     selection layer stay dense; ``kept`` holds the last set chosen, ``kept_scores`` its scores.
     """
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from .config import ConfigError
 from .module import Module
+from . import registry
 from .variant import Variant
 
 
@@ -77,7 +78,7 @@ def _check(cfg) -> None:
         raise ConfigError("dropout is built for causal self-attention (a GPT)")
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="dropout", name="dropout", active=lambda cfg: cfg.dropout > 0, check=_check,
     refuses={"flash": "dropout needs whole rows of attention weights; the flash kernel has tiles (attn_impl "
                       "auto or dense)",
@@ -89,4 +90,4 @@ VARIANT = Variant(
     activations=lambda cfg: cfg.n_layer * (cfg.n_head * cfg.n_ctx + 2 * cfg.d_model),
     model_cases=(("gpt [dropout 0.3, fixed masks]", dict(dropout=0.3)),
                  ("gpt [dropout 0.3, rope, untied head]", dict(dropout=0.3, positions="rope", tie_head=False))),
-)
+), core=True)

@@ -14,15 +14,16 @@ earlier block, and the encoder-decoder has two stacks: both refuse it.
 """
 from __future__ import annotations
 
+from . import registry
 from .variant import Variant
 
 # memory.train_parts counts it: one block's share of the stack's activations, plus L inputs (B, T, C)
 
 
-VARIANT = Variant(
+VARIANT = registry.declare(Variant(
     key="recompute", name="activation recomputation", active=lambda cfg: cfg.recompute, axis="recompute",
     describe=lambda cfg: ("recompute", "each block's forward run again in the backward: one block's activations "
                                        "kept at a time"),
     model_cases=(("gpt [recompute]", dict(n_layer=2, recompute=True)),
                  ("gpt [recompute, dropout 0.1]", dict(n_layer=2, recompute=True, dropout=0.1))),
-)
+), core=True)

@@ -13,7 +13,7 @@ registration, with no edit of the modules that read the axis.
                 kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
                 KERNEL_FROM: name -> the context from which ``auto`` picks it; KERNEL_ONE_THREAD:
                 the kernels whose products are small tiles, which run best on one BLAS thread
-    SPARSE      a sparse decoding rule's kind: name -> its Selection (sparse.py): how it keeps
+    SPARSE      a sparse decoding rule's kind: name -> its Selection (designs/sparse): how it keeps
                 positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
 """
@@ -56,9 +56,18 @@ def residual(name: str) -> Callable:
     return _register(RESIDUAL, "residual", name)
 
 
-def declare(variant):
-    """Add a design's declaration (a variant.Variant) to the ones the config checks and tbp asks."""
+_CORE: set[str] = set()
+
+
+def declare(variant, core: bool = False):
+    """Add a declaration (a variant.Variant) to the ones the config checks and tbp asks: the
+    core's training options (``core``) first, then the designs, each group in the order it was
+    declared -- whichever module is imported first. VARIANTS stays one list, so whoever holds
+    it (build.VARIANTS) sees every declaration."""
+    if core:
+        _CORE.add(variant.key)
     VARIANTS.append(variant)
+    VARIANTS.sort(key=lambda v: v.key not in _CORE)          # stable: each group keeps its order
     return variant
 
 
@@ -71,11 +80,16 @@ def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) ->
     """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``;
     ``auto_from``: the context from which ``attn_impl auto`` picks it over the dense kernel;
     ``one_thread``: training holds BLAS to one thread with it (its products are small tiles)."""
-    if auto_from is not None:
-        KERNEL_FROM[name] = auto_from
-    if one_thread:
-        KERNEL_ONE_THREAD.add(name)
-    return _register(KERNEL, "attention kernel", name)
+    enter = _register(KERNEL, "attention kernel", name)
+
+    def register(make):
+        enter(make)                                # refuses a second registration before any table changes
+        if auto_from is not None:
+            KERNEL_FROM[name] = auto_from
+        if one_thread:
+            KERNEL_ONE_THREAD.add(name)
+        return make
+    return register
 
 
 def sparse(name: str) -> Callable:

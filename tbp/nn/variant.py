@@ -14,8 +14,8 @@ declares one ``VARIANT``, and ``build.VARIANTS`` lists them all (a design of the
   LoRA, chat, tbp bench) for the CLI, the runs and the decoder alike; the GPT-2 export
   (hf.py) gives every active variant's "export" reason, the GGUF export (gguf.py) its "gguf" one;
 - ``tbp info`` shows each active variant's ``describe`` row; ``tbp.memory`` adds its
-  ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases`` and
-  ``model_cases``.
+  ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases``,
+  ``memory_cases`` and ``model_cases``.
 
 So a new design is its folder in ``tbp/nn/designs/`` -- its layer or positions object, its
 backward, its ``VARIANT`` (``registry.declare``), its registration on its axis

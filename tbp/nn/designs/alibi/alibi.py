@@ -12,7 +12,7 @@ weigh more, and the slopes differ, so heads look at different ranges.
 
 The bias is a constant of the positions: it has no parameter, and since it enters S additively
 the backward of attention is the same closed form (dS does not see it). The kernels add it
-where they add the mask (positions.py, kernels.py, flash.py); decoding adds it against the
+where they add the mask (positions.py, kernels.py, designs/flash); decoding adds it against the
 positions its cache slots hold. As with rotary positions, a sequence longer than the context
 is read as a sliding window of n_ctx positions, and generation slides past the context.
 """
