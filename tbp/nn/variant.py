@@ -4,8 +4,8 @@ of testing config strings.
 A variant is one choice on one of the model's axes -- an attention kind (Multi-Token Attention,
 grouped-query attention), a residual scheme (Attention Residuals), positions (rotary), an
 architecture (the encoder-decoder), a kernel (flash), a training option (dropout). Its module
-declares one ``VARIANT``, and ``build.VARIANTS`` lists them all (a design of the designs wing,
-``tbp/nn/designs/``, declares its own in the registry). From those declarations:
+declares one ``VARIANT`` into the registry (``registry.declare``; the core's training options
+first), and ``build.VARIANTS`` is that list. From those declarations:
 
 - ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
   one of which ``refuses`` the other (one message, written once, by the variant that knows
