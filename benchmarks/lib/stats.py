@@ -28,6 +28,21 @@ def paired(a: dict, b: dict) -> tuple[float, float, int]:
     return m, h, len(seeds)
 
 
+def welch(a: list[float], b: list[float]) -> tuple[float, float]:
+    """mean(a) - mean(b) and the half-width of its 95 % Welch interval (unpaired, unequal
+    variances; Welch-Satterthwaite degrees of freedom, rounded down); nan with fewer than two
+    values on a side."""
+    d = statistics.mean(a) - statistics.mean(b)
+    if len(a) < 2 or len(b) < 2:
+        return d, float("nan")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, 0.0
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return d, t95(max(1, int(df))) * se
+
+
 def binomial_ci(k: int, n: int) -> tuple[float, float]:
     """Wilson's 95 % interval for a proportion k / n."""
     if n == 0:

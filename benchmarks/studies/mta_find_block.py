@@ -24,20 +24,20 @@ The study, each phase resumable (records already written are skipped):
 2. ``sweep``: ``standard`` and ``mta`` at each of ``--lrs`` on the first seed.
 3. ``seeds``: both at their best learning rate on every seed; the ablation arms at MTA's.
    With a ``--steps`` longer than any swept, the runs take the longest sweep's learning rates
-   (each budget is its own set of records: a run's key is its arm, lr, seed and steps).
+   (each budget is its own set of records: a run's key is its arm, lr, seed, steps and pool).
+4. ``matched``: the same question with the repeats matched and the baseline given more room.
+   Each run draws from its own pool, sized to its draws (``--examples`` for MTA 2 x 9's
+   ``--steps``, in proportion for the others), so every run repeats the same expected share
+   of its examples; the pools are nested prefixes of one stream, and the 1,000 held-out
+   examples, drawn first from another stream, are the same for every pool (and differ from the
+   other phases'). Every run at the matched budget comes first: MTA 2 x 9 at its swept rate on
+   ``--seeds``, then both arms at their swept rate and at ``--low-lrs`` (below the old grid)
+   on ``--low-seeds``; then standard attention at ``--factors`` times its budget. ``--arms``
+   limits it to those arms, so two processes can share the work (each arm's pools are its own).
 
 Training batches are drawn with replacement from ``--examples`` examples, so an arm sees some
-of them more than once (the seeds table gives each arm's expected share of repeated draws);
-1,000 held-out examples are never in training.
-
-4. ``matched`` (``--pool matched``): the same question with the repeats matched and the
-   baseline given more room. Each run draws from its own pool, sized to its draws (``--examples``
-   for MTA 2 x 9's ``--steps``, in proportion for the others), so every run repeats the same
-   expected share of its examples; the pools are nested prefixes of one stream, and the 1,000
-   held-out examples, drawn from another stream first, are the same for every pool. Standard
-   attention runs at its matched budget and at ``--factors`` times it, at its swept rate and at
-   ``--baseline-lrs`` (below the old grid), on ``--baseline-seeds``; MTA 2 x 9 at its swept rate
-   on ``--seeds``. Every training is one record in
+of them more than once (the tables give each run's expected share of repeated draws); the
+1,000 held-out examples are never in training. Every training is one record in
 results/mta_find_block.jsonl: its config, seed, commit, CPU, steps, wall time, and `tbp eval`'s
 exact match (error = 1 - exact match) with the number of held-out examples.
 
@@ -46,7 +46,7 @@ The documentation's tables came from exactly these (``TBP_RESULTS=DIR`` reruns t
     python benchmarks/studies/mta_find_block.py timing
     python benchmarks/studies/mta_find_block.py sweep                  # --steps 2000, seed 1
     python benchmarks/studies/mta_find_block.py seeds --steps 6000     # every arm, seeds 1-3
-    python benchmarks/studies/mta_find_block.py matched --pool matched --steps 6000 --seeds 1 2 3 4 5
+    python benchmarks/studies/mta_find_block.py matched --steps 6000 --seeds 1 2 3 4 5
 """
 import argparse
 import json
@@ -132,7 +132,9 @@ def pooled(args, pool: int) -> Path:
     rows += [f"{src}\t{tgt}\n" for src, tgt in heldout.items()]
     tsv = work / f"find-block-pool{pool}.tsv"
     tsv.write_text("".join(rows))
-    tbp("prepare", "--format", "pairs", "--data", tsv, "--out", out, "--force", "--val-fraction", HELD_OUT / len(rows))
+    n = len(rows)
+    del rows, seen                                # ~1 GB at the largest pool, while prepare runs
+    tbp("prepare", "--format", "pairs", "--data", tsv, "--out", out, "--force", "--val-fraction", HELD_OUT / n)
     tsv.unlink()
     return out
 
@@ -171,13 +173,20 @@ def _key(r: dict) -> tuple:
     return r["arm"], r["lr"], r["seed"], r["steps"], r.get("pool")
 
 
-def train_one(args, arm: str, lr: float, seed: int, phase: str, factor: int = 1) -> None:
-    """One training of ``arm`` for ``factor`` times its matched steps, then its held-out eval."""
+def pool_of(args, arm: str, factor: int) -> int:
+    """The matched phase's pool for a run: draws per example kept at MTA 2 x 9's."""
+    return round(args.examples * factor * matched_steps(args, arm) / args.steps)
+
+
+def train_one(args, arm: str, lr: float, seed: int, phase: str, factor: int = 1, pooled: bool = False,
+              swept: bool = True) -> None:
+    """One training of ``arm`` for ``factor`` times its matched steps, then its held-out eval;
+    ``pooled``: from its own pool (the matched phase); ``swept``: at the rate its sweep chose."""
     steps = factor * matched_steps(args, arm)
-    pool = round(args.examples * steps / args.steps) if args.pool == "matched" else None   # draws per example kept
+    pool = pool_of(args, arm, factor) if pooled else None
     if (arm, lr, seed, steps, pool) in {_key(r) for r in records.read("mta_find_block")}:
         return
-    run = Path(args.work) / (f"{arm}-lr{lr:g}-n{steps}-s{seed}" + (f"-p{pool}" if pool else ""))
+    run = Path(args.work) / (f"{arm}-lr{lr:g}-n{steps}-s{seed}" + (f"-p{pool}" if pool is not None else ""))
     if (run / "state.json").exists():             # stopped part-way: continue it (tbp resumes exactly)
         tbp("train", "--out", run, "--resume", "--threads", 1, "-q")
     else:
@@ -188,7 +197,7 @@ def train_one(args, arm: str, lr: float, seed: int, phase: str, factor: int = 1)
     state = json.loads((run / "state.json").read_text())
     cfg = json.loads((run / "config.json").read_text())
     row = {"phase": phase, "n_layer": SHAPE[1], "arm": arm, "lr": lr, "seed": seed, "steps": steps,
-           **({"pool": pool, "factor": factor} if pool else {}),
+           **({"pool": pool, "factor": factor, "swept_lr": swept} if pool is not None else {}),
            "commit": records.commit(), "config": cfg, "train_s": state["elapsed_s"], "threads": 1,
            "examples": ev["examples"], "exact_match": ev["exact_match"], "error": 1 - ev["exact_match"],
            "token_accuracy": ev["token_accuracy"], "val_loss": ev["val_loss"]}
@@ -228,19 +237,26 @@ def seeds(args) -> None:
 
 
 def matched(args) -> None:
-    """The repeats matched: MTA 2 x 9 at its swept rate on every seed, then standard attention at
-    each budget factor and rate on the baseline seeds (seeds outermost: a partial run is balanced)."""
-    if args.pool != "matched":
-        sys.exit("the matched phase draws each run from its own pool: pass --pool matched")
-    lr_mta, lr_std = best_lr("mta"), best_lr("standard")
-    if lr_mta is None or lr_std is None:
+    """The repeats matched. Every pool is built first (one process per arm may then share the
+    work); then every run at the matched budget -- MTA 2 x 9 at its swept rate on every seed,
+    both arms at the low rates on the low seeds -- and last standard attention's longer budgets."""
+    arms = [arm for arm in SWEPT if arm in args.arms]
+    swept = {arm: best_lr(arm) for arm in arms}
+    if None in swept.values():
         sys.exit("no learning-rate sweep: run the sweep phase first")
-    for seed in args.seeds:
-        train_one(args, "mta", lr_mta, seed, "matched")
-    for seed in args.baseline_seeds:
-        for factor in args.factors:
-            for lr in sorted({lr_std, *args.baseline_lrs}):
-                train_one(args, "standard", lr, seed, "matched", factor)
+    for arm in arms:
+        for factor in ([1] if arm == "mta" else sorted({1, *args.factors})):
+            data(args, pool_of(args, arm, factor))
+    std = swept.get("standard")
+    runs = [("mta", swept.get("mta"), s, 1, True) for s in args.seeds]            # MTA 2 x 9, every seed
+    runs += [("standard", std, s, 1, True) for s in args.low_seeds]               # the baseline, matched budget
+    runs += [(arm, lr, s, 1, False) for s in args.low_seeds for arm in arms       # both below the old grid
+             for lr in args.low_lrs if lr != swept[arm]]
+    runs += [("standard", lr, s, f, lr == std) for f in sorted(set(args.factors) - {1})  # the longer budgets
+             for s in args.low_seeds for lr in sorted({std, *args.low_lrs})]
+    for arm, lr, seed, factor, at_swept in runs:
+        if arm in arms:
+            train_one(args, arm, lr, seed, "matched", factor, pooled=True, swept=at_swept)
 
 
 def main():
@@ -254,12 +270,10 @@ def main():
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--block-size", type=int, default=5)
     ap.add_argument("--query", type=int, default=2)
-    ap.add_argument("--examples", type=int, default=300_000, help="training examples (--pool matched: MTA 2 x 9's)")
-    ap.add_argument("--pool", choices=["fixed", "matched"], default="fixed",
-                    help="fixed: every run draws from --examples; matched: each from a pool sized to its draws")
+    ap.add_argument("--examples", type=int, default=300_000, help="training examples (matched: MTA 2 x 9's pool)")
     ap.add_argument("--factors", type=int, nargs="+", default=[1, 3], help="matched: standard attention's budgets")
-    ap.add_argument("--baseline-lrs", type=float, nargs="+", default=[5e-4], help="matched: rates beside its swept one")
-    ap.add_argument("--baseline-seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--low-lrs", type=float, nargs="+", default=[5e-4], help="matched: rates beside the swept one")
+    ap.add_argument("--low-seeds", type=int, nargs="+", default=[1, 2], help="matched: seeds of the other runs")
     ap.add_argument("--work", default="bench-mta")
     args = ap.parse_args()
     records.pin_gemm()
