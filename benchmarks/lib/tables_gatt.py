@@ -25,6 +25,15 @@ def _budget(r: dict) -> str:
     return f"{r['iters']:,} training steps per arm."
 
 
+def _one_budget(rows: list[dict]) -> list[dict]:
+    """The records at the newest record's budget (its steps, and its pretraining's where it had
+    one): runs at other budgets are other experiments, not more seeds."""
+    if not rows:
+        return rows
+    budget = lambda r: (r["iters"], r.get("pretrain_iters"))
+    return [r for r in rows if budget(r) == budget(rows[-1])]
+
+
 def _cell(values: list[float]) -> str:
     m, h = stats.mean_ci(values)
     return f"{100 * m:.1f} %" + ("" if h != h else f" ± {100 * h:.1f}")
@@ -33,7 +42,7 @@ def _cell(values: list[float]) -> str:
 def keeps(rows: list[dict]) -> str:
     """Per test and arm: the mean over seeds of the share of replies that keep the instruction
     in each stretch of turns (t intervals over the seeds), and the share naming the right colour."""
-    talk = [r for r in rows if r["test"] in TESTS]
+    talk = _one_budget([r for r in rows if r["test"] in TESTS])
     out = ["| test | arm | seeds | " + " | ".join(STRETCHES) + " | right colour |",
            "| --- | --- | ---: |" + " ---: |" * len(STRETCHES) + " ---: |"]
     for test, what in TESTS.items():
@@ -72,7 +81,7 @@ def parts(rows: list[dict]) -> str:
 
 def paired(rows: list[dict]) -> str:
     """Ghost Attention against each other arm, seed by seed, within and beyond the trained lengths."""
-    talk = [r for r in rows if r["test"] in ("seen", "unseen")]
+    talk = _one_budget([r for r in rows if r["test"] in ("seen", "unseen")])
     spans = {"turns 1–7 (trained lengths)": (1, 7), "turns 8–20 (beyond)": (8, 20)}
     out = ["| test | Ghost Attention − | " + " | ".join(spans) + " |", "| --- | --- |" + " ---: |" * len(spans)]
     for test in ("seen", "unseen"):

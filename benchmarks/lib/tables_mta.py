@@ -101,7 +101,7 @@ def matched(rows: list[dict]) -> str:
         return "(no runs with matched repeats yet)"
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["arm"], r["lr"], r["steps"]), {})[r["seed"]] = r
+        groups.setdefault((r["arm"], r["lr"], r["steps"], r["pool"]), {})[r["seed"]] = r
     ref_key = next((k for k, got in groups.items()
                     if k[0] == "mta" and next(iter(got.values()))["factor"] == 1
                     and next(iter(got.values()))["swept_lr"]), None)
@@ -113,7 +113,7 @@ def matched(rows: list[dict]) -> str:
     order = sorted(groups, key=lambda k: (k != ref_key, list(NAMES).index(k[0]) if k[0] in NAMES else 99, k[2], -k[1]))
     for key in order:
         got = groups[key]
-        arm, lr, _ = key
+        arm, lr, _, _ = key
         r0 = next(iter(got.values()))
         cells = []
         for s in seed_list:
@@ -130,7 +130,7 @@ def matched(rows: list[dict]) -> str:
             diff = f"{100 * d:+.1f}" + ("" if dh != dh else f" ± {100 * dh:.1f}") + " points"
         draws = r0["steps"] * r0["config"]["train"]["batch_size"]
         budget = ("matched" if r0["factor"] == 1 else f"{r0['factor']} × matched") + \
-            ("" if r0["swept_lr"] else ", below the grid")
+            ("" if r0["swept_lr"] else ", off the swept rate")
         out.append(f"| {NAMES[arm]} | {lr:g} | {budget} | {r0['steps']:,} | {r0['pool']:,} | "
                    f"{100 * repeated(draws, r0['pool']):.0f} % | " + " | ".join(cells)
                    + f" | {_pct(m) + ('' if h != h else f' ± {100 * h:.1f}')} | {diff} |")

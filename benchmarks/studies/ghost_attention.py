@@ -286,9 +286,11 @@ def finetune(args) -> None:
     n_ctx = max(json.loads((d / "meta.json").read_text())["max_example_tokens"]
                 for d in (base_data, *ft_data.values())) - 1
     tests = held_out(args.held_out)
-    done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention_ft")}
+    # a run is its arm, seed and budgets: a stage at other budgets (or another context) is another run
+    done = {(r["arm"], r["seed"], r["test"]) for r in records.read("ghost_attention_ft")
+            if (r["iters"], r["pretrain_iters"], r["config"]["model"]["n_ctx"]) == (args.ft_iters, args.iters, n_ctx)}
     for seed in args.seeds:
-        pre = work / f"pretrained-{seed}-n{args.iters}"            # the budgets in the names: no stale reuse
+        pre = work / f"pretrained-{seed}-n{args.iters}-ctx{n_ctx}"       # the budgets in the names: no stale reuse
         for arm in args.arms:
             if all((arm, seed, t) in done for t in (*TESTS, "attention")):
                 continue
@@ -296,7 +298,7 @@ def finetune(args) -> None:
                 tbp("train", "--data", base_data, "--out", pre, "--force", "--seed", seed, "--threads", 1,
                     "--max-iters", args.iters, "--n-ctx", n_ctx, *SHAPE, "--batch-size", 16, "--lr", "2e-3",
                     "--min-lr", "2e-4", "--eval-interval", 500, "-q")
-            run = work / f"ft-{arm}-{seed}-n{args.ft_iters}-from{args.iters}"
+            run = work / f"ft-{arm}-{seed}-n{args.ft_iters}-from{args.iters}-ctx{n_ctx}"
             if not _trained(run, args.ft_iters):
                 tbp("train", "--init-from", pre, "--data", ft_data[arm], "--out", run, "--force", "--seed", seed,
                     "--threads", 1, "--max-iters", args.ft_iters, "--batch-size", 16, "--lr", "1e-3",

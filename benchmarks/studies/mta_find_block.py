@@ -31,8 +31,9 @@ The study, each phase resumable (records already written are skipped):
    of its examples; the pools are nested prefixes of one stream, and the 1,000 held-out
    examples, drawn first from another stream, are the same for every pool (and differ from the
    other phases'). Every run at the matched budget comes first: MTA 2 x 9 at its swept rate on
-   ``--seeds``, then both arms at their swept rate and at ``--low-lrs`` (below the old grid)
-   on ``--low-seeds``; then standard attention at ``--factors`` times its budget. ``--arms``
+   ``--seeds``, standard attention at its swept rate on ``--low-seeds``, both arms at
+   ``--low-lrs`` (below the old grid) on ``--low-seeds``; then standard attention at
+   ``--factors`` times its budget, at its swept rate and the low ones. ``--arms``
    limits it to those arms, so two processes can share the work (each arm's pools are its own).
 
 Training batches are drawn with replacement from ``--examples`` examples, so an arm sees some
@@ -252,8 +253,9 @@ def matched(args) -> None:
     runs += [("standard", std, s, 1, True) for s in args.low_seeds]               # the baseline, matched budget
     runs += [(arm, lr, s, 1, False) for s in args.low_seeds for arm in arms       # both below the old grid
              for lr in args.low_lrs if lr != swept[arm]]
-    runs += [("standard", lr, s, f, lr == std) for f in sorted(set(args.factors) - {1})  # the longer budgets
-             for s in args.low_seeds for lr in sorted({std, *args.low_lrs})]
+    if std is not None:                                                          # the longer budgets
+        runs += [("standard", lr, s, f, lr == std) for f in sorted(set(args.factors) - {1})
+                 for s in args.low_seeds for lr in sorted({std, *args.low_lrs})]
     for arm, lr, seed, factor, at_swept in runs:
         if arm in arms:
             train_one(args, arm, lr, seed, "matched", factor, pooled=True, swept=at_swept)
@@ -265,7 +267,7 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
     ap.add_argument("--steps", type=int, default=2000, help="the 2 x 9 MTA arm's steps; the others match its time")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="seeds phase: these arms")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="seeds and matched phases: these arms")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--block-size", type=int, default=5)

@@ -90,4 +90,4 @@ VARIANT = registry.declare(Variant(
     activations=lambda cfg: cfg.n_layer * (cfg.n_head * cfg.n_ctx + 2 * cfg.d_model),
     model_cases=(("gpt [dropout 0.3, fixed masks]", dict(dropout=0.3)),
                  ("gpt [dropout 0.3, rope, untied head]", dict(dropout=0.3, positions="rope", tie_head=False))),
-), core=True)
+), rank=0)

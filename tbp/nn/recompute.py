@@ -26,4 +26,4 @@ VARIANT = registry.declare(Variant(
                                        "kept at a time"),
     model_cases=(("gpt [recompute]", dict(n_layer=2, recompute=True)),
                  ("gpt [recompute, dropout 0.1]", dict(n_layer=2, recompute=True, dropout=0.1))),
-), core=True)
+), rank=1)

@@ -56,18 +56,18 @@ def residual(name: str) -> Callable:
     return _register(RESIDUAL, "residual", name)
 
 
-_CORE: set[str] = set()
+_RANK: dict[str, int] = {}
 
 
-def declare(variant, core: bool = False):
+def declare(variant, rank: int | None = None):
     """Add a declaration (a variant.Variant) to the ones the config checks and tbp asks: the
-    core's training options (``core``) first, then the designs, each group in the order it was
-    declared -- whichever module is imported first. VARIANTS stays one list, so whoever holds
-    it (build.VARIANTS) sees every declaration."""
-    if core:
-        _CORE.add(variant.key)
+    core's training options first, in their fixed ``rank``, then the designs in the order they
+    were declared -- whichever module is imported first. VARIANTS stays one list, so whoever
+    holds it (build.VARIANTS) sees every declaration."""
+    if rank is not None:
+        _RANK[variant.key] = rank
     VARIANTS.append(variant)
-    VARIANTS.sort(key=lambda v: v.key not in _CORE)          # stable: each group keeps its order
+    VARIANTS.sort(key=lambda v: (v.key not in _RANK, _RANK.get(v.key, 0)))   # stable among the designs
     return variant
 
 
