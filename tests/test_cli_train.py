@@ -1,6 +1,7 @@
 """`tbp train` through CliRunner: runs, resume, Ctrl-C, refusals and their exit codes."""
 import json
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +120,20 @@ def test_config_file_supplies_options(tmp_path, corpus_file, monkeypatch):
     assert cfg["model"]["n_layer"] == 2 and cfg["train"]["max_iters"] == 4 and cfg["train"]["batch_size"] == 2
     (tmp_path / "bad.json").write_text(json.dumps({"n_layers": 2}))
     assert run(["train", "--config", tmp_path / "bad.json"]).exit_code == 2
+
+
+def test_a_config_file_names_each_option_as_its_flag_does(tmp_path, corpus_file, monkeypatch):
+    """--data, --tokenizer and --tensorboard are set in a config file by their flags' names."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps({"data": str(corpus_file), "tokenizer": "char",
+                                                   "tensorboard": str(tmp_path / "tb"), "n_layer": 1, "d_model": 16,
+                                                   "n_head": 2, "n_ctx": 16, "max_iters": 2, "batch_size": 2}))
+    r = run(["train", "--config", tmp_path / "cfg.json", "--out", "c", "-q", "--eval-batches", 1])
+    if r.exit_code != 0 and "tensorboard" in r.output.lower() and "pip install" in r.output:
+        pytest.skip("the tensorboard extra is not installed")
+    assert r.exit_code == 0, r.output
+    assert Path(json.loads((tmp_path / "c" / "config.json").read_text())["data"]).name == corpus_file.stem
+    assert (tmp_path / "tb").is_dir()                  # the event files went where the file said
 
 
 def test_loaded_model_reproduces_logits(trained):

@@ -202,7 +202,7 @@ def _last_eval(run: Path):
 @click.command()
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), callback=load_config_file,
               is_eager=True, expose_value=False, help="JSON file of option values (a run's config.json works).")
-@click.option("--data", "data_arg", default=None, metavar="DIR|FILE",
+@click.option("--data", default=None, metavar="DIR|FILE",
               help="A prepared dataset folder, or text (file or folder) prepared on the fly. "
                    "Default: the built-in corpus.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="char", show_default=True,
@@ -226,14 +226,14 @@ def _last_eval(run: Path):
               help="LoRA scale numerator: updates are scaled by alpha / rank (default: alpha = rank).")
 @click.option("--lora-targets", default="all", show_default=True,
               help=f"Comma-separated layers to adapt: {', '.join(LORA_TARGETS)}, or attn, mlp, all.")
-@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write the run's scalars (losses, learning rate, per-layer statistics) as TensorBoard "
                    "event files into DIR/<run name>/ (pip install 'tbp[tensorboard]'); a second training of that "
                    "name at the same time takes DIR/<run name>-2/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
-def train(ctx, data_arg, tokenizer, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank,
-          lora_alpha, lora_targets, tb_dir, quiet, **opts):
+def train(ctx, data, tokenizer, vocab_size, out, resume, init_from, force, unknown_chars, lora_rank,
+          lora_alpha, lora_targets, tensorboard, quiet, **opts):
     """Train a GPT with handwritten backprop; checkpoints at every eval, resumable exactly.
 
     With no options: prepares the built-in corpus (CPython's reference documentation) and
@@ -252,11 +252,11 @@ def train(ctx, data_arg, tokenizer, vocab_size, out, resume, init_from, force, u
     lora = None
     if lora_rank is not None:
         lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
-    request = runs.RunRequest(out=out, data=data_arg, tokenizer=tokenizer, vocab_size=vocab_size, resume=resume,
+    request = runs.RunRequest(out=out, data=data, tokenizer=tokenizer, vocab_size=vocab_size, resume=resume,
                               init_from=init_from, force=force, lora=lora, unknown_chars=unknown_chars,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
-    if tb_dir is not None and out is not None and tensorboard_inside(tb_dir, out):
-        raise click.UsageError(f"--tensorboard {tb_dir}: inside --out {out}, where only the run's own files may be; "
+    if tensorboard is not None and out is not None and tensorboard_inside(tensorboard, out):
+        raise click.UsageError(f"--tensorboard {tensorboard}: inside --out {out}, where only the run's own files may be; "
                                f"choose a folder outside it")
     world = distributed.world()            # several ranks under mpiexec; else a world of one
     asked = [f"--{k.replace('_', '-')}" for k in ("shard_optimizer", "overlap") if request.train.get(k)]
@@ -264,7 +264,7 @@ def train(ctx, data_arg, tokenizer, vocab_size, out, resume, init_from, force, u
         raise click.UsageError(f"{' and '.join(asked)} share work among MPI ranks; this is one process "
                                f"(run it under mpiexec -n N, or leave {'them' if len(asked) > 1 else 'it'} out)")
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
-    board = TensorBoard(tb_dir) if tb_dir is not None and world.is_root else None
+    board = TensorBoard(tensorboard) if tensorboard is not None and world.is_root else None
     callbacks = Several(progress, board)
     trainer = ranksetup.start_ranks(request, callbacks, PrepareBar(), world) if world.size > 1 \
         else runs.start(request, callbacks, PrepareBar())
