@@ -47,6 +47,20 @@ def _mask(i0: int, i1: int, j0: int, j1: int, offset: int, dtype, window) -> np.
     return np.where(hidden, dtype.type(-np.inf), dtype.type(0))
 
 
+def _scores(q_tile: np.ndarray, kT_tile: np.ndarray, i0: int, i1: int, j0: int, j1: int, offset: int,
+            causal: bool, window, bias) -> np.ndarray:
+    """One tile's scores S = Q_i K_j^T (B, H, bq, bk), with its causal (and band) mask and the
+    positions scheme's term: the forward and the backward's recomputation make them alike."""
+    s = q_tile @ kT_tile
+    if causal:
+        mask = _mask(i0, i1, j0, j1, offset, s.dtype, window)
+        if mask is not None:
+            s += mask
+    if bias is not None:
+        add_bias(s, bias, np.arange(i0, i1) + offset, np.arange(j0, j1))
+    return s
+
+
 def _key_range(i0: int, i1: int, Tk: int, offset: int, causal: bool, window) -> tuple[int, int]:
     """Keys the query tile i0..i1-1 can see: all of them, or up to its last position (and from
     ``window`` positions before its first one)."""
@@ -80,13 +94,7 @@ def flash_forward(qs: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = T
         acc = np.zeros((B, H, i1 - i0, Dv), dtype)                        # unnormalised output
         for j0 in range(*_key_range(i0, i1, Tk, offset, causal, window), block_k):
             j1 = min(j0 + block_k, Tk)
-            s = qi @ kT[..., j0:j1]                                       # (B, H, bq, bk)
-            if causal:
-                mask = _mask(i0, i1, j0, j1, offset, dtype, window)
-                if mask is not None:
-                    s += mask
-            if bias is not None:
-                add_bias(s, bias, np.arange(i0, i1) + offset, np.arange(j0, j1))
+            s = _scores(qi, kT[..., j0:j1], i0, i1, j0, j1, offset, causal, window, bias)   # (B, H, bq, bk)
             m_new = np.maximum(m, np.maximum.reduce(s, axis=-1, keepdims=True))
             shift = m_new
             if window is not None:
@@ -134,13 +142,7 @@ def flash_backward(dy: np.ndarray, qs: np.ndarray, k: np.ndarray, v: np.ndarray,
         last = Tq if window is None else min(Tq, j1 - 1 - offset + window)  # tiles below the band
         for i0 in range(first, last, block_q):
             i1 = min(i0 + block_q, Tq)
-            s = qs[:, :, i0:i1] @ kj.transpose(0, 1, 3, 2)               # (B, H, bq, bk)
-            if causal:
-                mask = _mask(i0, i1, j0, j1, offset, dtype, window)
-                if mask is not None:
-                    s += mask
-            if bias is not None:
-                add_bias(s, bias, np.arange(i0, i1) + offset, np.arange(j0, j1))
+            s = _scores(qs[:, :, i0:i1], kj.transpose(0, 1, 3, 2), i0, i1, j0, j1, offset, causal, window, bias)
             s -= L[:, :, i0:i1]
             p = np.exp(s, out=s)                                          # exact P from the saved lse
             dy_i = dy[:, :, i0:i1]
