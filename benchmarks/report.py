@@ -329,6 +329,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "attnres_localise": (attnres_localise, "attnres_localise"), "attnres_at_budget": (attnres_at_budget, "attnres_curves"),
           "mpi_overlap": (mpi_overlap, "mpi_hosts"), "mpi_zero": (mpi_zero, "mpi_hosts"),
           "sparse_crossover": (tables_sparse.sparse_crossover, "sparse_crossover"),
+          "sparse_repeats": (tables_sparse.sparse_repeats, "sparse_crossover"),
           "retrieval": (tables_sparse.retrieval, "retrieval"),
           "retrieval_train": (tables_sparse.retrieval_train, "retrieval_train"), "sparse_text": (tables_sparse.sparse_text, "sparse_text"),
           "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),

@@ -82,6 +82,41 @@ def _crossover_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def sparse_repeats(rows: list[dict]) -> str:
+    """The newest series of repeated sweeps (``sparse_crossover.py --repeat``): per depth, cache
+    length and rule, the ratio of every sweep and their range -- the drift a single sweep hides."""
+    serial = [r for r in rows if r.get("series")]
+    if not serial:
+        return "No repeated sweep recorded yet (`sparse_crossover.py --repeat 3`)."
+    series = serial[-1]["series"]
+    at = [r for r in serial if r["series"] == series]
+    sweeps = sorted({r["sweep"] for r in at})
+    got = {(r["n_layer"], r["n_ctx"], r["sparse"]["kind"], r["sweep"]): r for r in at}
+    kinds = [(k, name) for k, name in RULES if any(r["sparse"]["kind"] == k for r in at)]
+    out = []
+    for depth in sorted({r["n_layer"] for r in at}):
+        out += [f"**{depth} layers**:", "", "| cache n | K | dense tok/s | " + " | ".join(n for _, n in kinds) + " |",
+                "| ---: | ---: | ---: |" + " ---: |" * len(kinds)]
+        for n in sorted({r["n_ctx"] for r in at if r["n_layer"] == depth}):
+            dense = [g["decode_dense_tokens_per_s"] for (d, m, _, _), g in got.items() if (d, m) == (depth, n)]
+            cells = []
+            for kind, _ in kinds:
+                ratios = [got[(depth, n, kind, s)]["decode_sparse_speedup"] for s in sweeps
+                          if (depth, n, kind, s) in got]
+                cells.append(" / ".join(f"{x:.2f}" for x in ratios)
+                             + (f" (range {max(ratios) - min(ratios):.2f})" if len(ratios) > 1 else ""))
+            K = next(r["sparse"]["budget"] for r in at if r["n_ctx"] == n)
+            out.append(f"| {n:,} | {K} | {min(dense):,.0f}–{max(dense):,.0f} | " + " | ".join(cells) + " |")
+        out.append("")
+    r0 = at[-1]
+    out.append(f"Sparse over dense tokens/s in each of {len(sweeps)} sweeps run one after another (series "
+               f"{series}, sweeps {', '.join(map(str, sweeps))} in order), each ratio the median of "
+               f"{r0['decode_rounds']} interleaved rounds of {r0['decode_steps']} steps; K = n/16, selection at "
+               f"layer(s) {', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, "
+               f"random weights, batch 1; BLAS {r0.get('blas_threads')} thread(s). {records.provenance(at)}")
+    return "\n".join(out)
+
+
 def _describe(r: dict) -> str:
     """How a retrieval model's facts were written, and its filler."""
     form = {"record": "a fact is one record character, a key two letters",

@@ -6,10 +6,17 @@ length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the cur
 records (speed needs the architecture only: random weights).
 
     python benchmarks/speed/sparse_crossover.py --lengths 1024 2048 4096 8192 --plot docs/images/sparse_crossover.png
+
+``--repeat N`` runs the whole sweep N times in a row, its records one ``series`` (numbered
+``sweep`` 1..N), so that the drift between sweeps is measured, not guessed; table
+``sparse_repeats`` gives each point's ratio in every sweep of the newest series:
+
+    python benchmarks/speed/sparse_crossover.py --n-layers 8 --blas-threads 1 --repeat 3
 """
 import argparse
 import contextlib
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
@@ -27,18 +34,22 @@ def main():
     p.add_argument("--n-layers", type=int, nargs="+", default=[4, 8])
     p.add_argument("--rounds", type=int, default=9, help="interleaved dense/sparse rounds per point")
     p.add_argument("--blas-threads", type=int, help="hold NumPy's BLAS to this many threads")
+    p.add_argument("--repeat", type=int, default=1, help="run the whole sweep this many times, one series")
     p.add_argument("--plot", help="draw tokens/s against the cache into this picture, from the records")
     p.add_argument("--only-plot", action="store_true")
     a = p.parse_args()
     layers = tuple(int(x) for x in a.layers.split(","))
+    records.pin_gemm()
     if not a.only_plot:
         with blas_threads(a.blas_threads) if a.blas_threads else contextlib.nullcontext():
-            sweep(a, layers)
+            series = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) if a.repeat > 1 else None
+            for i in range(a.repeat):
+                sweep(a, layers, {"series": series, "sweep": i + 1} if series else {})
     if a.plot:
         plot_curves(a)
 
 
-def sweep(a, layers: tuple[int, ...]) -> None:
+def sweep(a, layers: tuple[int, ...], tag: dict) -> None:
     threads = machine()["blas_threads"]
     for n_layer in a.n_layers:
         for n in a.lengths:
@@ -46,7 +57,8 @@ def sweep(a, layers: tuple[int, ...]) -> None:
             for kind in SELECTIONS:
                 res = bench_sparse_decode(cfg, SparseRule(kind, max(8, n // 16), layers), repeats=a.rounds)
                 records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
-                                                    "n_ctx": n, "blas_threads": threads, "config": cfg.to_dict(), **res})
+                                                    "n_ctx": n, "blas_threads": threads, "config": cfg.to_dict(), **tag,
+                                                    **res})
                 print(f"{n_layer} layers, n {n:5d} {kind:10s} K {n // 16:4d}: dense "
                       f"{res['decode_dense_tokens_per_s']:6.0f}  sparse {res['decode_sparse_tokens_per_s']:6.0f} "
                       f"tok/s ({res['decode_sparse_speedup']:.2f}x, the median of paired rounds)",
