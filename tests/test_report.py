@@ -46,6 +46,20 @@ def test_the_crossover_tells_blas_thread_counts_apart():
     assert list(tables_sparse.latest_points([point(None, 0)])) == ["A"]   # kept while nothing supersedes them
 
 
+def test_repeated_sweeps_show_every_sweep_of_the_newest_series():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
+    import tables_sparse
+    point = lambda series, sweep, x: {"cpu": "A", "commit": "c", "n_layer": 8, "n_ctx": 8192, "series": series,
+                                      "sweep": sweep, "decode_sparse_speedup": x, "decode_dense_tokens_per_s": 280.0,
+                                      "decode_rounds": 9, "decode_steps": 32, "blas_threads": 1,
+                                      "sparse": {"kind": "lessismore", "budget": 512, "layers": [1]}}
+    rows = [point("s1", 1, 9.0), point("s1", 2, 9.5), point("s2", 1, 1.52), point("s2", 2, 1.27), point("s2", 3, 1.57)]
+    table = tables_sparse.sparse_repeats(rows)
+    assert "| 8,192 | 512 | 280–280 | 1.52 / 1.27 / 1.57 (range 0.30) |" in table   # in order, the older series left out
+    assert "9.00" not in table and "3 sweeps" in table
+    assert "No repeated sweep" in tables_sparse.sparse_repeats([{**rows[0], "series": None}])
+
+
 def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
     sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import tables_sparse
