@@ -6,7 +6,7 @@ import pytest
 
 from tbp import GPT, ModelConfig
 from tbp.nn import CausalSelfAttention, LayerNorm, MLP, Linear, LoRA, cross_entropy
-from tbp.nn.gpt import add_lora, merge_lora
+from tbp.nn.lora import add_lora, merge_lora
 
 TINY = dict(vocab_size=13, n_ctx=16, n_layer=2, n_head=2, d_model=8)
 

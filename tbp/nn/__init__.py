@@ -30,8 +30,8 @@ _HOMES = {
     "Embedding": "embedding", "Linear": "linear", "LoRA": "linear", "LayerNorm": "layernorm",
     "CausalSelfAttention": "attention", "CrossAttention": "designs.encdec", "MultiTokenAttention": "designs.mta", "MLP": "mlp",
     "cross_entropy": "loss", "CrossEntropy": "loss", "build_model": "build", "model_class": "build",
-    "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "gpt", "add_lora": "gpt",
-    "merge_lora": "gpt", "DecoderBlock": "designs.encdec", "Encoder": "designs.encdec",
+    "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "lora", "add_lora": "lora",
+    "merge_lora": "lora", "DecoderBlock": "designs.encdec", "Encoder": "designs.encdec",
     "EncoderDecoder": "designs.encdec",
     "Inference": "decode",
 }

@@ -9,7 +9,7 @@ from .config import ModelConfig
 from .embedding import Embedding
 from .layernorm import LayerNorm
 from .layout import Layout
-from .linear import Linear, LoRA
+from .linear import Linear
 from .loss import CrossEntropy
 from .mlp import MLP
 from .dropout import Dropout, Noise
@@ -377,54 +377,3 @@ class GPT(LanguageModel):
 
     def batch_accumulate(self, batch: Batch, scale: float = 1.0) -> float:
         return self.accumulate(batch.idx, batch.targets, scale, batch.weights, batch.noise)
-
-
-LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
-
-
-def add_lora(model: GPT, rank: int, alpha: float, targets=LORA_TARGETS[:4],
-             seed: int = 0) -> list[str]:
-    """Freeze the whole model, then wrap each targeted Linear in a LoRA adapter.   [paper §6]
-
-    targets: names from LORA_TARGETS; "lm_head" needs an untied head. Returns the dotted names
-    of the adapted layers. Only ``lora_down``/``lora_up`` remain in ``model.grads``.
-    """
-    rng = np.random.default_rng(seed)
-    unknown = [t for t in targets if t not in LORA_TARGETS]
-    if unknown:
-        raise ValueError(f"unknown LoRA target {unknown[0]!r}; choose from {', '.join(LORA_TARGETS)}")
-    if not targets:
-        raise ValueError("LoRA needs at least one target layer")
-    if "lm_head" in targets and model.lm_head is None:
-        raise ValueError("LoRA target 'lm_head' needs an untied head; this model's head is wte (tied)")
-    model.freeze()
-    adapted = []
-    for i, block in enumerate(model.blocks):
-        for target in targets:
-            if target == "lm_head":
-                continue
-            sub, name = target.split(".")
-            parent = getattr(block, sub)
-            setattr(parent, name, LoRA(getattr(parent, name), rank, alpha, rng))
-            adapted.append(f"h.{i}.{target}")
-    if "lm_head" in targets:
-        model.lm_head = LoRA(model.lm_head, rank, alpha, rng)
-        adapted.append("lm_head")
-    model.pack()
-    return adapted
-
-
-def merge_lora(model: GPT) -> GPT:
-    """Fold every adapter into its base weight, in place of the LoRA layer: a plain GPT again,
-    with every parameter trainable."""
-    for _, module in list(model.modules()):
-        for attr, child in list(vars(module).items()):
-            if isinstance(child, LoRA):
-                setattr(module, attr, child.merged_linear())
-    for _, m in model.modules():
-        for k, p in m._params.items():
-            m._grads[k] = np.zeros_like(p)
-    model.pack()
-    return model
-
-
