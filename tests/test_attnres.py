@@ -171,9 +171,9 @@ def test_a_backward_that_treats_the_depth_weights_as_constants_fails_the_check(m
 
 
 def test_the_fast_operation_equals_the_plain_one(rng):
-    """DepthAttention (vectorised, deferred per-source terms) against reference.py's
+    """DepthAttention (vectorised, deferred per-source terms) against its plain twin's
     token-by-token loops, forward and every gradient."""
-    from tbp.nn import reference as ref
+    from tbp.nn.designs.attnres import twin as attnres_twin
     op = DepthAttention(8, 1e-5, np.float64)
     op.params["query"][...] = rng.standard_normal(8)
     op.params["gain"][...] = 1 + 0.3 * rng.standard_normal(8)
@@ -182,8 +182,8 @@ def test_the_fast_operation_equals_the_plain_one(rng):
     h = op.forward([(v, rms_inverse(v, 1e-5)) for v in vs])
     dvs = [np.zeros_like(v) for v in vs]
     op.backward(dh, dvs)
-    h_ref, cache = ref.depth_attention_forward(vs, op.params["query"], op.params["gain"], 1e-5)
-    dvs_ref, dw, dg = ref.depth_attention_backward(dh, cache)
+    h_ref, cache = attnres_twin.depth_attention_forward(vs, op.params["query"], op.params["gain"], 1e-5)
+    dvs_ref, dw, dg = attnres_twin.depth_attention_backward(dh, cache)
     np.testing.assert_allclose(h, h_ref, rtol=1e-12, atol=1e-14)
     for d, d_ref in zip(dvs, dvs_ref):
         np.testing.assert_allclose(d, d_ref, rtol=1e-10, atol=1e-13)

@@ -9,9 +9,9 @@ from helpers import clean_fail, run, tiny
 from tbp import GPT, ModelConfig
 from tbp.generate import Sampling, generate_ids
 from tbp.nn import CausalSelfAttention
-from tbp.nn import reference as ref
 from tbp.nn.designs.flash import flash_backward, flash_forward
 from tbp.nn.designs.rope import Rotary
+from tbp.nn.designs.rope import twin as rope_twin
 from tbp.optim import AdamW
 
 
@@ -101,8 +101,8 @@ def test_five_adamw_steps_give_the_same_losses_with_flash_and_dense(rng):
 def test_rope_equals_the_plain_rotation_and_keeps_only_relative_positions(rng):
     rot = Rotary(6, base=100.0)
     x = rng.standard_normal((2, 7, 6))
-    np.testing.assert_allclose(rot.forward(x, 3), ref.rope_forward(x, 100.0, 3), rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(rot.backward(x, 3), ref.rope_backward(x, 100.0, 3), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(rot.forward(x, 3), rope_twin.rope_forward(x, 100.0, 3), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(rot.backward(x, 3), rope_twin.rope_backward(x, 100.0, 3), rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(np.linalg.norm(rot.forward(x), axis=-1), np.linalg.norm(x, axis=-1))
     q, k = rng.standard_normal((1, 6)), rng.standard_normal((1, 6))
     scores = [(rot.forward(q, t + 5) @ rot.forward(k, t).T).item() for t in (0, 9, 1000)]

@@ -6,6 +6,8 @@ from tbp import GPT, ModelConfig
 from tbp.nn import CausalSelfAttention, CrossAttention, CrossEntropy, Embedding, LayerNorm, Linear, LoRA, MLP
 from tbp.nn.kernels import padding_mask
 from tbp.nn import reference as ref
+from tbp.nn.designs.encdec import twin as encdec_twin
+from tbp.nn.designs.rope import twin as rope_twin
 
 B, T, C = 2, 5, 8
 TOL = dict(rtol=1e-11, atol=1e-13)
@@ -100,10 +102,10 @@ def test_cross_attention(rng, d_qk, bias):
     y = attn.forward(x, m, padding_mask(pad, np.float64))
     dx, dm = attn.backward(dy.copy())
     p = attn.params
-    y_ref, cache = ref.cross_attention_forward(x, m, p["c_q.weight"], p.get("c_q.bias"), p["c_kv.weight"],
+    y_ref, cache = encdec_twin.cross_attention_forward(x, m, p["c_q.weight"], p.get("c_q.bias"), p["c_kv.weight"],
                                                p.get("c_kv.bias"), p["c_proj.weight"], p.get("c_proj.bias"),
                                                2, d_qk, pad)
-    dx_ref, dm_ref, *dws = ref.cross_attention_backward(dy, cache)
+    dx_ref, dm_ref, *dws = encdec_twin.cross_attention_backward(dy, cache)
     np.testing.assert_allclose(y, y_ref, **TOL)
     np.testing.assert_allclose(dx, dx_ref, **TOL)
     np.testing.assert_allclose(dm, dm_ref, **TOL)
@@ -162,7 +164,8 @@ def test_the_whole_model(rng, options):
     randomize(model, rng)
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
     loss = model.loss_and_backward(idx, targets)
-    loss_ref, grads_ref = ref.gpt_loss_and_grads(model.params, cfg, idx, targets)
+    rotate = rope_twin.rotation(cfg.rope_base) if cfg.positions == "rope" else None
+    loss_ref, grads_ref = ref.gpt_loss_and_grads(model.params, cfg, idx, targets, rotate)
     assert loss == pytest.approx(loss_ref, rel=1e-12)
     assert set(grads_ref) == set(model.grads)
     for k, g in model.grads.items():

@@ -35,32 +35,6 @@ def embedding_backward(dx, cache):
     return dwte, dwpe
 
 
-# --- rotary positions (RoPE, Su et al. arXiv 2104.09864) --------------------------------------
-
-
-def rope_angles(T, d, base, t0=0):
-    """(T, d/2): pair i at position t0 + t turns by (t0 + t) * base^(-2i/d)."""
-    theta = base ** (-2.0 * np.arange(d // 2) / d)
-    return (t0 + np.arange(T))[:, None] * theta
-
-
-def rope_forward(x, base, t0=0):
-    """Rotate each pair (x_i, x_{i+d/2}) of x (..., T, d) by its position's angle:
-    [a, b] -> [a cos - b sin, a sin + b cos]."""
-    angle = rope_angles(x.shape[-2], x.shape[-1], base, t0)
-    h = x.shape[-1] // 2
-    a, b = x[..., :h], x[..., h:]
-    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], -1)
-
-
-def rope_backward(dy, base, t0=0):
-    """A rotation's transpose is the rotation by the opposite angle."""
-    angle = rope_angles(dy.shape[-2], dy.shape[-1], base, t0)
-    h = dy.shape[-1] // 2
-    a, b = dy[..., :h], dy[..., h:]
-    return np.concatenate([a * np.cos(angle) + b * np.sin(angle), -a * np.sin(angle) + b * np.cos(angle)], -1)
-
-
 # --- the fully connected layer, and LoRA (§6) -------------------------------------------------
 
 
@@ -137,9 +111,10 @@ def softmax(s):
     return e / e.sum(axis=-1, keepdims=True)           # eq. (1.1)
 
 
-def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=True, rope_base=None):
-    """For each head h:  q_h, k_h, v_h = columns of x w_attn + b_attn (q_h and k_h rotated by
-    their positions when ``rope_base`` is given);
+def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=True, rotate=None):
+    """For each head h:  q_h, k_h, v_h = columns of x w_attn + b_attn (q_h and k_h then rotated
+    by their positions when ``rotate``, a pair of functions (rotation, its transpose), is given:
+    rotary positions, ``designs/rope/twin.py``);
     S_h = q_h k_h^T / sqrt(Dk), future keys masked to -inf (causal); P_h = softmax(S_h);
     y_h = P_h v_h.  Then y = concat_h(y_h) w_proj + b_proj.
     x (B, T, C); w_attn (C, H (2 Dk + Dv)) ordered [all q | all k | all v], each head-major."""
@@ -153,8 +128,8 @@ def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=Tr
         q = qkv[..., h * Dk:(h + 1) * Dk]                              # (B, T, Dk)   eq. (3.1)
         k = qkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk]            # (B, T, Dk)   eq. (3.1)
         v = qkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv]    # (B, T, Dv)   eq. (3.1)
-        if rope_base is not None:
-            q, k = rope_forward(q, rope_base), rope_forward(k, rope_base)
+        if rotate is not None:
+            q, k = rotate[0](q), rotate[0](k)
         S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)                     # (B, T, T)   eq. (3.2)
         if causal:
             S = np.where(future, -np.inf, S)                           # eq. (3.2)
@@ -163,7 +138,7 @@ def attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, d_qk, causal=Tr
         per_head.append((q, k, v, P))
     y_cat = np.concatenate(heads, axis=-1)                             # (B, T, H Dv)   eq. (4.1)
     y, proj_cache = linear_forward(y_cat, w_proj, b_proj)              # eqs. (3.3), (4.1)
-    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv, rope_base)
+    return y, (qkv_cache, proj_cache, per_head, H, Dk, Dv, rotate)
 
 
 def attention_backward(dy, cache):
@@ -171,7 +146,7 @@ def attention_backward(dy, cache):
     dv = P^T dy_h;  dP = dy_h v^T;  dS = P * (dP - rowsum(dP * P))  (the softmax Jacobian);
     dq = dS k / sqrt(Dk);  dk = dS^T q / sqrt(Dk).
     Returns dx, dw_attn, db_attn, dw_proj, db_proj."""
-    qkv_cache, proj_cache, per_head, H, Dk, Dv, rope_base = cache
+    qkv_cache, proj_cache, per_head, H, Dk, Dv, rotate = cache
     dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)         # eq. (3.4)
     x = qkv_cache[0]
     dqkv = np.zeros(x.shape[:-1] + (H * (2 * Dk + Dv),), dy.dtype)
@@ -182,16 +157,13 @@ def attention_backward(dy, cache):
         dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))           # eq. (3.6)
         dq = dS @ k / np.sqrt(Dk)                                      # eq. (3.7)
         dk = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)                   # eq. (3.7)
-        if rope_base is not None:                                      # back through the rotation
-            dq, dk = rope_backward(dq, rope_base), rope_backward(dk, rope_base)
+        if rotate is not None:                                         # back through the rotation
+            dq, dk = rotate[1](dq), rotate[1](dk)
         dqkv[..., h * Dk:(h + 1) * Dk] = dq                           # eq. (4.2)
         dqkv[..., H * Dk + h * Dk:H * Dk + (h + 1) * Dk] = dk         # eq. (4.2)
         dqkv[..., 2 * H * Dk + h * Dv:2 * H * Dk + (h + 1) * Dv] = dv  # eq. (4.2)
     dx, dw_attn, db_attn = linear_backward(dqkv, qkv_cache)            # eq. (4.2)
     return dx, dw_attn, db_attn, dw_proj, db_proj
-
-
-# --- cross-attention (Vaswani et al. 2017, §3.2.3) ---------------------------------------------
 
 
 def attention_decode(x_t, cache, w_attn, b_attn, w_proj, b_proj, n_head, d_qk):
@@ -222,90 +194,6 @@ def empty_cache(batch, n_head, d_qk, d_v):
     """A KV cache holding no token yet, for :func:`attention_decode`."""
     return {"k": [np.zeros((batch, 0, d_qk)) for _ in range(n_head)],
             "v": [np.zeros((batch, 0, d_v)) for _ in range(n_head)]}
-
-
-def cross_attention_forward(x, m, w_q, b_q, w_kv, b_kv, w_proj, b_proj, n_head, d_qk, pad=None):
-    """For each head h:  q_h = columns of x w_q + b_q (the decoder asks);  k_h, v_h = columns
-    of m w_kv + b_kv (the encoder's output answers);  S_h = q_h k_h^T / sqrt(Dk), padded source
-    keys masked to -inf (no causal mask);  y_h = softmax(S_h) v_h;  y = concat_h(y_h) w_proj + b_proj.
-    x (B, Tq, C); m (B, Tk, C); pad (B, Tk) bool or None; w_kv (C, H (Dk + Dv)) ordered
-    [all k | all v], each head-major.   [Vaswani et al. 2017, §3.2.3]"""
-    H, Dk = n_head, d_qk
-    q_all, q_cache = linear_forward(x, w_q, b_q)
-    kv, kv_cache = linear_forward(m, w_kv, b_kv)
-    Dv = (kv.shape[-1] - H * Dk) // H
-    heads, per_head = [], []
-    for h in range(H):
-        q = q_all[..., h * Dk:(h + 1) * Dk]                             # (B, Tq, Dk)
-        k = kv[..., h * Dk:(h + 1) * Dk]                                # (B, Tk, Dk)
-        v = kv[..., H * Dk + h * Dv:H * Dk + (h + 1) * Dv]              # (B, Tk, Dv)
-        S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)                     # (B, Tq, Tk)
-        if pad is not None:
-            S = np.where(pad[:, None, :], -np.inf, S)
-        P = softmax(S)
-        heads.append(P @ v)
-        per_head.append((q, k, v, P))
-    y, proj_cache = linear_forward(np.concatenate(heads, axis=-1), w_proj, b_proj)
-    return y, (q_cache, kv_cache, proj_cache, per_head, H, Dk, Dv)
-
-
-def cross_attention_backward(dy, cache):
-    """Per head, as self-attention's (dv = P^T dy_h, dS = P * (dP - rowsum(dP * P)),
-    dq = dS k / sqrt(Dk), dk = dS^T q / sqrt(Dk)), except that dq goes to the decoder's x and
-    dk, dv to the encoder's m.  Returns dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj."""
-    q_cache, kv_cache, proj_cache, per_head, H, Dk, Dv = cache
-    dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
-    dq_all = np.zeros(q_cache[0].shape[:-1] + (H * Dk,), dy.dtype)
-    dkv = np.zeros(kv_cache[0].shape[:-1] + (H * (Dk + Dv),), dy.dtype)
-    for h, (q, k, v, P) in enumerate(per_head):
-        dy_h = dy_cat[..., h * Dv:(h + 1) * Dv]                       # (B, Tq, Dv)
-        dv = P.transpose(0, 2, 1) @ dy_h
-        dP = dy_h @ v.transpose(0, 2, 1)
-        dS = P * (dP - (dP * P).sum(-1, keepdims=True))
-        dq_all[..., h * Dk:(h + 1) * Dk] = dS @ k / np.sqrt(Dk)
-        dkv[..., h * Dk:(h + 1) * Dk] = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
-        dkv[..., H * Dk + h * Dv:H * Dk + (h + 1) * Dv] = dv
-    dx, dw_q, db_q = linear_backward(dq_all, q_cache)
-    dm, dw_kv, db_kv = linear_backward(dkv, kv_cache)
-    return dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj
-
-
-# --- Attention Residuals' operation (Kimi Team, arXiv 2603.15031) -----------------------------
-
-
-def depth_attention_forward(vs, w, g, eps):
-    """h = sum_i alpha_i v_i over sources v_i (N, C), token by token:
-    u_i = v_i / sqrt(mean(v_i^2) + eps);  z_i = w . (g u_i);  alpha = softmax_i(z)."""
-    N, C = vs[0].shape
-    h = np.zeros((N, C))
-    rows = []
-    for n in range(N):
-        r = np.array([np.sqrt(np.mean(v[n] ** 2) + eps) for v in vs])        # (K,)
-        u = np.stack([v[n] / r_i for v, r_i in zip(vs, r)])                 # (K, C)
-        z = np.array([w @ (g * u_i) for u_i in u])                          # (K,)
-        alpha = np.exp(z - z.max())
-        alpha /= alpha.sum()
-        h[n] = sum(a_i * v[n] for a_i, v in zip(alpha, vs))
-        rows.append((r, u, alpha))
-    return h, (vs, w, g, rows)
-
-
-def depth_attention_backward(dh, cache):
-    """dalpha_i = dh . v_i;  dz_i = alpha_i (dalpha_i - sum_j alpha_j dalpha_j);
-    dw = sum dz_i g u_i;  dg = sum dz_i w u_i;  du_i = dz_i w g;
-    dv_i = alpha_i dh + (du_i - u_i mean(du_i u_i)) / r_i."""
-    vs, w, g, rows = cache
-    dvs = [np.zeros_like(v) for v in vs]
-    dw, dg = np.zeros_like(w), np.zeros_like(g)
-    for n, (r, u, alpha) in enumerate(rows):
-        dalpha = np.array([dh[n] @ v[n] for v in vs])
-        dz = alpha * (dalpha - alpha @ dalpha)
-        for i in range(len(vs)):
-            dw += dz[i] * g * u[i]
-            dg += dz[i] * w * u[i]
-            du = dz[i] * w * g
-            dvs[i][n] = alpha[i] * dh[n] + (du - u[i] * np.mean(du * u[i])) / r[i]
-    return dvs, dw, dg
 
 
 # --- §7 the MLP: FC_expand > g > FC_contract --------------------------------------------------
@@ -389,22 +277,23 @@ def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None):
     return loss, dx
 
 
-def gpt_loss_and_grads(params: dict, cfg, idx, targets):
+def gpt_loss_and_grads(params: dict, cfg, idx, targets, rotate=None):
     """Mean cross-entropy of a GPT given as a dict of arrays under GPT-2 names, and the gradient
     of every parameter: pre-LN blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), then ln_f
     and the head (wte^T, tied, or an untied lm_head with bias). The backward is the forward's
-    calls read bottom-up; a parameter read twice (the tied wte) sums its two gradients."""
+    calls read bottom-up; a parameter read twice (the tied wte) sums its two gradients.
+    Positions: ``wpe`` where the parameters hold one, and ``rotate`` (see attention_forward)
+    where given -- rotary positions come from their design's twin, not from here."""
     P = params
     grads = {}
     x, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
-    rope_base = cfg.rope_base if cfg.positions == "rope" else None
     caches = []
     for i in range(cfg.n_layer):
         h = f"h.{i}."
         a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)   # eq. (7.1)
         a, attn = attention_forward(a, P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias"),
                                     P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"),
-                                    cfg.n_head, cfg.d_qk, cfg.causal, rope_base)
+                                    cfg.n_head, cfg.d_qk, cfg.causal, rotate)
         x = x + a                                                      # eq. (7.1)
         m, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)   # eq. (7.1)
         m, mlp = mlp_forward(m, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"),

@@ -7,9 +7,49 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...reference import (depth_attention_backward, depth_attention_forward, embedding_backward,
-                          embedding_forward, head_loss_and_backward)
+from ...reference import embedding_backward, embedding_forward, head_loss_and_backward
 from ...reference_variants import sublayer_backward, sublayer_forward
+
+
+# --- the depth attention: one operation's read of its sources (arXiv 2603.15031) --------------
+
+
+def depth_attention_forward(vs, w, g, eps):
+    """h = sum_i alpha_i v_i over sources v_i (N, C), token by token:
+    u_i = v_i / sqrt(mean(v_i^2) + eps);  z_i = w . (g u_i);  alpha = softmax_i(z)."""
+    N, C = vs[0].shape
+    h = np.zeros((N, C))
+    rows = []
+    for n in range(N):
+        r = np.array([np.sqrt(np.mean(v[n] ** 2) + eps) for v in vs])        # (K,)
+        u = np.stack([v[n] / r_i for v, r_i in zip(vs, r)])                 # (K, C)
+        z = np.array([w @ (g * u_i) for u_i in u])                          # (K,)
+        alpha = np.exp(z - z.max())
+        alpha /= alpha.sum()
+        h[n] = sum(a_i * v[n] for a_i, v in zip(alpha, vs))
+        rows.append((r, u, alpha))
+    return h, (vs, w, g, rows)
+
+
+def depth_attention_backward(dh, cache):
+    """dalpha_i = dh . v_i;  dz_i = alpha_i (dalpha_i - sum_j alpha_j dalpha_j);
+    dw = sum dz_i g u_i;  dg = sum dz_i w u_i;  du_i = dz_i w g;
+    dv_i = alpha_i dh + (du_i - u_i mean(du_i u_i)) / r_i."""
+    vs, w, g, rows = cache
+    dvs = [np.zeros_like(v) for v in vs]
+    dw, dg = np.zeros_like(w), np.zeros_like(g)
+    for n, (r, u, alpha) in enumerate(rows):
+        dalpha = np.array([dh[n] @ v[n] for v in vs])
+        dz = alpha * (dalpha - alpha @ dalpha)
+        for i in range(len(vs)):
+            dw += dz[i] * g * u[i]
+            dg += dz[i] * w * u[i]
+            du = dz[i] * w * g
+            dvs[i][n] = alpha[i] * dh[n] + (du - u[i] * np.mean(du * u[i])) / r[i]
+    return dvs, dw, dg
+
+
+# --- the whole model -------------------------------------------------------------------------
 
 
 def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):

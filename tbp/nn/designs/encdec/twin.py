@@ -5,9 +5,58 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...reference import (cross_attention_backward, cross_attention_forward, embedding_backward, embedding_forward,
-                        head_loss_and_backward, layernorm_backward, layernorm_forward)
+from ...reference import (embedding_backward, embedding_forward, head_loss_and_backward, layernorm_backward,
+                          layernorm_forward, linear_backward, linear_forward, softmax)
 from ...reference_variants import sublayer_backward, sublayer_forward
+
+
+# --- cross-attention (Vaswani et al. 2017, §3.2.3) ---------------------------------------------
+
+
+def cross_attention_forward(x, m, w_q, b_q, w_kv, b_kv, w_proj, b_proj, n_head, d_qk, pad=None):
+    """For each head h:  q_h = columns of x w_q + b_q (the decoder asks);  k_h, v_h = columns
+    of m w_kv + b_kv (the encoder's output answers);  S_h = q_h k_h^T / sqrt(Dk), padded source
+    keys masked to -inf (no causal mask);  y_h = softmax(S_h) v_h;  y = concat_h(y_h) w_proj + b_proj.
+    x (B, Tq, C); m (B, Tk, C); pad (B, Tk) bool or None; w_kv (C, H (Dk + Dv)) ordered
+    [all k | all v], each head-major.   [Vaswani et al. 2017, §3.2.3]"""
+    H, Dk = n_head, d_qk
+    q_all, q_cache = linear_forward(x, w_q, b_q)
+    kv, kv_cache = linear_forward(m, w_kv, b_kv)
+    Dv = (kv.shape[-1] - H * Dk) // H
+    heads, per_head = [], []
+    for h in range(H):
+        q = q_all[..., h * Dk:(h + 1) * Dk]                             # (B, Tq, Dk)
+        k = kv[..., h * Dk:(h + 1) * Dk]                                # (B, Tk, Dk)
+        v = kv[..., H * Dk + h * Dv:H * Dk + (h + 1) * Dv]              # (B, Tk, Dv)
+        S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)                     # (B, Tq, Tk)
+        if pad is not None:
+            S = np.where(pad[:, None, :], -np.inf, S)
+        P = softmax(S)
+        heads.append(P @ v)
+        per_head.append((q, k, v, P))
+    y, proj_cache = linear_forward(np.concatenate(heads, axis=-1), w_proj, b_proj)
+    return y, (q_cache, kv_cache, proj_cache, per_head, H, Dk, Dv)
+
+
+def cross_attention_backward(dy, cache):
+    """Per head, as self-attention's (dv = P^T dy_h, dS = P * (dP - rowsum(dP * P)),
+    dq = dS k / sqrt(Dk), dk = dS^T q / sqrt(Dk)), except that dq goes to the decoder's x and
+    dk, dv to the encoder's m.  Returns dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj."""
+    q_cache, kv_cache, proj_cache, per_head, H, Dk, Dv = cache
+    dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
+    dq_all = np.zeros(q_cache[0].shape[:-1] + (H * Dk,), dy.dtype)
+    dkv = np.zeros(kv_cache[0].shape[:-1] + (H * (Dk + Dv),), dy.dtype)
+    for h, (q, k, v, P) in enumerate(per_head):
+        dy_h = dy_cat[..., h * Dv:(h + 1) * Dv]                       # (B, Tq, Dv)
+        dv = P.transpose(0, 2, 1) @ dy_h
+        dP = dy_h @ v.transpose(0, 2, 1)
+        dS = P * (dP - (dP * P).sum(-1, keepdims=True))
+        dq_all[..., h * Dk:(h + 1) * Dk] = dS @ k / np.sqrt(Dk)
+        dkv[..., h * Dk:(h + 1) * Dk] = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
+        dkv[..., H * Dk + h * Dv:H * Dk + (h + 1) * Dv] = dv
+    dx, dw_q, db_q = linear_backward(dq_all, q_cache)
+    dm, dw_kv, db_kv = linear_backward(dkv, kv_cache)
+    return dx, dm, dw_q, db_q, dw_kv, db_kv, dw_proj, db_proj
 
 
 # --- the encoder-decoder (Vaswani et al. 2017, Figure 1, pre-LN) -------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...reference import linear_backward, linear_forward, rope_backward, rope_forward, softmax
+from ...reference import linear_backward, linear_forward, softmax
+from ..rope.twin import rope_backward, rope_forward
 
 
 def gqa_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, n_kv_head, d_qk, causal=True, rope_base=None):

@@ -2,8 +2,9 @@
 embedding; past the context, attention slides over the last n_ctx positions.
 
 Its parts: ``rope.py`` (the positions object, registered as ``--positions rope``, its
-declaration and its gradcheck cases). Its plain twin is the core's (``reference.rope_forward``,
-``rope_backward``): the GPT twin and grouped-query attention's twin use it too."""
+declaration and its gradcheck cases) and ``twin.py`` (the rotation written the plain way; the
+core's GPT twin takes it as ``rotate``, and grouped-query attention's and sparse decoding's twins
+call it)."""
 from .rope import VARIANT, Rotary
 
 __all__ = ["Rotary", "VARIANT"]

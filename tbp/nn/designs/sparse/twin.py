@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...reference import layernorm_forward, mlp_forward, rope_forward, softmax
+from ...reference import layernorm_forward, mlp_forward, softmax
+from ..rope.twin import rope_forward
 
 
 def select_positions(scores, kind, budget, sinks=4, recency=0.25):
