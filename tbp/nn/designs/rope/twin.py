@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 def rope_angles(T, d, base, t0=0):
     """(T, d/2): pair i at position t0 + t turns by (t0 + t) * base^(-2i/d)."""
     theta = base ** (-2.0 * np.arange(d // 2) / d)
