@@ -11,6 +11,7 @@ from tbp.nn.designs.sparse import twin as sparse_twin
 from tbp.nn.designs.gqa import GroupedQueryAttention
 from tbp.nn.designs.gqa import twin as gqa_twin
 from tbp.nn.designs.rope import Rotary
+from tbp.nn.designs.rope import twin as rope_twin
 from tbp.nn.designs.sparse import SparseRule
 
 B, T, C = 2, 7, 16
@@ -38,7 +39,7 @@ def test_the_layer_equals_its_plain_twin_forward_and_backward(rng, n_kv_head, op
     P = layer.params
     y_ref, cache = gqa_twin.gqa_attention_forward(x, P["c_attn.weight"], P.get("c_attn.bias"), P["c_proj.weight"],
                                               P.get("c_proj.bias"), 4, n_kv_head, 4, options.get("causal", True),
-                                              10000.0 if rope else None)
+                                              rope_twin.rotation(10000.0) if rope else None)
     assert_equals_twin(layer, y, dx, y_ref, *gqa_twin.gqa_attention_backward(dy, cache))
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference import linear_backward, linear_forward, softmax
-from ..rope.twin import rope_backward, rope_forward
 
 
-def gqa_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, n_kv_head, d_qk, causal=True, rope_base=None):
+def gqa_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, n_kv_head, d_qk, causal=True, rotate=None):
     """For each query head h, with j = h // (H / Hkv) its key/value head:
     S_h = q_h k_j^T / sqrt(Dk), future keys masked;  y_h = softmax(S_h) v_j;
-    y = concat_h(y_h) w_proj + b_proj.  w_attn (C, H Dk + Hkv (Dk + Dv)): [all q | Hkv k | Hkv v]."""
+    y = concat_h(y_h) w_proj + b_proj.  w_attn (C, H Dk + Hkv (Dk + Dv)): [all q | Hkv k | Hkv v].
+    ``rotate`` (rotation, its transpose) turns q and k by their positions, as in the core's twin
+    ``reference.attention_forward`` (rotary positions: ``designs/rope/twin.rotation``)."""
     H, G, Dk = n_head, n_head // n_kv_head, d_qk
     T = x.shape[1]
     qkv, qkv_cache = linear_forward(x, w_attn, b_attn)
@@ -25,8 +26,8 @@ def gqa_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, n_kv_head, 
         q = qkv[..., h * Dk:(h + 1) * Dk]
         k = qkv[..., k_at + j * Dk:k_at + (j + 1) * Dk]
         v = qkv[..., v_at + j * Dv:v_at + (j + 1) * Dv]
-        if rope_base is not None:
-            q, k = rope_forward(q, rope_base), rope_forward(k, rope_base)
+        if rotate is not None:
+            q, k = rotate[0](q), rotate[0](k)
         S = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)
         if causal:
             S = np.where(future, -np.inf, S)
@@ -34,14 +35,14 @@ def gqa_attention_forward(x, w_attn, b_attn, w_proj, b_proj, n_head, n_kv_head, 
         heads.append(P @ v)
         per_head.append((q, k, v, P))
     y, proj_cache = linear_forward(np.concatenate(heads, axis=-1), w_proj, b_proj)
-    return y, (qkv_cache, proj_cache, per_head, H, n_kv_head, Dk, Dv, rope_base)
+    return y, (qkv_cache, proj_cache, per_head, H, n_kv_head, Dk, Dv, rotate)
 
 
 def gqa_attention_backward(dy, cache):
     """Per query head, standard attention's backward (dv = P^T dy_h, dS = P * (dP - rowsum(dP P)),
     dq = dS k / sqrt(Dk), dk = dS^T q / sqrt(Dk)); a shared key/value head sums the dk and dv
     of every query head that read it.  Returns dx, dw_attn, db_attn, dw_proj, db_proj."""
-    qkv_cache, proj_cache, per_head, H, Hkv, Dk, Dv, rope_base = cache
+    qkv_cache, proj_cache, per_head, H, Hkv, Dk, Dv, rotate = cache
     G = H // Hkv
     dy_cat, dw_proj, db_proj = linear_backward(dy, proj_cache)
     x = qkv_cache[0]
@@ -55,8 +56,8 @@ def gqa_attention_backward(dy, cache):
         dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
         dq = dS @ k / np.sqrt(Dk)
         dk = dS.transpose(0, 2, 1) @ q / np.sqrt(Dk)
-        if rope_base is not None:
-            dq, dk = rope_backward(dq, rope_base), rope_backward(dk, rope_base)
+        if rotate is not None:
+            dq, dk = rotate[1](dq), rotate[1](dk)
         dqkv[..., h * Dk:(h + 1) * Dk] = dq
         dqkv[..., k_at + j * Dk:k_at + (j + 1) * Dk] += dk
         dqkv[..., v_at + j * Dv:v_at + (j + 1) * Dv] += dv

@@ -1,7 +1,7 @@
 """Rotary positions (RoPE, Su et al. arXiv 2104.09864) written the plain way: the rotation of
 each (x_i, x_{i+d/2}) pair by its position's angle, and its transpose. The core's attention
-twin (``reference.attention_forward``) takes it as ``rotate=rotation(base)``; grouped-query
-attention's and sparse decoding's twins call it directly. tests/test_long_context.py holds
+twin (``reference.attention_forward``) and grouped-query attention's take it as
+``rotate=rotation(base)``; sparse decoding's twin calls it directly. tests/test_long_context.py holds
 ``Rotary`` to it in float64.
 """
 from __future__ import annotations
