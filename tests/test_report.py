@@ -44,9 +44,12 @@ def test_the_crossover_tells_blas_thread_counts_apart():
     assert list(got) == ["A, BLAS 2 threads", "A, BLAS 1 thread"]   # the CPU's records without a count: superseded
     assert [r["x"] for r in got["A, BLAS 1 thread"]] == [3]
     assert list(tables_sparse.latest_points([point(None, 0)])) == ["A"]   # kept while nothing supersedes them
+    deeper = {**point(None, 4), "n_layer": 8}                        # a point only the older records measured
+    got = tables_sparse.latest_points([point(None, 0), deeper, point(1, 5)])
+    assert [r["x"] for r in got["A"]] == [4] and [r["x"] for r in got["A, BLAS 1 thread"]] == [5]
 
 
-def test_repeated_sweeps_show_every_sweep_of_the_newest_series():
+def test_repeated_sweeps_show_every_sweep_of_each_cpus_newest_series():
     sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import tables_sparse
     point = lambda series, sweep, x: {"cpu": "A", "commit": "c", "n_layer": 8, "n_ctx": 8192, "series": series,
@@ -58,6 +61,10 @@ def test_repeated_sweeps_show_every_sweep_of_the_newest_series():
     assert "| 8,192 | 512 | 280–280 | 1.52 / 1.27 / 1.57 (range 0.30) |" in table   # in order, the older series left out
     assert "9.00" not in table and "3 sweeps" in table
     assert "No repeated sweep" in tables_sparse.sparse_repeats([{**rows[0], "series": None}])
+    other = [{**point("s3", s, x), "cpu": "B"} for s, x in ((1, 2.4), (2, 2.2))]
+    both = tables_sparse.sparse_repeats(rows + other)    # each CPU's newest series, each under its name
+    assert "**A, 8 layers**" in both and "**B, 8 layers**" in both
+    assert "1.52 / 1.27 / 1.57" in both and "2.40 / 2.20 (range 0.20)" in both and "9.00" not in both
 
 
 def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():

@@ -27,18 +27,20 @@ def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
 def latest_points(rows: list[dict]) -> dict[str, list[dict]]:
     """Per machine -- the CPU, and NumPy's BLAS threads where the record names them -- in the
     order each was last measured, the newest record of every point (depth, cache length, rule):
-    a sweep that ran across a commit of unrelated files stays whole. Where a CPU has records
-    that name their BLAS threads, its records that do not are left out."""
+    a sweep that ran across a commit of unrelated files stays whole. A point a CPU has measured
+    with its BLAS threads named supersedes that CPU's records of the point that do not name
+    them (what they ran beside is not known)."""
+    point = lambda r: (r["n_layer"], r["n_ctx"], r["sparse"]["kind"])
+    named = {(r["cpu"], point(r)) for r in rows if r.get("blas_threads")}
     by_machine: dict[str, dict] = {}
     for r in rows:
+        if not r.get("blas_threads") and (r["cpu"], point(r)) in named:
+            continue
         where = machine_of(r)
         points = by_machine.pop(where, {})           # re-inserted: the newest machine last
-        points[(r["n_layer"], r["n_ctx"], r["sparse"]["kind"])] = r
+        points[point(r)] = r
         by_machine[where] = points
-    # a CPU measured with its BLAS threads named: its earlier records that do not name them
-    # are superseded (what they ran beside is not known)
-    named = {r["cpu"] for r in rows if r.get("blas_threads")}
-    return {where: list(points.values()) for where, points in by_machine.items() if where not in named}
+    return {where: list(points.values()) for where, points in by_machine.items()}
 
 
 def machine_of(r: dict) -> str:
@@ -83,19 +85,29 @@ def _crossover_table(rows: list[dict]) -> str:
 
 
 def sparse_repeats(rows: list[dict]) -> str:
-    """The newest series of repeated sweeps (``sparse_crossover.py --repeat``): per depth, cache
-    length and rule, the ratio of every sweep and their range -- the drift a single sweep hides."""
+    """The newest series of repeated sweeps (``sparse_crossover.py --repeat``) on each CPU: per
+    depth, cache length and rule, the ratio of every sweep and their range -- the drift a single
+    sweep hides."""
     serial = [r for r in rows if r.get("series")]
     if not serial:
         return "No repeated sweep recorded yet (`sparse_crossover.py --repeat 3`)."
-    series = serial[-1]["series"]
-    at = [r for r in serial if r["series"] == series]
+    out = []
+    for cpu in dict.fromkeys(r["cpu"] for r in serial):
+        series = [r for r in serial if r["cpu"] == cpu][-1]["series"]
+        out += _series([r for r in serial if r["cpu"] == cpu and r["series"] == series])
+    return "\n".join(out).rstrip()
+
+
+def _series(at: list[dict]) -> list[str]:
+    """One series' tables (one per depth) and the line that says what was measured, and where."""
+    series = at[-1]["series"]
     sweeps = sorted({r["sweep"] for r in at})
     got = {(r["n_layer"], r["n_ctx"], r["sparse"]["kind"], r["sweep"]): r for r in at}
     kinds = [(k, name) for k, name in RULES if any(r["sparse"]["kind"] == k for r in at)]
     out = []
     for depth in sorted({r["n_layer"] for r in at}):
-        out += [f"**{depth} layers**:", "", "| cache n | K | dense tok/s | " + " | ".join(n for _, n in kinds) + " |",
+        out += [f"**{at[-1]['cpu']}, {depth} layers**:", "",
+                "| cache n | K | dense tok/s | " + " | ".join(n for _, n in kinds) + " |",
                 "| ---: | ---: | ---: |" + " ---: |" * len(kinds)]
         for n in sorted({r["n_ctx"] for r in at if r["n_layer"] == depth}):
             dense = [g["decode_dense_tokens_per_s"] for (d, m, _, _), g in got.items() if (d, m) == (depth, n)]
@@ -109,12 +121,12 @@ def sparse_repeats(rows: list[dict]) -> str:
             out.append(f"| {n:,} | {K} | {min(dense):,.0f}–{max(dense):,.0f} | " + " | ".join(cells) + " |")
         out.append("")
     r0 = at[-1]
-    out.append(f"Sparse over dense tokens/s in each of {len(sweeps)} sweeps run one after another (series "
-               f"{series}, sweeps {', '.join(map(str, sweeps))} in order), each ratio the median of "
-               f"{r0['decode_rounds']} interleaved rounds of {r0['decode_steps']} steps; K = n/16, selection at "
-               f"layer(s) {', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, "
-               f"random weights, batch 1; BLAS {r0.get('blas_threads')} thread(s). {records.provenance(at)}")
-    return "\n".join(out)
+    out += [f"Sparse over dense tokens/s in each of {len(sweeps)} sweeps run one after another (series "
+            f"{series}, sweeps {', '.join(map(str, sweeps))} in order), each ratio the median of "
+            f"{r0['decode_rounds']} interleaved rounds of {r0['decode_steps']} steps; K = n/16, selection at "
+            f"layer(s) {', '.join(map(str, r0['sparse']['layers']))}; width 128, 4 heads, rotary positions, "
+            f"random weights, batch 1; BLAS {r0.get('blas_threads')} thread(s). {records.provenance(at)}", ""]
+    return out
 
 
 def _describe(r: dict) -> str:

@@ -9,7 +9,7 @@ records (speed needs the architecture only: random weights).
 
 ``--repeat N`` runs the whole sweep N times in a row, its records one ``series`` (numbered
 ``sweep`` 1..N), so that the drift between sweeps is measured, not guessed; table
-``sparse_repeats`` gives each point's ratio in every sweep of the newest series:
+``sparse_repeats`` gives each point's ratio in every sweep of each CPU's newest series:
 
     python benchmarks/speed/sparse_crossover.py --n-layers 8 --blas-threads 1 --repeat 3
 """
