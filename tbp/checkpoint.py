@@ -17,9 +17,11 @@ import numpy as np
 from safetensors.numpy import save as st_save
 
 from .errors import TbpError
-from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy, RunLock,
-                     staged_dir, sweep_temporaries)
+from .fsutil import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, link_or_copy,
+                     sweep_temporaries)
+from .locks import RunLock
 from .runfiles import FORMAT, RUN_FILES, checkpoint_files, is_checkpoint_file, read_state, weights_name
+from .staging import staged_dir
 from .tokenizer import Tokenizer
 
 

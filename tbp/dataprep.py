@@ -17,8 +17,9 @@ from typing import Callable
 import numpy as np
 
 from .errors import TbpError
-from .fsutil import atomic_write_json, atomic_write_text, claim_output, staged_dir, write_raw
+from .fsutil import atomic_write_json, atomic_write_text, claim_output, write_raw
 from .jsonio import strip_bom
+from .staging import staged_dir
 from .tokenizer import Tokenizer
 from .version import __version__
 

@@ -16,8 +16,9 @@ from safetensors.numpy import save as st_save
 
 from . import checkpoint, jsonio, memory, runfiles
 from .errors import TbpError
-from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, staged_dir
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output
 from .nn import GPT, ModelConfig, build
+from .staging import staged_dir
 from .tokenizer import Tokenizer
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")

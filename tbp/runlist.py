@@ -3,7 +3,7 @@ when none is named, and removing one.
 
 A run's status, from its files alone:
 
-- training: a live process holds its lock (fsutil.RunLock);
+- training: a live process holds its lock (locks.RunLock);
 - finished: it ran all its steps;
 - stopped: it ended early and said why in state.json ("early stop: ...", "max time: ...",
   "interrupted": Ctrl-C or SIGTERM, saved);
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import checkpoint, runfiles
 from .errors import TbpError
-from .fsutil import foreign_files, is_held
+from .fsutil import foreign_files
+from .locks import is_held
 
 ROOT = Path("checkpoints")
 ENV = "TBP_CHECKPOINT"

@@ -20,7 +20,8 @@ from .batches import DoesNotFit, batches_for
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, PrepareReport, resolve_dataset
 from .errors import ConfigError, TbpError
-from .fsutil import RunLock, check_replaceable, portable_path, sweep_temporaries
+from .fsutil import check_replaceable, portable_path, sweep_temporaries
+from .locks import RunLock
 from .nn import LORA_TARGETS, add_lora, build, build_model, model_class
 from .nn.config import COMPUTE_FIELDS
 from .tokenizer import Tokenizer

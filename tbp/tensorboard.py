@@ -6,7 +6,7 @@ throughput; each evaluation's losses and bits per byte; and the per-layer statis
 (layerstats.py) as ``grad_norm/<layer>``, ``update_ratio/<layer>`` and ``stream_rms/<sublayer>``.
 
 One writer per TensorBoard run: a training writes into ``DIR/<run name>/`` (TensorBoard shows
-each subfolder as a run), holding that subfolder's lock (fsutil.RunLock) while it trains; a
+each subfolder as a run), holding that subfolder's lock (locks.RunLock) while it trains; a
 second training of the same name meanwhile takes ``DIR/<run name>-2/``, and so on, so two runs
 never share an event file or a curve. A resumed run continues its own subfolder. The folder is
 opened when training starts, after the run is claimed: a refused command leaves none behind.
@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from .errors import TbpError
-from .fsutil import Held, RunLock
+from .locks import Held, RunLock
 from .train import Callbacks
 
 SCALARS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "eval_train_loss", "val_bpb",

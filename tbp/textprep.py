@@ -16,7 +16,7 @@ The corpus is a stream of text blocks (:mod:`tbp.corpus`), read again for each p
    the staged ``train.bin`` and ``val.bin``.
 
 Memory is bounded by the blocks and pieces in flight, whatever the corpus size. The output is
-written into a staging folder renamed into place only when complete (:func:`fsutil.staged_dir`):
+written into a staging folder renamed into place only when complete (:func:`staging.staged_dir`):
 Ctrl-C, SIGTERM, a full disk or ``kill -9`` leave no dataset that could be trained on, and a
 re-run starts clean -- a resume would have to prove the input unchanged, which is another full
 read, and encoding is the cheap part of a corpus that takes minutes to read twice anyway.
@@ -33,8 +33,9 @@ import numpy as np
 
 from .corpus import Corpus
 from .errors import TbpError
-from .fsutil import atomic_write_json, atomic_write_text, staged_dir
+from .fsutil import atomic_write_json, atomic_write_text
 from .pieces import PieceEncoder, check_encodable
+from .staging import staged_dir
 from .tokenizer import Tokenizer, check_unicode, token_dtype, train_bpe, train_char
 
 CHUNK_CHARS = 1 << 20               # the tokenizer trainer's chunks: whole lines, about 1 M characters

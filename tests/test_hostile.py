@@ -214,8 +214,8 @@ def _umask():
 
 
 def test_d35_a_staging_folder_left_by_kill_9_is_swept_by_the_next_prepare(tmp_path, corpus_file):
-    code = ("import os, sys\nfrom tbp import fsutil\n"
-            "with fsutil.staged_dir(sys.argv[1]) as tmp:\n"
+    code = ("import os, sys\nfrom tbp import staging\n"
+            "with staging.staged_dir(sys.argv[1]) as tmp:\n"
             "    (tmp / 'train.bin').write_bytes(b'x')\n    os.kill(os.getpid(), 9)\n")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds")], timeout=60)
     assert len(list(tmp_path.glob(".ds.*.tmp"))) == 1                  # what the kill left
@@ -228,12 +228,12 @@ def test_d35_a_staging_folder_left_by_kill_9_is_swept_by_the_next_prepare(tmp_pa
 
 
 def test_d35_a_live_writers_staging_folder_is_left_alone(tmp_path):
-    from tbp import fsutil
-    with fsutil.staged_dir(tmp_path / "a") as tmp:
-        fsutil.sweep_staging(tmp_path / "a")                            # another writer's sweep
+    from tbp import staging
+    with staging.staged_dir(tmp_path / "a") as tmp:
+        staging.sweep_staging(tmp_path / "a")                           # another writer's sweep
         assert tmp.is_dir()
         (tmp / "meta.json").write_text("{}")
-    assert (tmp_path / "a" / "meta.json").is_file() and not (tmp_path / "a" / fsutil.OWNER).exists()
+    assert (tmp_path / "a" / "meta.json").is_file() and not (tmp_path / "a" / staging.OWNER).exists()
 
 
 # --- D22, D23: a refused --out is left as it was; no --out inside an input -------------------
@@ -684,11 +684,11 @@ def test_a_first_save_failing_half_way_leaves_a_run_the_retry_can_take(tmp_path,
 
 
 def test_a_sweep_touches_only_its_own_outputs_staging(tmp_path):
-    from tbp import fsutil
+    from tbp import staging
     other = tmp_path / ".c.foo.abcd1234.old"                # another output's (c.foo) mid-swap copy
     (other / "x").mkdir(parents=True)
-    (other / fsutil.OWNER).write_text("")
-    fsutil.sweep_staging(tmp_path / "c")
+    (other / staging.OWNER).write_text("")
+    staging.sweep_staging(tmp_path / "c")
     assert (other / "x").is_dir() and not (tmp_path / "c").exists()
 
 

@@ -430,7 +430,7 @@ def test_a_run_refuses_its_dataset_prepared_again_from_other_text(tmp_path, monk
 
 
 def test_a_second_writer_is_refused_naming_the_holder(trained, corpus_file):
-    from tbp.fsutil import RunLock
+    from tbp.locks import RunLock
     lock = RunLock(trained).acquire()
     try:
         clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
@@ -520,7 +520,7 @@ def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
 
 
 def test_merge_and_import_force_never_replace_a_run_being_trained(tmp_path, corpus_file, monkeypatch):
-    from tbp.fsutil import RunLock
+    from tbp.locks import RunLock
     base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5, "--n-ctx", 16)
     assert run(["train", "--data", corpus_file, "--init-from", base, "--out", "ft", "--lora-rank", 2,
                 "--max-iters", 5, *TINY]).exit_code == 0
