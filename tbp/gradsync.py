@@ -33,9 +33,9 @@ import time
 
 import numpy as np
 
-from .distributed import share
 from .errors import TbpError
 from .optim import clip_grads
+from .parallel import share
 
 # While the backward runs, the communication thread polls its collectives in bursts of BURST
 # tests every POLL_S: an MPI library moves a non-blocking message on only when called (over TCP,
@@ -50,7 +50,7 @@ SHORT = 1 << 14        # ranges shorter than this are packed together into one c
 
 
 def shard_counts(n: int, size: int) -> list[int]:
-    """How many of the ``n`` packed entries each of ``size`` ranks owns (distributed.share)."""
+    """How many of the ``n`` packed entries each of ``size`` ranks owns (parallel.share)."""
     return [hi - lo for lo, hi in (share(n, size, r) for r in range(size))]
 
 

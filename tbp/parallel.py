@@ -12,6 +12,9 @@ a step only reads them) and keep their own activations and gradients. Each repli
 gradient is scaled by its share of the rows, so the sum is exactly the gradient of the mean
 loss over the whole batch; the order of every sum is fixed, so a run is repeatable bit for
 bit at a given thread count.
+
+One level up, :class:`Ranks` splits a batch's rows over the ranks of an MPI job (distributed.py)
+before each rank splits its rows over its threads.
 """
 from __future__ import annotations
 
@@ -293,3 +296,63 @@ def data_parallel(model: LanguageModel, threads: int, batch_size: int,
     if workers > 1:
         return DataParallel(model, workers, rows, precision)
     return Serial(model, blas, rows, precision)
+
+
+def share(n: int, size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share [lo, hi) of n things split over ``size`` ranks, in rank
+    order (a batch's rows; a sharded optimizer's slice of the parameters)."""
+    return n * rank // size, n * (rank + 1) // size
+
+
+class Ranks:
+    """The interface of parallel.Serial / DataParallel (what the trainer calls), one level up:
+    a batch's rows split over the ranks, each rank's rows over its own threads (``local``).
+
+    ``accumulate`` adds this rank's part of the gradient -- scaled by its share of the whole
+    batch -- and returns its part of the mean loss; :meth:`World.sum_` of the gradient buffer
+    and of the loss, once per optimizer step (after every micro-batch), completes both.
+    """
+
+    def __init__(self, local, world):
+        self.local, self.world = local, world
+        self.workers = local.workers
+
+    def __enter__(self) -> "Ranks":
+        self.local.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.local.__exit__(*exc)
+
+    @property
+    def gemm(self):
+        """The library this rank's products use (blas.Choice), once entered."""
+        return self.local.gemm
+
+    def rows(self, B: int) -> tuple[int, int]:
+        """This rank's rows [lo, hi) of a batch of B (some ranks get none when B < ranks)."""
+        return share(B, self.world.size, self.world.rank)
+
+    def accumulate(self, batch: Batch, scale: float = 1.0, sync=None) -> float:
+        B = len(batch)
+        lo, hi = self.rows(B)
+        w = batch.weights
+        if w is None:
+            share = (hi - lo) / B
+        else:                                   # every rank has the whole batch: the same total
+            share = float(np.sum(w[lo:hi], dtype=np.float64)) / float(np.sum(w, dtype=np.float64))
+        if share == 0.0:                        # no rows, or no loss on them: nothing to add
+            for i in range(sync.buckets.n_blocks if sync is not None else 0):
+                sync.block_done(i)
+            return 0.0
+        return self.local.accumulate(batch.rows(lo, hi), scale * share, sync) * share
+
+    def each(self, fn) -> None:
+        self.local.each(fn)
+
+    def losses(self, batches: list) -> list[float]:
+        """Every batch's mean loss on every rank: batch i is evaluated on rank i mod size."""
+        mine = list(range(self.world.rank, len(batches), self.world.size))
+        out = np.zeros(len(batches))
+        out[mine] = self.local.losses([batches[i] for i in mine]) if mine else []
+        return list(self.world.sum_(out))

@@ -24,11 +24,11 @@ from .errors import TbpError
 from .fsutil import append_line, atomic_write_text
 from .nn import LanguageModel
 from .optim import AdamW, lr_at
-from .distributed import Ranks, World
+from .distributed import World
 from .gradsync import GradientSync
 from .evaluate import split_loss, split_stride
 from .layerstats import LayerStats
-from .parallel import available_cores, data_parallel
+from .parallel import Ranks, available_cores, data_parallel
 
 
 class Callbacks:

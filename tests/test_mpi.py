@@ -328,7 +328,7 @@ def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
     gradient of the whole batch's mean loss (no MPI: the ranks' parts are summed here)."""
     from tbp.nn import GPT, ModelConfig
     from tbp.nn.batch import Batch
-    from tbp.parallel import Serial
+    from tbp.parallel import Ranks, Serial
     rng = np.random.default_rng(0)
     model = GPT(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
     batch = Batch(rng.integers(0, 13, (B, 8)), rng.integers(0, 13, (B, 8)), (rng.random((B, 8)) < 0.6) * 1.0)
@@ -337,7 +337,7 @@ def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
         want_loss = model.loss_and_backward(b.idx, b.targets, b.weights)
         want = model.layout.grads.copy()
         model.zero_grad()
-        loss = sum(distributed.Ranks(Serial(model), FakeWorld(r, size)).accumulate(b) for r in range(size))
+        loss = sum(Ranks(Serial(model), FakeWorld(r, size)).accumulate(b) for r in range(size))
         assert loss == pytest.approx(want_loss, rel=1e-12)
         np.testing.assert_allclose(model.layout.grads, want, rtol=1e-10, atol=1e-14)
         model.zero_grad()
