@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tbp.nn import GPT, LORA_TARGETS, ConfigError, ModelConfig, add_lora
-from tbp.nn.designs.attnres.attnres import DepthAttention, Sources, rms_inverse
+from tbp.nn.designs.attnres.depth import DepthAttention, Sources, rms_inverse
 from tbp.nn.batch import Batch
 from tbp.parallel import DataParallel
 

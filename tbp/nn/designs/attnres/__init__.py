@@ -1,8 +1,10 @@
 """Attention Residuals (Kimi Team 2026): each sublayer's input a learned softmax over depth.
 
-Its parts: ``attnres.py`` (the depth attention, the residual scheme registered as
-``--residual attention``, its declaration, and what tbp view shows of it: the depth map) and
-``twin.py`` (the whole model the plain way, forward and backward)."""
-from .attnres import VARIANT, DepthAttention, DepthResidual, depth_map, rms_inverse
+Its parts: ``depth.py`` (the depth attention: one operation's softmax over the sources, its
+backward), ``attnres.py`` (the residual scheme registered as ``--residual attention``, its
+declaration, and what tbp view shows of it: the depth map) and ``twin.py`` (the whole model the
+plain way, forward and backward)."""
+from .attnres import VARIANT, DepthResidual, depth_map
+from .depth import DepthAttention, rms_inverse
 
 __all__ = ["DepthAttention", "DepthResidual", "VARIANT", "depth_map", "rms_inverse"]
