@@ -1,6 +1,6 @@
 """Several requests decoded together: tbp serve's batcher.
 
-A request (tbp.serve.Request: its prompt ids, sampling settings, seed, stop strings, end
+A request (tbp.served.Request: its prompt ids, sampling settings, seed, stop strings, end
 tokens, max_tokens) becomes a :class:`Job` in a slot of one batched Inference; one thread steps
 every active job at once (Inference.step_rows, each row at its own position) and hands each its
 items -- (text piece, finish reason or None, tokens so far) -- through a queue. :class:`Ending`

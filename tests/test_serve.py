@@ -25,7 +25,8 @@ class Server:
     """``tbp serve``'s application on a free loopback port, in a thread, for one test module."""
 
     def __init__(self, run_dir, **kw):
-        from tbp.serve import Served, app
+        from tbp.serve import app
+        from tbp.served import Served
         model, tok, _ = runfiles.load_model(run_dir)
         self.served = Served(model, tok, "m")
         with socket.socket() as s:

@@ -49,7 +49,8 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
         import starlette  # noqa: F401
     except ImportError:
         raise TbpError("tbp serve needs Starlette and uvicorn: pip install 'tbp[serve]'") from None
-    from ..serve import Served, app
+    from ..serve import app
+    from ..served import Served
     run = the_run(run)
     model, tok, _ = runfiles.load_model(run, best=best)
     served = Served(model, tok, name or Path(run).resolve().name)
