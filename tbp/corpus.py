@@ -22,12 +22,9 @@ the file and line (or row); nothing is written before a corpus has been read thr
 """
 from __future__ import annotations
 
-import bz2
 import codecs
 import glob
-import gzip
 import hashlib
-import lzma
 import os
 import socket
 import stat
@@ -37,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import jsonio
+from .compressed import layers, open_raw
 from .errors import TbpError
 from .tokenizer import check_unicode
 
@@ -44,7 +42,6 @@ TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".tex", ".org", ".py", ".c", ".
                  ".csv", ".json", ".xml", ".yaml", ".yml", ".toml", ".ini", ".cfg"}
 RECORD_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet"}
-COMPRESSED = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "xz", ".zst": "zstd", ".zstd": "zstd"}
 READ_BYTES = 4 << 20                  # raw bytes read at a time
 MAX_RECORD = 64 << 20                 # characters of one JSON-lines record (parsing one costs ~10x that)
 BUILTIN = "pydoc"
@@ -54,65 +51,6 @@ def builtin_text() -> str:
     """The Python reference documentation that ships inside CPython (~460 KB of English)."""
     from pydoc_data.topics import topics
     return "\n\n".join(topics[k].strip("\n") + "\n" for k in sorted(topics))
-
-
-def _layers(path: Path) -> tuple[str | None, str]:
-    """(compression or None, the suffix of what is inside): a.jsonl.gz -> ("gzip", ".jsonl")."""
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in COMPRESSED:
-        return COMPRESSED[suffixes[-1]], suffixes[-2] if len(suffixes) > 1 else ""
-    return None, suffixes[-1] if suffixes else ""
-
-
-def _open_raw(path: Path, compression: str | None):
-    """(binary stream of the file's contents, the underlying file: its tell() is the progress)."""
-    raw = open(path, "rb")
-    if compression is None:
-        return raw, raw
-    if compression == "gzip":
-        return gzip.GzipFile(fileobj=raw), raw
-    if compression == "bzip2":
-        return bz2.BZ2File(raw), raw
-    if compression == "xz":
-        return lzma.LZMAFile(raw), raw
-    try:
-        import zstandard
-    except ImportError:
-        raw.close()
-        raise TbpError(f"{path}: reading .zst needs zstandard: pip install 'tbp[zstd]'") from None
-    return _Zstd(raw, zstandard, path), raw
-
-
-class _Zstd:
-    """A .zst file's bytes, frame after frame; a file that ends inside a frame is damage
-    (the library's stream reader would end quietly there)."""
-
-    def __init__(self, raw, zstandard, path):
-        self.raw, self.zstd, self.path = raw, zstandard, path
-        self.obj, self.started = zstandard.ZstdDecompressor().decompressobj(), False
-
-    def read(self, n: int) -> bytes:
-        while True:
-            data = self.raw.read(n)
-            if not data:
-                if self.started and not self.obj.eof:
-                    raise EOFError("the file ends inside a frame")
-                return b""
-            out = bytearray()
-            while data:
-                self.started = True
-                out += self.obj.decompress(data)
-                data = self.obj.unused_data if self.obj.eof else b""
-                if self.obj.eof:
-                    self.obj, self.started = self.zstd.ZstdDecompressor().decompressobj(), bool(data)
-            if out:
-                return bytes(out)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 @dataclass
@@ -149,7 +87,7 @@ class Source:
 
     def _decoded(self, encoding: str, progress) -> Iterator[str]:
         """The file's text in blocks, its byte-order mark dropped; an undecodable byte named."""
-        stream, raw = _open_raw(self.path, self.compression)
+        stream, raw = open_raw(self.path, self.compression)
         decoder = codecs.getincrementaldecoder(encoding)()
         offset = lines = 0
         first, reported = True, 0
@@ -157,9 +95,7 @@ class Source:
             while True:
                 try:
                     data = stream.read(READ_BYTES)
-                except (OSError, EOFError, lzma.LZMAError) as e:
-                    raise TbpError(f"{self.where}: damaged {self.compression} data ({e})") from None
-                except Exception as e:       # zstandard.ZstdError and the like
+                except Exception as e:       # OSError, EOFError, lzma.LZMAError, zstandard.ZstdError
                     raise TbpError(f"{self.where}: damaged {self.compression} data ({e})") from None
                 held = len(decoder.getstate()[0])
                 try:
@@ -325,13 +261,13 @@ def in_memory(text: str, name: str, source: str) -> Corpus:
 
 
 def _source(path: Path, in_folder: bool) -> Source:
-    compression, inner = _layers(path)
+    compression, inner = layers(path)
     format = "records" if inner in RECORD_SUFFIXES else "parquet" if inner in PARQUET_SUFFIXES else "text"
     return Source(path, format, compression, ends_with_newline=in_folder)
 
 
 def _readable(path: Path) -> bool:
-    compression, inner = _layers(path)
+    compression, inner = layers(path)
     return inner in TEXT_SUFFIXES | RECORD_SUFFIXES | PARQUET_SUFFIXES or (compression is not None and inner == "")
 
 
@@ -364,7 +300,7 @@ def open_corpus(path: str | None, encoding: str = "utf-8", text_field: str = "te
             raise TbpError(f"{p}: folder has no text files ({', '.join(sorted(TEXT_SUFFIXES)[:6])}, ..., "
                            f".jsonl, .parquet, compressed with .gz .bz2 .xz .zst)")
         return Corpus(p.resolve().name, str(p), [_source(f, True) for f in files], encoding, text_field)
-    compression, inner = _layers(p)
+    compression, inner = layers(p)
     name = p.name
     for _ in p.suffixes[-2 if compression else -1:]:
         name = name.rsplit(".", 1)[0] if "." in name else name
