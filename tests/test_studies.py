@@ -189,3 +189,21 @@ def test_the_facts_rank_is_where_each_layers_scores_put_it():
             ranks.append(min(int(np.where(np.argsort(-w[h], kind="stable") == value_at)[0][0]) for h in range(2)))
         assert got["median"][layer] == np.median(ranks)
         assert got["within"]["4"][layer] == np.mean(np.array(ranks) < 4)
+
+
+def test_a_retrieval_training_that_gives_up_stops_there_and_says_so(tmp_path, monkeypatch):
+    import argparse
+    import tables_sparse
+    monkeypatch.setattr(retrieval.records, "RESULTS", tmp_path / "results")
+    args = argparse.Namespace(out=str(tmp_path / "run"), seed=1, n_layer=1, n_head=2, d_model=16,
+                              stages=len(retrieval.STAGES), first=1, init_from=None, force=False, steps=[2, 1, 1, 1],
+                              lr_scale=1.0, uniform_filler=False, form="pair", give_up_below=1.01)
+    retrieval.train(args)                      # no model is right on every question after two steps
+    rec = retrieval.records.read("retrieval_train")[-1]
+    assert rec["gave_up"] == {"below": 1.01, "after_stage": 1}
+    assert len(rec["stages"]) == 1 and rec["steps"] == 2 and (tmp_path / "run" / "config.json").is_file()
+    assert "Stopped after stage 1: held-out accuracy under 101 %" in tables_sparse.retrieval_train([rec])
+    args.give_up_below, args.out, args.stages = 0.0, str(tmp_path / "all"), 2
+    retrieval.train(args)                      # nothing is under 0: every stage asked for runs
+    rec = retrieval.records.read("retrieval_train")[-1]
+    assert "gave_up" not in rec and len(rec["stages"]) == 2

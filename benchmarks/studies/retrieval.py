@@ -42,6 +42,11 @@ the fact (``fact_ranks``): a score-chosen set can keep it only where its layer r
     # the recipe that learned the pair-form lookup (2 seeds of 5), about 35 minutes on one core:
     python benchmarks/studies/retrieval.py train --out runs/retrieval --form pair --steps 12000 2000 600 400 --lr-scale 2 --seed 2
     python benchmarks/studies/retrieval.py eval --run runs/retrieval --layers 0
+
+    # the same recipe at 4 layers, where selection can sit after the first lookup-capable layer;
+    # a seed whose first stage ends under 50 % held-out accuracy stops there (its record says so)
+    python benchmarks/studies/retrieval.py train --out runs/retrieval-4L-1 --n-layer 4 --form pair --steps 12000 2000 600 400 --lr-scale 2 --seed 1 --give-up-below 0.5
+    python benchmarks/studies/retrieval.py eval --run runs/retrieval-4L-1 --layers 1 2 1,3
 """
 import argparse
 import sys
@@ -218,11 +223,18 @@ def train(args) -> None:
                     "lr": lr, "loss": float(loss), "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1),
                     "loss_every_100": trace})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
+        if args.give_up_below is not None and acc < args.give_up_below and s < len(stages) - 1:
+            # the lookup not learned: the 2-layer seeds that had not learned it after stage 1 never did
+            gave_up = {"below": args.give_up_below, "after_stage": args.first + s}
+            print(f"gave up: held-out accuracy under {args.give_up_below:g}", flush=True)
+            break
+    else:
+        gave_up = None
     # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
     # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
     study = {"script": "benchmarks/studies/retrieval.py", "seed": args.seed, "stages": log, "form": args.form,
              "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
-             **({"init_from": args.init_from} if args.init_from else {})}
+             **({"init_from": args.init_from} if args.init_from else {}), **({"gave_up": gave_up} if gave_up else {})}
     record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
               "study": study, "step": step}
     checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
@@ -364,6 +376,8 @@ def main() -> None:
     t.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every stage's peak learning rate")
     t.add_argument("--uniform-filler", action="store_true", help="uniform filler letters, no loss on them")
     t.add_argument("--form", choices=FORMS, default="record", help="how a fact is written (see line())")
+    t.add_argument("--give-up-below", type=float, help="stop after a stage whose held-out accuracy is under this "
+                                                          "(the run and its record say so)")
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
     e.add_argument("--sequences", type=int, default=512)
