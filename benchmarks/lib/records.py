@@ -40,6 +40,17 @@ def cpu() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def cpu_flags() -> list[str]:
+    """The vector and matrix units that decide who wins on this CPU (Linux's flags), so that two
+    machines sold under one model name ("Intel(R) Xeon(R) Processor") can be told apart."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+
+
 def cpus(rows: list[dict]) -> str:
     """The CPUs a set of records ran on, for a table's footnote."""
     return "; ".join(sorted({r["cpu"] for r in rows}))
@@ -71,7 +82,8 @@ def commit(tree: Path | None = None) -> str:
 def append(name: str, record: dict) -> None:
     """Add one record to benchmarks/results/NAME.jsonl."""
     RESULTS.mkdir(exist_ok=True)
-    base = {"cpu": cpu(), "python": sys.version.split()[0], "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
+    base = {"cpu": cpu(), "cpu_flags": cpu_flags(), "python": sys.version.split()[0],
+            "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
     with open(RESULTS / f"{name}.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({**base, **record}) + "\n")
 
