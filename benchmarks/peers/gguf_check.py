@@ -42,21 +42,9 @@ def export(run: Path, kind: str, folder: Path) -> Path:
 
 
 def llama(path: Path, n_ctx: int, threads: int):
-    """The file in llama.cpp, its weights as stored: where the CPU has AMX, llama.cpp's repacking
-    of q8_0 matrices for its AMX kernels crashes (ggml-org/llama.cpp#20824; ``--no-repack``)."""
-    import llama_cpp
-    default = llama_cpp.llama_cpp.llama_model_default_params
-
-    def as_stored():
-        params = default()
-        params.use_extra_bufts = False
-        return params
-    llama_cpp.llama_cpp.llama_model_default_params = as_stored     # read once, in Llama's constructor
-    try:
-        return llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=threads,
-                               n_threads_batch=threads, type_k=0, type_v=0, seed=0)
-    finally:
-        llama_cpp.llama_cpp.llama_model_default_params = default
+    """The file in llama.cpp as the tests load it (its weights as stored, a float32 KV cache)."""
+    from test_gguf import load
+    return load(path, n_ctx, threads)
 
 
 def windows(run: Path, model):
