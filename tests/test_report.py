@@ -65,6 +65,9 @@ def test_repeated_sweeps_show_every_sweep_of_each_cpus_newest_series():
     both = tables_sparse.sparse_repeats(rows + other)    # each CPU's newest series, each under its name
     assert "**A, 8 layers**" in both and "**B, 8 layers**" in both
     assert "1.52 / 1.27 / 1.57" in both and "2.40 / 2.20 (range 0.20)" in both and "9.00" not in both
+    shallow = [{**point("s4", s, x), "cpu": "B", "n_layer": 4} for s, x in ((1, 1.1), (2, 1.2))]
+    deeper = tables_sparse.sparse_repeats(rows + other + shallow)   # a newer series of another depth
+    assert "**B, 4 layers**" in deeper and "2.40 / 2.20" in deeper and "1.10 / 1.20" in deeper
 
 
 def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():

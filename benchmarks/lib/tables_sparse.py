@@ -85,16 +85,16 @@ def _crossover_table(rows: list[dict]) -> str:
 
 
 def sparse_repeats(rows: list[dict]) -> str:
-    """The newest series of repeated sweeps (``sparse_crossover.py --repeat``) on each CPU: per
-    depth, cache length and rule, the ratio of every sweep and their range -- the drift a single
-    sweep hides."""
+    """The newest series of repeated sweeps (``sparse_crossover.py --repeat``) of each depth on
+    each CPU: per cache length and rule, the ratio of every sweep and their range -- the drift a
+    single sweep hides."""
     serial = [r for r in rows if r.get("series")]
     if not serial:
         return "No repeated sweep recorded yet (`sparse_crossover.py --repeat 3`)."
     out = []
-    for cpu in dict.fromkeys(r["cpu"] for r in serial):
-        series = [r for r in serial if r["cpu"] == cpu][-1]["series"]
-        out += _series([r for r in serial if r["cpu"] == cpu and r["series"] == series])
+    for cpu, depth in dict.fromkeys((r["cpu"], r["n_layer"]) for r in serial):
+        at = [r for r in serial if (r["cpu"], r["n_layer"]) == (cpu, depth)]
+        out += _series([r for r in at if r["series"] == at[-1]["series"]])
     return "\n".join(out).rstrip()
 
 
