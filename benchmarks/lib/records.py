@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy          # each record names its version: another build's BLAS may round the products otherwise
+
 RESULTS = Path(os.environ.get("TBP_RESULTS") or Path(__file__).resolve().parents[1] / "results")
 
 
@@ -82,7 +84,7 @@ def commit(tree: Path | None = None) -> str:
 def append(name: str, record: dict) -> None:
     """Add one record to benchmarks/results/NAME.jsonl."""
     RESULTS.mkdir(exist_ok=True)
-    base = {"cpu": cpu(), "cpu_flags": cpu_flags(), "python": sys.version.split()[0],
+    base = {"cpu": cpu(), "cpu_flags": cpu_flags(), "python": sys.version.split()[0], "numpy": numpy.__version__,
             "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
     with open(RESULTS / f"{name}.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({**base, **record}) + "\n")
