@@ -207,8 +207,8 @@ def retrieval_train(rows: list[dict]) -> str:
             out.append(f"| {i} | {s['n_ctx']:,} | {s['facts']} | {s['questions']} | {s['steps']:,} | {s['lines']} | {s['lr']:g} | "
                        f"{100 * s['heldout_accuracy']:.1f} % | {s['wall_s'] / 60:.0f} |")
         if r.get("gave_up"):
-            out.append(f"Stopped after stage {r['gave_up']['after_stage']}: held-out accuracy under "
-                       f"{100 * r['gave_up']['below']:.0f} % (`--give-up-below`), the lookup not learned.")
+            out += ["", f"Stopped after stage {r['gave_up']['after_stage']}: held-out accuracy under "
+                       f"{100 * r['gave_up']['below']:.0f} % (`--give-up-below`), the lookup not learned."]
         out.append("")
     out.append(f"Held-out accuracy: the share of every question's value predicted right (teacher-forced, top "
                f"token) on 64 held-out lines of the stage's context. {records.provenance(rows)}")
