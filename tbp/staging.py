@@ -9,6 +9,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -19,10 +20,30 @@ from .locks import lock_state
 OWNER = ".owner"                        # inside a staging folder: flocked while its writer lives
 
 
+@contextlib.contextmanager
+def _stops_held():
+    """Hold SIGINT and SIGTERM until the block ends (then they arrive as usual): a stop that
+    landed between making a folder and naming it would leave one that no sweep may touch."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:                             # not on Windows: no stop signals to hold there
+        yield
+        return
+    before = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, before)
+
+
 def _owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
     """A new hidden folder under ``parent`` holding a flocked OWNER file: (folder, descriptor).
     A folder that cannot be made there (read-only, full) is reported as ``parent``'s problem: the
     temporary name means nothing to the person reading the error."""
+    with _stops_held():
+        return _make_owned_dir(parent, prefix, suffix)
+
+
+def _make_owned_dir(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
     try:
         new = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=".new"))  # a name no sweep matches
     except OSError as e:
