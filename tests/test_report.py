@@ -83,12 +83,11 @@ def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
 
 def test_a_record_names_the_cpu_and_its_vector_units(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
-    import numpy as np
     import records
+    from tbp.bench import machine
     monkeypatch.setattr(records, "RESULTS", tmp_path)
     records.append("x", {"commit": "c", "metric": 1.0})
     (got,) = records.read("x")
-    assert got["cpu"] == records.cpu() and got["metric"] == 1.0 and got["numpy"] == np.__version__
-    assert set(got["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
-    assert got["cpu_flags"] == [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    assert got["cpu"] == records.cpu() and got["metric"] == 1.0
+    m, keys = machine(), ("simd", "bf16_units", "blas", "numpy")
+    assert [got[k] for k in keys] == [m[k] for k in keys] and m["simd"]

@@ -10,14 +10,13 @@ runs their records already hold, so a fresh folder reruns a study from scratch, 
 Every record names the matrix-product library it ran with (``TBP_GEMM``): it changes the last
 bits of every run. The quality studies pin it to ``numpy`` unless it is set (``pin_gemm``); the
 speed benchmarks leave it to choose, since choosing the fastest is what they measure."""
+import functools
 import json
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
-
-import numpy          # each record names its version: another build's BLAS may round the products otherwise
 
 RESULTS = Path(os.environ.get("TBP_RESULTS") or Path(__file__).resolve().parents[1] / "results")
 
@@ -42,15 +41,14 @@ def cpu() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
-def cpu_flags() -> list[str]:
-    """The vector and matrix units that decide who wins on this CPU (Linux's flags), so that two
-    machines sold under one model name ("Intel(R) Xeon(R) Processor") can be told apart."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+@functools.cache
+def machine() -> dict:
+    """What decides who wins on this CPU beyond its model name (two machines sold as "Intel(R)
+    Xeon(R) Processor" can differ): NumPy's SIMD level, the bf16 units, the BLAS and NumPy's
+    version, as ``tbp bench`` reports them."""
+    from tbp.bench import machine as measured
+    m = measured()
+    return {k: m[k] for k in ("simd", "bf16_units", "blas", "numpy")}
 
 
 def cpus(rows: list[dict]) -> str:
@@ -84,8 +82,7 @@ def commit(tree: Path | None = None) -> str:
 def append(name: str, record: dict) -> None:
     """Add one record to benchmarks/results/NAME.jsonl."""
     RESULTS.mkdir(exist_ok=True)
-    base = {"cpu": cpu(), "cpu_flags": cpu_flags(), "python": sys.version.split()[0], "numpy": numpy.__version__,
-            "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
+    base = {"cpu": cpu(), **machine(), "python": sys.version.split()[0], "tbp_gemm": os.environ.get("TBP_GEMM", "auto")}
     with open(RESULTS / f"{name}.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({**base, **record}) + "\n")
 
