@@ -289,13 +289,15 @@ class DataParallel:
 def data_parallel(model: LanguageModel, threads: int, batch_size: int,
                   blas: int | None = None, precision: str = "fp32") -> Serial | DataParallel:
     """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
-    with: a DataParallel over that many workers (at most one per row), or Serial for one (with
-    BLAS held to ``blas`` threads, if given); products in ``precision``."""
+    with: a DataParallel over that many workers (at most one per row), or Serial for one, with
+    BLAS held to ``blas`` threads -- by default the ``threads`` asked for, so ``threads=1`` is
+    one core and not one worker beside a BLAS on every core (0 leaves BLAS as it is); products
+    in ``precision``."""
     workers = min(threads or available_cores(), batch_size)
     rows = -(-batch_size // workers) * model.config.n_ctx            # tokens each thread multiplies
     if workers > 1:
         return DataParallel(model, workers, rows, precision)
-    return Serial(model, blas, rows, precision)
+    return Serial(model, (threads or None) if blas is None else blas, rows, precision)
 
 
 def share(n: int, size: int, rank: int) -> tuple[int, int]:

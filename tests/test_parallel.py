@@ -7,7 +7,7 @@ from tbp.config import TrainConfig
 from tbp.nn import LORA_TARGETS, add_lora, build_model
 from tbp.nn.batch import Batch
 from tbp.optim import AdamW
-from tbp.parallel import DataParallel, _openblas, blas_threads
+from tbp.parallel import DataParallel, _openblas, blas_threads, data_parallel
 
 CFG = dict(vocab_size=13, n_ctx=8, n_layer=2, n_head=2, d_model=8)
 
@@ -113,6 +113,20 @@ def test_blas_threads_is_restored():
         x, y = batch(2)
         dp.losses([Batch(x, y)])
     assert get() == before and dp.pool is None
+
+
+@pytest.mark.skipif(_openblas() is None, reason="NumPy's BLAS is not OpenBLAS")
+def test_one_thread_is_one_core():
+    """--threads 1 holds NumPy's BLAS to one thread too; 0 (one per core) leaves it alone."""
+    get, _ = _openblas()
+    with blas_threads(2):
+        with data_parallel(GPT(ModelConfig(**CFG)), 1, 4) as serial:
+            assert get() == 1
+            x, y = batch(4)
+            serial.accumulate(Batch(x, y))
+        assert get() == 2
+        with data_parallel(GPT(ModelConfig(**CFG)), 0, 1):             # one row: one worker, BLAS as it was
+            assert get() == 2
 
 
 def test_threads_change_only_rounding(tmp_path, dataset):
