@@ -38,7 +38,8 @@ class TrainConfig(DictConfig):
                                     "measured at the start and said). Weights, gradients, AdamW and everything "
                                     "else stay float32.", choices=("fp32", "bf16"))
     threads: int = option(0, "Threads that each run forward and backward on a share of the batch "
-                             "(0: one per core; under mpiexec, the machine's cores shared among its ranks). A run "
+                             "(0: one per core; under mpiexec, the machine's cores shared among its ranks). One "
+                             "thread is one core: the matrix products' library is held to it too. A run "
                              "repeats bit for bit at a given count.", min=0)
     shard_optimizer: bool = option(False, "Under mpiexec: each rank updates and holds the AdamW moments of "
                                           "its slice of the parameters only (ZeRO stage 1); the same run, "
