@@ -101,7 +101,7 @@ class Serial:
     With a kernel of small tile products (flash attention), BLAS runs one thread inside, as
     the kernel's registration asks (registry.KERNEL_ONE_THREAD): a second thread slows them.
 
-    ``blas``: hold BLAS to that many threads (an MPI rank's share of its machine's cores);
+    ``blas``: hold BLAS to that many threads (the threads a run asked for, an MPI rank's share);
     None leaves it as it is. ``rows``: tokens per batch (the products' size, for choosing
     their library on entering); by default one context's worth. ``precision``: the products'
     ("fp32" or "bf16", blas.choose)."""
@@ -287,17 +287,16 @@ class DataParallel:
 
 
 def data_parallel(model: LanguageModel, threads: int, batch_size: int,
-                  blas: int | None = None, precision: str = "fp32") -> Serial | DataParallel:
+                  precision: str = "fp32") -> Serial | DataParallel:
     """What a run with ``threads`` (0: one per core) and this batch size computes its gradients
     with: a DataParallel over that many workers (at most one per row), or Serial for one, with
-    BLAS held to ``blas`` threads -- by default the ``threads`` asked for, so ``threads=1`` is
-    one core and not one worker beside a BLAS on every core (0 leaves BLAS as it is); products
-    in ``precision``."""
+    BLAS held to the ``threads`` asked for -- so ``threads=1`` is one core, not one worker
+    beside a BLAS on every core (0 leaves BLAS as it is); products in ``precision``."""
     workers = min(threads or available_cores(), batch_size)
     rows = -(-batch_size // workers) * model.config.n_ctx            # tokens each thread multiplies
     if workers > 1:
         return DataParallel(model, workers, rows, precision)
-    return Serial(model, (threads or None) if blas is None else blas, rows, precision)
+    return Serial(model, threads or None, rows, precision)
 
 
 def share(n: int, size: int, rank: int) -> tuple[int, int]:

@@ -362,9 +362,9 @@ def rank_workers(model: LanguageModel, world, threads: int, batch_size: int, pre
     """What one rank of ``world`` computes its share of a batch with: its rows over ``threads``
     threads (0: this machine's cores shared equally among the ranks on it)."""
     threads = threads or max(1, available_cores() // world.local_size)
-    # one thread: BLAS held to the rank's share, so the ranks on a machine do not oversubscribe it
-    return Ranks(data_parallel(model, threads, -(-batch_size // world.size), blas=threads, precision=precision),
-                 world)
+    # one thread: BLAS held to the rank's share (data_parallel), so the ranks on a machine do not
+    # oversubscribe it
+    return Ranks(data_parallel(model, threads, -(-batch_size // world.size), precision=precision), world)
 
 
 def trim_metrics(run: Path, step: int) -> None:

@@ -138,7 +138,7 @@ def tbp_trainer(model_shape, batch, rng, threads, stack, vocab=V):
     L, H, C, T = model_shape
     model = GPT(ModelConfig(n_layer=L, n_head=H, d_model=C, n_ctx=T, vocab_size=vocab), seed=0)
     opt = AdamW(model.layout)
-    workers = opt.workers = data_parallel(model, threads, batch, blas=threads)
+    workers = opt.workers = data_parallel(model, threads, batch)
     stack.enter_context(workers)
 
     def step() -> float:
