@@ -47,6 +47,9 @@ the fact (``fact_ranks``): a score-chosen set can keep it only where its layer r
     # a seed whose first stage ends under 50 % held-out accuracy stops there (its record says so)
     python benchmarks/studies/retrieval.py train --out runs/retrieval-4L-1 --n-layer 4 --form pair --steps 12000 2000 600 400 --lr-scale 2 --seed 1 --give-up-below 0.5
     python benchmarks/studies/retrieval.py eval --run runs/retrieval-4L-1 --layers 1 2 1,3
+
+The run is saved after every stage; one stopped during stage k goes on from the end of stage
+k - 1 with ``--init-from RUN --first k --force`` (the same other options; a fresh optimizer).
 """
 import argparse
 import sys
@@ -188,6 +191,10 @@ def train(args) -> None:
         raise SystemExit(f"--steps takes one count per stage ({len(STAGES)})")
     stages = [(T, facts, asks, n, lines, lr * args.lr_scale)
               for (T, facts, asks, _, lines, lr), n in zip(STAGES, steps_of)][args.first - 1:args.stages]
+    if Path(args.out).exists() and not args.force:           # say so now, not after the first stage
+        raise SystemExit(f"{args.out} already exists (use --force to replace it)")
+    if not stages:
+        raise SystemExit(f"no stage to train: --first {args.first} is past --stages {args.stages}")
     log, step, wall = [], 0, 0.0
     if args.init_from:                       # go on from a run of this study: its stages come first
         model, _, prior = runfiles.load_model(args.init_from, dtype=np.float32)
@@ -223,21 +230,24 @@ def train(args) -> None:
                     "lr": lr, "loss": float(loss), "heldout_accuracy": acc, "wall_s": round(time.time() - t0, 1),
                     "loss_every_100": trace})
         print(f"context {T}: held-out accuracy {acc:.3f} on 64 lines", flush=True)
+        gave_up = None
         if args.give_up_below is not None and acc < args.give_up_below and s < len(stages) - 1:
             # the lookup not learned: the 2-layer seeds that had not learned it after stage 1 never did
             gave_up = {"below": args.give_up_below, "after_stage": args.first + s}
             print(f"gave up: held-out accuracy under {args.give_up_below:g}", flush=True)
+        # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
+        # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
+        study = {"script": "benchmarks/studies/retrieval.py", "seed": args.seed, "stages": log, "form": args.form,
+                 "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
+                 **({"init_from": args.init_from} if args.init_from else {}),
+                 **({"gave_up": gave_up} if gave_up else {})}
+        record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
+                  "study": study, "step": step}
+        # saved after every stage, so that a run stopped between stages goes on from the last
+        # one (--init-from RUN --first NEXT); later saves replace this run's own earlier one
+        checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force or s > 0)
+        if gave_up:
             break
-    else:
-        gave_up = None
-    # an ordinary run's header; how it was trained is this study's, not tbp train's, so it is
-    # kept beside "train" (which stays empty: the run cannot be resumed by tbp train)
-    study = {"script": "benchmarks/studies/retrieval.py", "seed": args.seed, "stages": log, "form": args.form,
-             "filler": "markov" if markov else "uniform", "filler_weight": filler_weight,
-             **({"init_from": args.init_from} if args.init_from else {}), **({"gave_up": gave_up} if gave_up else {})}
-    record = {"model": cfg.to_dict(), "train": None, "data": None, "lora": None, "base": None,
-              "study": study, "step": step}
-    checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force)
     records.append("retrieval_train", {"commit": records.commit(), "run": args.out, "n_layer": cfg.n_layer,
                                        "config": cfg.to_dict(), "steps": step,
                                        "wall_s": round(time.time() - t0, 1), **study})
