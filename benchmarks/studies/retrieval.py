@@ -50,6 +50,11 @@ the fact (``fact_ranks``): a score-chosen set can keep it only where its layer r
 
 The run is saved after every stage; one stopped during stage k goes on from the end of stage
 k - 1 with ``--init-from RUN --first k --force`` (the same other options; a fresh optimizer).
+A stage can be repeated the same way (``--first`` at or before the stages already trained):
+the record lists every start of a stage, each on lines never drawn before.
+
+    # the 4-layer seeds left on the plateau after 12,000 steps, given 12,000 more of stage 1
+    python benchmarks/studies/retrieval.py train --out runs/retrieval-4L-2 --init-from runs/retrieval-4L-2 --first 1 --force --n-layer 4 --form pair --steps 12000 2000 600 400 --lr-scale 2 --seed 2 --give-up-below 0.5
 """
 import argparse
 import sys
@@ -205,7 +210,10 @@ def train(args) -> None:
                           n_head=args.n_head, d_model=args.d_model, positions="rope", rope_base=ROPE_BASE)
         model = GPT(cfg, seed=args.seed)
     opt = AdamW(model.layout, weight_decay=0.1)
-    rng = np.random.default_rng(args.seed if args.first == 1 else (args.seed, args.first))   # fresh lines per start
+    # fresh lines per start: a run that goes on (from stage k, or repeating a stage) draws from
+    # another stream than the stages it goes on from
+    rng = np.random.default_rng(args.seed if not log else (args.seed, args.first) if len(log) == args.first - 1
+                                else (args.seed, args.first, len(log)))
     t0 = time.time() - wall
     markov = not args.uniform_filler
     filler_weight = FILLER_WEIGHT if markov else 0.0
