@@ -207,3 +207,43 @@ def test_a_retrieval_training_that_gives_up_stops_there_and_says_so(tmp_path, mo
     retrieval.train(args)                      # nothing is under 0: every stage asked for runs
     rec = retrieval.records.read("retrieval_train")[-1]
     assert "gave_up" not in rec and len(rec["stages"]) == 2
+
+
+def test_a_retrieval_run_goes_on_from_its_own_stages_on_lines_it_never_drew(tmp_path, monkeypatch):
+    import argparse
+    import tables_sparse
+    monkeypatch.setattr(retrieval.records, "RESULTS", tmp_path / "results")
+    drawn, checking = [], []                   # every training line, per start (the held-out ones are fixed)
+    real_line, real_heldout = retrieval.line, retrieval.heldout
+
+    def line(rng, *a):
+        got = real_line(rng, *a)
+        if not checking:
+            drawn[-1].append(got)
+        return got
+
+    def heldout(*a, **k):
+        checking.append(1)
+        try:
+            return real_heldout(*a, **k)
+        finally:
+            checking.pop()
+    monkeypatch.setattr(retrieval, "line", line)
+    monkeypatch.setattr(retrieval, "heldout", heldout)
+    run = str(tmp_path / "run")
+    args = argparse.Namespace(out=run, seed=1, n_layer=1, n_head=2, d_model=16, stages=1, first=1, init_from=None,
+                              force=False, steps=[2, 1, 1, 1], lr_scale=1.0, uniform_filler=False, form="pair",
+                              give_up_below=None)
+    drawn.append([])
+    retrieval.train(args)
+    with pytest.raises(SystemExit, match="already exists"):  # refused before any training, not after
+        retrieval.train(args)
+    args.init_from, args.force, args.stages = run, True, 2     # stage 1 again, then stage 2
+    drawn.append([])
+    retrieval.train(args)
+    rec = retrieval.records.read("retrieval_train")[-1]
+    assert [s["n_ctx"] for s in rec["stages"]] == [96, 96, 128] and rec["steps"] == 2 + 2 + 1
+    assert rec["init_from"] == run
+    assert not set(drawn[0]) & set(drawn[1])   # the second start draws other lines than the first
+    table = tables_sparse.retrieval_train(retrieval.records.read("retrieval_train"))
+    assert table.count("**`run`**") == 1 and "| 1 (again) | 96 |" in table and "| 2 | 128 |" in table

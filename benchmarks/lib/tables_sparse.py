@@ -194,17 +194,21 @@ def _against(r: dict, dense: dict) -> str:
 
 def retrieval_train(rows: list[dict]) -> str:
     """How each retrieval model was trained: its stages, the held-out accuracy after each, the
-    wall time."""
+    wall time. A run that went on from its own checkpoint has a newer record holding every
+    stage so far; only that one is shown, and a stage trained again is marked so."""
     out = []
-    for r in rows:
+    newest = {r["run"]: r for r in rows}
+    for r in newest.values():
         c = r["config"]
         out += [f"**`{Path(r['run']).name}`** ({_describe(r)}): seed {r['seed']}, {c['n_layer']} × {c['d_model']}, "
                 f"{c['n_head']} heads, rotary positions (base {c['rope_base']:,.0f}); {r['steps']:,} steps in "
                 f"{r['wall_s'] / 60:.0f} minutes; commit {r['commit']}.", "",
                 "| stage | context | records | questions | steps | lines per step | peak lr | held-out accuracy "
                 "| minutes so far |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for i, s in enumerate(r["stages"], 1):
-            out.append(f"| {i} | {s['n_ctx']:,} | {s['facts']} | {s['questions']} | {s['steps']:,} | {s['lines']} | {s['lr']:g} | "
+        contexts = list(dict.fromkeys(s["n_ctx"] for s in r["stages"]))     # a stage is known by its context
+        for i, s in enumerate(r["stages"]):
+            again = " (again)" if s["n_ctx"] in (t["n_ctx"] for t in r["stages"][:i]) else ""
+            out.append(f"| {contexts.index(s['n_ctx']) + 1}{again} | {s['n_ctx']:,} | {s['facts']} | {s['questions']} | {s['steps']:,} | {s['lines']} | {s['lr']:g} | "
                        f"{100 * s['heldout_accuracy']:.1f} % | {s['wall_s'] / 60:.0f} |")
         if r.get("gave_up"):
             out += ["", f"Stopped after stage {r['gave_up']['after_stage']}: held-out accuracy under "
