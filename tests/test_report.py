@@ -91,3 +91,18 @@ def test_a_record_names_the_cpu_and_its_vector_units(tmp_path, monkeypatch):
     assert got["cpu"] == records.cpu() and got["metric"] == 1.0
     m, keys = machine(), ("simd", "bf16_units", "blas", "numpy")
     assert [got[k] for k in keys] == [m[k] for k in keys] and m["simd"]
+
+
+def test_retrieval_rules_measured_at_another_layer_than_the_lowest_keep_their_cells():
+    # a 4-layer model: LessIsMore at layers 0, 1 and 2; the other rules at layer 1 only
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
+    import tables_sparse
+    rows = [{"kind": k, "layers": list(ls), "budget": 32} for k in ("window", "topk", "layer-topk") for ls in [(1,)]]
+    rows += [{"kind": "lessismore", "layers": [ls], "budget": 32} for ls in (0, 1, 2)]
+    cols = tables_sparse._columns(rows)
+    got = {(r["kind"], tuple(r["layers"])) for r in rows}
+    assert all((kind, layers) in got for kind, layers, _ in cols)     # no column is left empty
+    assert [name for *_, name in cols][:3] == ["window + sinks, layers 1", "per-head top-k, layers 1",
+                                               "per-layer top-k, layers 1"]
+    two_layer = [{"kind": k, "layers": [0], "budget": 32} for k in ("window", "topk", "layer-topk", "lessismore")]
+    assert [name for *_, name in tables_sparse._columns(two_layer)][0] == "window + sinks"   # one set: unnamed

@@ -16,9 +16,13 @@ def _newest(rows: list[dict]) -> list[dict]:
 
 
 def _columns(rows: list[dict]) -> list[tuple[str, tuple, str]]:
-    """(kind, selection layers, heading) of every rule measured: LessIsMore once per layer set."""
+    """(kind, selection layers, heading) of every rule measured: LessIsMore once per layer set,
+    the other rules at the set they were measured at (named where it is not the lowest)."""
     sets = sorted({tuple(r["layers"]) for r in rows if r.get("layers")}, key=lambda s: (len(s), s))
-    cols = [(kind, sets[0], name) for kind, name in RULES if kind != "lessismore"]
+    others = sorted({tuple(r["layers"]) for r in rows if r.get("layers") and r["kind"] != "lessismore"},
+                    key=lambda s: (len(s), s)) or sets
+    named = lambda name: name if others[0] == sets[0] else f"{name}, layers {','.join(map(str, others[0]))}"
+    cols = [(kind, others[0], named(name)) for kind, name in RULES if kind != "lessismore"]
     for layers in sets:
         cols.append(("lessismore", layers, f"LessIsMore, layers {','.join(map(str, layers))}"))
     return cols
