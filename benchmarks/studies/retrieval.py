@@ -210,10 +210,9 @@ def train(args) -> None:
                           n_head=args.n_head, d_model=args.d_model, positions="rope", rope_base=ROPE_BASE)
         model = GPT(cfg, seed=args.seed)
     opt = AdamW(model.layout, weight_decay=0.1)
-    # fresh lines per start: a run that goes on (from stage k, or repeating a stage) draws from
-    # another stream than the stages it goes on from
-    rng = np.random.default_rng(args.seed if not log else (args.seed, args.first) if len(log) == args.first - 1
-                                else (args.seed, args.first, len(log)))
+    # fresh lines per start: a run that goes on from its own stages (the next one, or one again)
+    # draws from a stream keyed by where it starts and how many stages it goes on from
+    rng = np.random.default_rng(args.seed if not log else (args.seed, args.first, len(log)))
     t0 = time.time() - wall
     markov = not args.uniform_filler
     filler_weight = FILLER_WEIGHT if markov else 0.0
