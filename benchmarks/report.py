@@ -331,6 +331,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "sparse_crossover": (tables_sparse.sparse_crossover, "sparse_crossover"),
           "sparse_repeats": (tables_sparse.sparse_repeats, "sparse_crossover"),
           "retrieval": (tables_sparse.retrieval, "retrieval"),
+          "retrieval_depth": (tables_sparse.retrieval_depth, "retrieval"),
           "retrieval_train": (tables_sparse.retrieval_train, "retrieval_train"), "sparse_text": (tables_sparse.sparse_text, "sparse_text"),
           "mta_timing": (tables_mta.timing, "mta_timing"), "mta_sweep": (tables_mta.sweep, "mta_find_block"),
           "mta_seeds": (tables_mta.seeds, "mta_find_block"), "mta_matched": (tables_mta.matched, "mta_find_block"),

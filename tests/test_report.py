@@ -106,3 +106,27 @@ def test_retrieval_rules_measured_at_another_layer_than_the_lowest_keep_their_ce
                                                "per-layer top-k, layers 1"]
     two_layer = [{"kind": k, "layers": [0], "budget": 32} for k in ("window", "topk", "layer-topk", "lessismore")]
     assert [name for *_, name in tables_sparse._columns(two_layer)][0] == "window + sinks"   # one set: unnamed
+
+
+def test_the_cross_seed_retrieval_table_names_each_deep_models_lookup_layer():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
+    import tables_sparse
+
+    def model(run, n_layer, medians, kept):
+        dense = {"run": run, "commit": "c", "cpu": "x", "kind": "dense", "seed": 1, "exact_match": 1.0, "sequences": 512,
+                 "n_cache": 2048, "config": {"n_layer": n_layer},
+                 "fact_ranks": {"median": medians, "lines": 64, "within": {"32": [0] * n_layer}}}
+        rules = [{"run": run, "commit": "c", "cpu": "x", "kind": "lessismore", "layers": [layer], "budget": K, "exact_match": x}
+                 for layer, (a, b) in kept.items() for K, x in ((32, a), (512, b))]
+        return [dense] + rules
+
+    rows = (model("runs/deep-a", 4, [163, 696, 0, 188], {1: (0.05, 0.08), 2: (1.0, 1.0)})
+            + model("runs/deep-b", 4, [90, 0, 300, 12], {1: (0.97, 1.0), 2: (0.1, 0.3)})
+            + model("runs/shallow", 2, [174, 0], {0: (0.1, 0.35)}))
+    lines = tables_sparse.retrieval_depth(rows).splitlines()
+    a = next(line for line in lines if "`deep-a`" in line).split(" | ")
+    b = next(line for line in lines if "`deep-b`" in line).split(" | ")
+    assert a[4] == "2" and b[4] == "1"                    # the layer that ranks the fact first
+    assert a[5:7] == ["5.0 → 8.0 %", "100.0 → 100.0 %"] and b[5:7] == ["97.0 → 100.0 %", "10.0 → 30.0 %"]
+    assert not any("shallow" in line for line in lines)   # two layers: no layer after a selection layer to compare
+    assert "7.7 → 29.7 %" in lines[-1]                   # a random set of n/64 and n/4: K/n + (1 - K/n)/16

@@ -8,6 +8,7 @@ from stats import mean_ci
 
 RULES = [("window", "window + sinks"), ("topk", "per-head top-k"), ("layer-topk", "per-layer top-k"),
          ("lessismore", "LessIsMore")]
+VALUES = 16          # the retrieval study's values (retrieval.VALUES): a guess is right one time in 16
 
 
 def _newest(rows: list[dict]) -> list[dict]:
@@ -173,6 +174,48 @@ def retrieval(rows: list[dict]) -> str:
                f"then Δ, the rule's exact match less dense decoding's on the same lines, in points with a 95 % "
                f"interval over the lines. The readers are expectations over the same lines. "
                f"{records.provenance(rows)}")
+    return "\n".join(out)
+
+
+def retrieval_depth(rows: list[dict]) -> str:
+    """Across the retrieval models deeper than two layers (each at its newest evaluation): which
+    layer makes the lookup -- the one whose scores rank the fact's value highest in the last key's
+    row -- and what LessIsMore keeps when it chooses at each layer set, at the smallest and the
+    largest budget, beside dense decoding and the per-layer top-k."""
+    deep = []
+    for run in dict.fromkeys(r["run"] for r in rows):
+        at = _newest([r for r in rows if r["run"] == run])
+        dense = next(r for r in at if r["kind"] == "dense")
+        if dense["config"]["n_layer"] > 2 and dense.get("fact_ranks"):
+            deep.append((run, at, dense))
+    if not deep:
+        return "No retrieval model deeper than two layers measured yet."
+    sets = sorted({tuple(r["layers"]) for _, at, _ in deep for r in at if r["kind"] == "lessismore"},
+                  key=lambda s: (len(s), s))
+    pct = lambda r: f"{100 * r['exact_match']:.1f}"
+    out = ["| model | seed | dense | fact's median rank, layer 0, 1, … | lookup layer | "
+           + " | ".join(f"LessIsMore, layers {','.join(map(str, s))}" for s in sets) + " | per-layer top-k |",
+           "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(sets) + 1)]
+    for run, at, dense in deep:
+        budgets = sorted({r["budget"] for r in at if r["kind"] != "dense"})
+        ends = (budgets[0], budgets[-1])
+        got = {(r["kind"], tuple(r["layers"]), r["budget"]): r for r in at if r["kind"] != "dense"}
+        span = lambda kind, layers: (" → ".join(pct(got[(kind, layers, K)]) for K in ends) + " %"
+                                     if all((kind, layers, K) in got for K in ends) else "")
+        medians = dense["fact_ranks"]["median"]
+        per_layer = next((layers for kind, layers, _ in got if kind == "layer-topk"), None)
+        out.append(f"| `{Path(run).name}` | {dense['seed']} | {pct(dense)} % | "
+                   f"{', '.join(f'{m:,.0f}' for m in medians)} | {medians.index(min(medians))} | "
+                   + " | ".join(span("lessismore", s) for s in sets) + " | "
+                   + (span("layer-topk", per_layer) if per_layer else "") + " |")
+    n, (small, large) = deep[0][2]["n_cache"], ends
+    chance = lambda K: 100 * (K / n + (1 - K / n) / VALUES)
+    out += ["", f"Free-running exact match on {deep[0][2]['sequences']} held-out lines at a cache of {n:,}, at "
+                f"K = {small} (n/{n // small}) → {large} (n/{n // large}); the per-table intervals are in the tables "
+                f"above. The fact's median rank: where each layer's scores put the fact's value among the {n:,} "
+                f"positions (best over heads, {deep[0][2]['fact_ranks']['lines']} lines); the lookup layer ranks it "
+                f"highest. A set drawn at random would keep the fact on K/n of the lines and a 1-in-{VALUES} "
+                f"guess on the rest: {chance(small):.1f} → {chance(large):.1f} %. {records.provenance([r for _, at, _ in deep for r in at])}"]
     return "\n".join(out)
 
 
