@@ -156,5 +156,7 @@ def test_a_host_that_is_not_there_ends_the_launch(hosts, tmp_path, prepared):
     rc, out = job(cmd, tmp_path, {**_env(exe), **hosts.ENV}, timeout=60)
     assert rc != 0, out
     assert time.monotonic() - start < 30, out
-    assert f"no network namespace holds the address {missing}" in out, out
+    # the launcher names the address; mpiexec, tearing the job down, can drop that line and say
+    # only that it could not launch the proxy (seen once in CI): either names the launch as the cause
+    assert (f"no network namespace holds the address {missing}" in out or "Launch proxy failed" in out), out
     assert not (tmp_path / "run" / "state.json").exists()
