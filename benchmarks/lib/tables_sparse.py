@@ -143,13 +143,20 @@ def _describe(r: dict) -> str:
     return f"{form}; {filler[r.get('filler', 'uniform')]}"
 
 
+def _evaluations(rows: list[dict]) -> list[tuple[str, list[dict], dict]]:
+    """(run, its records at its newest commit, its dense record) of every retrieval model measured."""
+    out = []
+    for run in dict.fromkeys(r["run"] for r in rows):
+        at = _newest([r for r in rows if r["run"] == run])
+        out.append((run, at, next(r for r in at if r["kind"] == "dense")))
+    return out
+
+
 def retrieval(rows: list[dict]) -> str:
     """Free-running exact match on held-out retrieval lines, per rule and budget, with Wilson's
     95 % interval, for each model measured (each at its newest commit)."""
     out = []
-    for run in dict.fromkeys(r["run"] for r in rows):
-        at = _newest([r for r in rows if r["run"] == run])
-        dense = next(r for r in at if r["kind"] == "dense")
+    for run, at, dense in _evaluations(rows):
         cols = _columns(at)
         cell = lambda r: (f"{100 * r['exact_match']:.1f} % ({100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f})"
                           + _against(r, dense))
@@ -182,12 +189,8 @@ def retrieval_depth(rows: list[dict]) -> str:
     layer makes the lookup -- the one whose scores rank the fact's value highest in the last key's
     row -- and what LessIsMore keeps when it chooses at each layer set, at the smallest and the
     largest budget, beside dense decoding and the per-layer top-k."""
-    deep = []
-    for run in dict.fromkeys(r["run"] for r in rows):
-        at = _newest([r for r in rows if r["run"] == run])
-        dense = next(r for r in at if r["kind"] == "dense")
-        if dense["config"]["n_layer"] > 2 and dense.get("fact_ranks"):
-            deep.append((run, at, dense))
+    deep = [(run, at, dense) for run, at, dense in _evaluations(rows)
+            if dense["config"]["n_layer"] > 2 and dense.get("fact_ranks")]
     if not deep:
         return "No retrieval model deeper than two layers measured yet."
     sets = sorted({tuple(r["layers"]) for _, at, _ in deep for r in at if r["kind"] == "lessismore"},
@@ -208,7 +211,8 @@ def retrieval_depth(rows: list[dict]) -> str:
                    f"{', '.join(f'{m:,.0f}' for m in medians)} | {medians.index(min(medians))} | "
                    + " | ".join(span("lessismore", s) for s in sets) + " | "
                    + (span("layer-topk", per_layer) if per_layer else "") + " |")
-    n, (small, large) = deep[0][2]["n_cache"], ends
+    budgets = sorted({r["budget"] for r in deep[0][1] if r["kind"] != "dense"})
+    n, (small, large) = deep[0][2]["n_cache"], (budgets[0], budgets[-1])
     chance = lambda K: 100 * (K / n + (1 - K / n) / VALUES)
     out += ["", f"Free-running exact match on {deep[0][2]['sequences']} held-out lines at a cache of {n:,}, at "
                 f"K = {small} (n/{n // small}) → {large} (n/{n // large}); the per-table intervals are in the tables "
