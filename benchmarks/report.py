@@ -345,6 +345,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "decode_weights": (tables_precision.decode_weights, "decode_weights"),
           "gpt2_parity": (gpt2_parity, "gpt2_parity"),
           "gqa_quality": (tables_gqa.quality, "gqa_quality"), "gqa_speed": (tables_gqa.speed, "gqa_speed"),
+          "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),

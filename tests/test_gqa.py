@@ -153,3 +153,69 @@ def test_train_info_and_generate_from_the_cli(tmp_path, corpus_file):
     r = run(["generate", "--checkpoint", out, "--max-new-tokens", "8", "--seed", "1", "--sparse", "lessismore",
              "--budget", "6", "--sparse-layers", "0"])
     assert r.exit_code == 0, r.output
+
+
+# --- converting a full-head model: mean-pooled key/value heads (uptraining's start) --------
+def full_head_model(**kw):
+    cfg = dict(vocab_size=13, n_ctx=16, n_layer=2, n_head=4, d_model=16)
+    cfg.update(kw)
+    m = GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+    randomize(m, np.random.default_rng(2), 0.3)
+    return m
+
+
+def kv_columns(cfg, weight, head, which):
+    """The columns of c_attn holding key (which=0) or value (1) head ``head``."""
+    H, Hs, D = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk
+    start = H * D + which * Hs * D + head * D
+    return weight[..., start:start + D]
+
+
+def test_pooled_heads_are_the_means_of_their_groups():
+    from tbp.nn import pool_kv_heads
+    src = full_head_model()
+    pooled = pool_kv_heads(src, 2)
+    assert (pooled.config.attention, pooled.config.n_kv_head) == ("gqa", 2)
+    for name in ("h.1.attn.c_attn.weight", "h.1.attn.c_attn.bias"):
+        w, p = src.params[name], pooled.params[name]
+        q = src.config.n_head * src.config.d_qk
+        np.testing.assert_array_equal(p[..., :q], w[..., :q])                    # the queries are kept
+        for which in (0, 1):
+            for j, group in enumerate(((0, 1), (2, 3))):
+                mean = (kv_columns(src.config, w, group[0], which) + kv_columns(src.config, w, group[1], which)) / 2
+                np.testing.assert_allclose(kv_columns(pooled.config, p, j, which), mean, rtol=1e-15, atol=0)
+    for name, p in src.params.items():
+        if "c_attn" not in name:
+            np.testing.assert_array_equal(pooled.params[name], p)
+
+
+@pytest.mark.parametrize("source,n_kv_head", [({}, 4), ({}, 2), ({}, 1), ({"positions": "rope"}, 2),
+                                               ({"attention": "gqa", "n_kv_head": 2}, 1)], ids=str)
+def test_a_model_whose_grouped_heads_agree_computes_the_same_after_pooling(source, n_kv_head):
+    """Pooling changes nothing where the heads of a group are already equal; where they are not,
+    the model changes (so the equality is not vacuous)."""
+    from tbp.nn import pool_kv_heads
+    src = full_head_model(**source)
+    idx = np.random.default_rng(3).integers(0, 13, (2, 16))
+    Hs = src.config.n_kv_head or src.config.n_head
+    R = Hs // n_kv_head
+    if R > 1:
+        np.testing.assert_raises(AssertionError, np.testing.assert_allclose,
+                                 pool_kv_heads(src, n_kv_head).forward(idx), src.forward(idx), rtol=1e-6)
+    for name, w in src.params.items():
+        if name.endswith("c_attn.weight") or name.endswith("c_attn.bias"):
+            for which in (0, 1):
+                for i in range(Hs):
+                    kv_columns(src.config, w, i, which)[...] = kv_columns(src.config, w, i - i % R, which)
+    np.testing.assert_allclose(pool_kv_heads(src, n_kv_head).forward(idx), src.forward(idx), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("changes,n_kv_head,message", [
+    ({}, 3, "must divide the model's 4 key/value heads"),
+    ({"attention": "gqa", "n_kv_head": 2}, 4, "must divide the model's 2 key/value heads"),
+    ({"attention": "mta"}, 2, "standard or grouped-query attention, not gpt with mta"),
+])
+def test_pooling_refuses_what_it_cannot_pool(changes, n_kv_head, message):
+    from tbp.nn import pool_kv_heads
+    with pytest.raises(ValueError, match=message):
+        pool_kv_heads(full_head_model(**changes), n_kv_head)

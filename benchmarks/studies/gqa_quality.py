@@ -24,13 +24,26 @@ architectures paired in one process (random weights; speed needs the shape only)
 default context and at a 4,096-token context with rotary positions. Records:
 results/gqa_quality.jsonl, results/gqa_speed.jsonl; tables ``gqa_quality`` and ``gqa_speed``.
 
+``uptrain``: Ainslie et al.'s other road to shared heads -- convert a trained full-head model by
+mean-pooling its key/value heads (``tbp.nn.pool_kv_heads``), then train on for a few per cent of
+its steps. On seeds 1..``--seeds``: the full-head run at the chosen rate (kept, in
+bench-gqa/uptrain), its pooled copies with 2 and 1 key/value heads scored as converted (0
+steps), then trained on for UPTRAIN steps (5 % -- the paper's proportion -- and 20 % of 1,500)
+with a warmup of a tenth of them, on batches of another seed (100 + seed), at a peak rate of
+UPTRAIN_RATES times the pre-training peak (swept on seed 1 for each arm and length; the other
+seeds run the best) with the minimum a tenth of it; and beside them the same seeds' 2- and
+1-head models trained from scratch on this machine, so every comparison is paired. Records:
+results/gqa_uptrain.jsonl; table ``gqa_uptrain``.
+
     python benchmarks/studies/gqa_quality.py sweep neighbours seeds --jobs 2
     python benchmarks/studies/gqa_quality.py speed
+    python benchmarks/studies/gqa_quality.py uptrain --seeds 3
 
 ``TBP_GEMM`` is pinned to ``numpy`` unless set; ``TBP_RESULTS=DIR`` reruns it from scratch.
 """
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,21 +56,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records                                            # noqa: E402
 import runner                                             # noqa: E402
 
-NAME, SPEED = "gqa_quality", "gqa_speed"
+NAME, SPEED, UP = "gqa_quality", "gqa_speed", "gqa_uptrain"
 WORK = Path("bench-gqa")            # the prepared corpus the runs share (the runs themselves are temporary)
 MARGIN = 0.02
 ARMS = (4, 2, 1)
 SWEEP = (5e-4, 1e-3, 2e-3)
 EXTEND = 2                          # extensions of the grid past an edge best
+UPTRAIN = (75, 300)                 # steps on the pooled model: 5 % and 20 % of the 1,500 pre-training steps
+UPTRAIN_RATES = (1.0, 0.25, 0.1)    # its peak rate, times the pre-training peak
 
 
-def train_once(kv: int, lr: float, seed: int, threads: int, data: str) -> dict:
+def train_once(kv: int, lr: float, seed: int, threads: int, data: str, keep: Path | None = None,
+               extra: tuple = ()) -> dict:
+    """One training run, scored by its final whole-split validation loss; ``keep``: the run's
+    folder, kept (else a temporary one); ``extra``: more `tbp train` options."""
     commit = records.commit()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        arch = [] if kv == 4 else ["--attention", "gqa", "--n-kv-head", str(kv)]      # 4: standard attention
+        out = keep or Path(tmp) / "run"
+        arch = [] if kv == 4 or "--init-from" in extra else ["--attention", "gqa", "--n-kv-head", str(kv)]
         cmd = [sys.executable, "-m", "tbp", "train", "--data", data, "--out", str(out), *arch, "--lr", repr(lr),
-               "--min-lr", repr(lr / 10), "--seed", str(seed), "--threads", str(threads), "--quiet"]
+               "--min-lr", repr(lr / 10), "--seed", str(seed), "--threads", str(threads), "--quiet", "--force",
+               *extra]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -118,6 +137,93 @@ def best_lr() -> float:
     return min(means, key=means.get)
 
 
+def pooled_checkpoint(source: Path, kv: int, out: Path) -> None:
+    """``source``'s full-head run with its key/value heads mean-pooled to ``kv``, saved as a plain
+    checkpoint that `tbp train --init-from` and `tbp eval` read."""
+    from tbp import checkpoint, runfiles
+    from tbp.nn import pool_kv_heads
+    model, tok, cfg = runfiles.load_model(source)
+    pooled = pool_kv_heads(model, kv)
+    record = {"model": pooled.config.to_dict(), "train": cfg.get("train"), "lora": None, "base": None,
+              **{k: cfg.get(k) for k in runfiles.DATA_FIELDS}, "step": runfiles.read_state(source)["step"],
+              "pooled_from": {"run": str(source.resolve()), "n_kv_head": kv}}
+    checkpoint.save_plain(out, pooled, tok, record, force=True)
+
+
+def eval_loss(run: Path, data: str) -> tuple[float, int]:
+    """(loss, tokens) over the whole validation split, as `tbp eval` reports it."""
+    out = json.loads(runner.tbp("eval", "--checkpoint", run, "--data", data, "--json"))
+    return out["val_loss"], out["val_tokens"]
+
+
+def uptrain(seeds: int, jobs: int) -> None:
+    """Full-head runs kept, pooled to 2 and 1 key/value heads, scored as converted and after
+    UPTRAIN steps at the swept rates (seed 1) or the best (other seeds); and the shared-head
+    arms from scratch, on the same seeds and machine. Each step skips what its records hold."""
+    lr, data, threads = best_lr(), runner.builtin_data(WORK), 1 if jobs > 1 else 0
+    work = WORK / "uptrain"
+    work.mkdir(parents=True, exist_ok=True)
+    have = {(r["arm"], r["n_kv_head"], r["seed"], r.get("uptrain_steps"), r.get("uptrain_lr"))
+            for r in records.read(UP)}
+
+    def record(arm: str, r: dict, **more) -> None:
+        r = {"arm": arm, **r, **more, "source_lr": lr, "margin": MARGIN}
+        records.append(UP, r)
+        have.add((arm, r["n_kv_head"], r["seed"], r.get("uptrain_steps"), r.get("uptrain_lr")))
+        print(f"{arm} kv {r['n_kv_head']} seed {r['seed']} {r.get('uptrain_steps') or ''} "
+              f"{r.get('uptrain_lr') or ''}: {r['val_split_loss']:.4f}", flush=True)
+
+    def uptrain_task(kv: int, seed: int, steps: int, rate: float) -> dict:
+        out = work / f"up-{kv}-{seed}-{steps}-{rate:g}"
+        r = train_once(kv, rate, 100 + seed, threads, data, keep=out,            # batches of another seed
+                       extra=("--init-from", str(work / f"pooled-{kv}-{seed}"), "--max-iters", str(steps),
+                              "--warmup", str(steps // 10)))
+        shutil.rmtree(out)
+        return {**r, "seed": seed, "data_seed": 100 + seed, "uptrain_steps": steps, "uptrain_lr": rate,
+                "arm": "uptrained"}
+
+    def pending(seed: int, rates) -> list[tuple]:
+        return [(kv, seed, n, f * lr) for kv in ARMS[1:] for n in UPTRAIN for f in rates(kv, n)
+                if ("uptrained", kv, seed, n, f * lr) not in have]
+
+    def sources(todo_seeds: list[int]) -> None:
+        """Each seed's full-head run, kept, and its pooled copies scored as converted."""
+        need = [s for s in todo_seeds if ("source", 4, s, None, None) not in have    # a run killed midway is redone
+                or not (work / f"full-{s}" / "state.json").is_file()]
+        runner.side_by_side(jobs, [(4, lr, s, threads, data, work / f"full-{s}") for s in need],
+                            train_once, lambda r: None if ("source", 4, r["seed"], None, None) in have
+                            else record("source", r))
+        for s in todo_seeds:
+            for kv in ARMS[1:]:
+                pooled_checkpoint(work / f"full-{s}", kv, work / f"pooled-{kv}-{s}")
+                if ("pooled", kv, s, 0, None) not in have:
+                    loss, tokens = eval_loss(work / f"pooled-{kv}-{s}", data)
+                    record("pooled", {"n_kv_head": kv, "seed": s, "val_split_loss": loss, "val_split_tokens": tokens,
+                                      "commit": records.commit()}, uptrain_steps=0, uptrain_lr=None)
+
+    def run(tasks: list[tuple]) -> None:
+        runner.side_by_side(jobs, tasks, uptrain_task, lambda r: record("uptrained", r))
+
+    all_rates = lambda kv, n: UPTRAIN_RATES
+    if pending(1, all_rates):
+        sources([1])
+        run(pending(1, all_rates))
+    best = {}
+    for kv in ARMS[1:]:
+        for n in UPTRAIN:
+            tried = {r["uptrain_lr"]: r["val_split_loss"] for r in records.read(UP)
+                     if r["arm"] == "uptrained" and r["n_kv_head"] == kv and r["seed"] == 1 and r["uptrain_steps"] == n}
+            best[kv, n] = min(tried, key=tried.get) / lr
+    chosen = lambda kv, n: (best[kv, n],)
+    rest = [s for s in range(2, seeds + 1) if pending(s, chosen)]
+    if rest:
+        sources(rest)
+        run([t for s in rest for t in pending(s, chosen)])
+    scratch = [(kv, lr, s, threads, data) for s in range(1, seeds + 1) for kv in ARMS[1:]
+               if ("scratch", kv, s, None, None) not in have]
+    runner.side_by_side(jobs, scratch, train_once, lambda r: record("scratch", r))
+
+
 def speed(rounds: int, tokens: int) -> None:
     """Decoding tokens/s of the three arms, paired: each round times every arm once, in turn."""
     from tbp import GPT, ModelConfig
@@ -151,9 +257,10 @@ def speed(rounds: int, tokens: int) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="+", choices=("sweep", "neighbours", "seeds", "speed"))
+    ap.add_argument("phases", nargs="+", choices=("sweep", "neighbours", "seeds", "speed", "uptrain"))
     ap.add_argument("--jobs", type=int, default=2, help="trainings side by side, one thread each")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seeds", type=int, default=3, help="uptrain: seeds 1..N")
     a = ap.parse_args()
     records.pin_gemm()
     for phase in a.phases:
@@ -165,6 +272,8 @@ def main():
         elif phase == "seeds":
             lr = best_lr()
             run_all([(kv, lr, s) for s in range(1, 6) for kv in ARMS], a.jobs)
+        elif phase == "uptrain":
+            uptrain(a.seeds, a.jobs)
         else:
             speed(a.rounds, 64)
 

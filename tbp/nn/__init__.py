@@ -32,7 +32,7 @@ _HOMES = {
     "cross_entropy": "loss", "CrossEntropy": "loss", "build_model": "build", "model_class": "build",
     "Block": "gpt", "GPT": "gpt", "LanguageModel": "gpt", "LORA_TARGETS": "lora", "add_lora": "lora",
     "merge_lora": "lora", "DecoderBlock": "designs.encdec", "Encoder": "designs.encdec",
-    "EncoderDecoder": "designs.encdec",
+    "EncoderDecoder": "designs.encdec", "pool_kv_heads": "designs.gqa",
     "Inference": "decode",
 }
 __all__ = list(_HOMES)

@@ -1,7 +1,8 @@
 """Grouped-query attention (Ainslie et al. 2023): key/value heads shared by groups of query heads.
 
-Its parts: ``gqa.py`` (the layer, registered as ``--attention gqa``, and its declaration) and
+Its parts: ``gqa.py`` (the layer, registered as ``--attention gqa``, its declaration, and the
+conversion of a full-head model by mean-pooling its key/value heads) and
 ``twin.py`` (the plain loop the layer must equal)."""
-from .gqa import VARIANT, GroupedQueryAttention
+from .gqa import VARIANT, GroupedQueryAttention, pool_kv_heads
 
-__all__ = ["GroupedQueryAttention", "VARIANT"]
+__all__ = ["GroupedQueryAttention", "VARIANT", "pool_kv_heads"]

@@ -24,6 +24,8 @@ group, the group's query heads together, since a kept position is a cached row o
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ... import registry
@@ -94,6 +96,44 @@ class GroupedQueryAttention(CausalSelfAttention):
         if rule.per_head:
             grouped = grouped.max(axis=1, keepdims=True)
         return rule.keep(grouped).reshape(B, self.n_kv_head, -1)
+
+
+def pool_kv_heads(model, n_kv_head: int):
+    """A grouped-query copy of ``model`` (standard or grouped-query attention, Hs key/value
+    heads) with ``n_kv_head`` = Hkv of them, each the mean of the R = Hs / Hkv heads it replaces:
+    Ainslie et al.'s conversion of a multi-head checkpoint, which is then trained on for a few
+    per cent of its steps ("uptraining"; §2.1-2.2: mean pooling kept more than one chosen head
+    or fresh heads). In every layer's c_attn, columns [H queries | Hs keys | Hs values] become
+
+        key_j = mean_{i = jR .. jR+R-1} key_i,   value_j likewise,   j = 0 .. Hkv-1
+
+    (weight columns and biases; every other parameter is copied). Query head h read key head
+    i = h // (H/Hs), and now reads h // (H/Hkv) = i // R: the mean over its own head's group.
+    A projection is linear, so the pooled head's keys are the mean of the heads' keys -- before
+    any rotary rotation, which is the same for every head. Hkv = Hs copies the model exactly.
+    """
+    from ...build import build_model                                      # build imports the designs
+    cfg = model.config
+    if cfg.arch != "gpt" or cfg.attention not in ("standard", "gqa"):
+        raise ValueError(f"pooling key/value heads needs a GPT with standard or grouped-query attention, "
+                         f"not {cfg.arch} with {cfg.attention} attention")
+    H, Hs, Dk, Dv = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk, cfg.d_v
+    if n_kv_head < 1 or Hs % n_kv_head:
+        raise ValueError(f"n_kv_head ({n_kv_head}) must divide the model's {Hs} key/value heads")
+    R = Hs // n_kv_head
+    first = next(iter(model.params.values()))
+    pooled = build_model(dataclasses.replace(cfg, attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
+    if set(pooled.params) != set(model.params):
+        raise ValueError("pooling key/value heads needs plain weights (merge a LoRA run first)")
+    for name, p in pooled.params.items():
+        src = model.params[name]
+        if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
+            q, k, v = np.split(src, [H * Dk, (H + Hs) * Dk], axis=-1)
+            k = k.reshape(*k.shape[:-1], n_kv_head, R, Dk).mean(axis=-2).reshape(*k.shape[:-1], -1)
+            v = v.reshape(*v.shape[:-1], n_kv_head, R, Dv).mean(axis=-2).reshape(*v.shape[:-1], -1)
+            src = np.concatenate([q, k, v], axis=-1)
+        np.copyto(p, src)
+    return pooled
 
 
 def _check(cfg) -> None:
