@@ -190,6 +190,8 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
         model, tok, _ = runfiles.load_model(base_run, dtype=np.dtype(tcfg.dtype), compute=_compute(model_overrides))
+        if model.config != mcfg:                              # a variant converts the base (_check_base)
+            model = build.conversion(model.config, mcfg)(model)
         base = None
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
@@ -287,17 +289,21 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
 
 
 def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) -> ModelConfig:
-    """The model config of a run to fine-tune, after refusing what cannot be: an adapter run,
-    options that contradict its shape, a bad LoRA request, weights that do not match (headers)."""
+    """The model config a fine-tune of a run trains, after refusing what cannot be: an adapter
+    run, options that contradict its shape (unless a variant converts the base into them, e.g.
+    grouped-query attention's pooled heads), a bad LoRA request, weights that do not match."""
     base_cfg = runfiles.read_config(base_run)
     if base_cfg.get("lora"):
         raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
     mcfg = runfiles.read_model_config(base_run, base_cfg)
-    _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
+    shape = {k: v for k, v in model_overrides.items() if k not in COMPUTE_FIELDS}
+    target = dataclasses.replace(mcfg, **shape)               # a ConfigError names a bad combination
+    if build.conversion(mcfg, target) is None:
+        _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
-        _check_lora(lora, mcfg)
+        _check_lora(lora, target)
     runfiles.verify_weights(base_run, base_cfg, mcfg)
-    return dataclasses.replace(mcfg, **_compute(model_overrides))
+    return dataclasses.replace(target, **_compute(model_overrides))
 
 
 def _compute(overrides: dict) -> dict:

@@ -219,3 +219,38 @@ def test_pooling_refuses_what_it_cannot_pool(changes, n_kv_head, message):
     from tbp.nn import pool_kv_heads
     with pytest.raises(ValueError, match=message):
         pool_kv_heads(full_head_model(**changes), n_kv_head)
+
+
+def test_a_fine_tune_into_grouped_query_attention_starts_from_the_pooled_heads(tmp_path, corpus_file):
+    """`tbp train --init-from RUN --attention gqa --n-kv-head K`: uptraining, from the base run's
+    key/value heads mean-pooled; K must divide them, and the other shape options stay refused."""
+    from click.testing import CliRunner
+    from tbp import runfiles, runs
+    from tbp.cli.main import main
+    from tbp.nn import pool_kv_heads
+    run = lambda args: CliRunner().invoke(main, args, catch_exceptions=False)
+    tiny = ["--n-layer", "1", "--n-head", "4", "--d-model", "16", "--n-ctx", "16", "--eval-interval", "3",
+            "--batch-size", "2"]
+    full = str(tmp_path / "full")
+    assert run(["train", "--data", str(corpus_file), "--out", full, "--max-iters", "3", *tiny]).exit_code == 0
+    trainer = runs.start(runs.RunRequest(out=tmp_path / "up", data=str(corpus_file), init_from=tmp_path / "full",
+                                         model={"attention": "gqa", "n_kv_head": 2}, train={"max_iters": 2}))
+    want = pool_kv_heads(runfiles.load_model(full)[0], 2)
+    assert trainer.model.config == want.config
+    for name, p in want.params.items():
+        np.testing.assert_array_equal(trainer.model.params[name], p)
+    trainer.lock.release()
+    r = run(["train", "--data", str(corpus_file), "--init-from", full, "--out", str(tmp_path / "mqa"),
+             "--attention", "gqa", "--n-kv-head", "1", "--max-iters", "2", "--eval-interval", "2"])
+    assert r.exit_code == 0, r.output
+    assert "1 key/value head for 4 query heads" in run(["info", str(tmp_path / "mqa")]).output
+    r = CliRunner().invoke(main, ["train", "--data", str(corpus_file), "--init-from", full, "--out",
+                                  str(tmp_path / "x"), "--attention", "gqa", "--n-kv-head", "3"])
+    assert r.exit_code == 2 and "n_kv_head (3) must divide n_head (4)" in r.output
+    r = CliRunner().invoke(main, ["train", "--data", str(corpus_file), "--init-from", str(tmp_path / "mqa"), "--out",
+                                  str(tmp_path / "x"), "--attention", "gqa", "--n-kv-head", "2"])
+    assert r.exit_code == 2 and "--n-kv-head 2" in r.output and "must divide their number (1," in r.output
+    r = CliRunner().invoke(main, ["train", "--data", str(corpus_file), "--init-from", full, "--out",
+                                  str(tmp_path / "x"), "--attention", "gqa", "--n-kv-head", "2", "--n-head", "2"])
+    assert r.exit_code == 2 and "a model's shape is fixed once trained" in r.output
+    assert not (tmp_path / "x").exists()

@@ -130,3 +130,21 @@ def test_the_cross_seed_retrieval_table_names_each_deep_models_lookup_layer():
     assert a[5:7] == ["5.0 → 8.0 %", "100.0 → 100.0 %"] and b[5:7] == ["97.0 → 100.0 %", "10.0 → 30.0 %"]
     assert not any("shallow" in line for line in lines)   # two layers: no layer after a selection layer to compare
     assert "7.7 → 29.7 %" in lines[-1]                   # a random set of n/64 and n/4: K/n + (1 - K/n)/16
+
+
+def test_the_uptraining_table_pairs_each_arm_with_its_own_seeds_source_at_seed_ones_best_rate():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
+    import tables_gqa
+    base = {"margin": 0.02, "source_lr": 0.004, "cpu": "X", "commit": "c", "steps": 1500}
+    row = lambda arm, kv, seed, loss, n=None, lr=None: {**base, "arm": arm, "n_kv_head": kv, "seed": seed,
+                                                         "val_split_loss": loss, "uptrain_steps": n, "uptrain_lr": lr}
+    rows = [row("source", 4, 1, 1.0), row("source", 4, 2, 2.0)]
+    for kv in (2, 1):
+        rows += [row("pooled", kv, 1, 1.5, 0), row("pooled", kv, 2, 2.5, 0), row("scratch", kv, 1, 1.1),
+                 row("scratch", kv, 2, 2.1)]
+        rows += [row("uptrained", kv, 1, 1.3, 75, 0.004), row("uptrained", kv, 1, 1.2, 75, 0.001),
+                 row("uptrained", kv, 2, 9.0, 75, 0.004), row("uptrained", kv, 2, 2.2, 75, 0.001)]
+    table = tables_gqa.uptrain(rows)
+    # seed 1 chose 0.001; seed 2's run at 0.004 (a loss of 9.0) is not the arm's
+    assert "| 2 | +0.5000 ± 0.0000 (2) | +0.2000 ± 0.0000 (2) | +0.1000 ± 0.0000 (2) |" in table
+    assert "after 75 steps (5 %)" in table and "0.001 → 1.2000, 0.004 → 1.3000" in table

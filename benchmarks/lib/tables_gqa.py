@@ -82,6 +82,7 @@ def uptrain(rows: list[dict]) -> str:
     source, as converted, after each uptraining length at its chosen rate, and from scratch."""
     margin = rows[0]["margin"]
     source = {r["seed"]: r["val_split_loss"] for r in rows if r["arm"] == "source"}
+    steps = next(r["steps"] for r in rows if r["arm"] == "source")       # the pre-training's
     lengths = sorted({r["uptrain_steps"] for r in rows if r["arm"] == "uptrained"})
     tried = {}
     for r in rows:
@@ -96,7 +97,8 @@ def uptrain(rows: list[dict]) -> str:
         return f"{d:+.4f} ± {h:.4f} ({n})" if n > 1 else f"{d:+.4f} (1)"
 
     m, h = stats.mean_ci(list(source.values()))
-    head = ["as converted"] + [f"after {n:,} steps ({100 * n / 1500:g} %)" for n in lengths] + ["from scratch, 1,500 steps"]
+    head = (["as converted"] + [f"after {n:,} steps ({100 * n / steps:.3g} %)" for n in lengths]
+            + [f"from scratch, {steps:,} steps"])
     out = [f"| key/value heads | {' | '.join(head)} |", "| ---: |" + " ---: |" * len(head)]
     for kv in (2, 1):
         at = lambda arm, **k: [r for r in rows if r["arm"] == arm and r["n_kv_head"] == kv
@@ -108,7 +110,7 @@ def uptrain(rows: list[dict]) -> str:
     sweep = "; ".join(f"{kv} head{'s' * (kv != 1)}, {n} steps: " +
                       ", ".join(f"{x:g} → {v:.4f}" for x, v in sorted(t.items())) for (kv, n), t in sorted(tried.items()))
     out += ["", f"Validation loss over the whole split minus the same seed's full-head model (4 key/value heads, "
-                f"peak rate {lr:g}, 1,500 steps: {m:.4f} ± {h:.4f} over {len(source)} seeds); mean ± 95 % t interval "
+                f"peak rate {lr:g}, {steps:,} steps: {m:.4f} ± {h:.4f} over {len(source)} seeds); mean ± 95 % t interval "
                 f"of the paired differences (seeds). As converted: the full-head model with its key/value heads "
                 f"mean-pooled, untrained; after N steps: trained on from there (warmup N/10, batches of another "
                 f"seed), at the peak rate that gave seed 1 the lowest loss of those tried ({sweep}); from scratch: "

@@ -25,8 +25,8 @@ default context and at a 4,096-token context with rotary positions. Records:
 results/gqa_quality.jsonl, results/gqa_speed.jsonl; tables ``gqa_quality`` and ``gqa_speed``.
 
 ``uptrain``: Ainslie et al.'s other road to shared heads -- convert a trained full-head model by
-mean-pooling its key/value heads (``tbp.nn.pool_kv_heads``), then train on for a few per cent of
-its steps. On seeds 1..``--seeds``: the full-head run at the chosen rate (kept, in
+mean-pooling its key/value heads, then train on for a few per cent of its steps: ``tbp train
+--init-from FULL --attention gqa --n-kv-head K`` (``tbp.nn.pool_kv_heads``). On seeds 1..``--seeds``: the full-head run at the chosen rate (kept, in
 bench-gqa/uptrain), its pooled copies with 2 and 1 key/value heads scored as converted (0
 steps), then trained on for UPTRAIN steps (5 % -- the paper's proportion -- and 20 % of 1,500)
 with a warmup of a tenth of them, on batches of another seed (100 + seed), at a peak rate of
@@ -73,7 +73,7 @@ def train_once(kv: int, lr: float, seed: int, threads: int, data: str, keep: Pat
     commit = records.commit()
     with tempfile.TemporaryDirectory() as tmp:
         out = keep or Path(tmp) / "run"
-        arch = [] if kv == 4 or "--init-from" in extra else ["--attention", "gqa", "--n-kv-head", str(kv)]
+        arch = [] if kv == 4 else ["--attention", "gqa", "--n-kv-head", str(kv)]      # 4: standard attention
         cmd = [sys.executable, "-m", "tbp", "train", "--data", data, "--out", str(out), *arch, "--lr", repr(lr),
                "--min-lr", repr(lr / 10), "--seed", str(seed), "--threads", str(threads), "--quiet", "--force",
                *extra]
@@ -138,8 +138,8 @@ def best_lr() -> float:
 
 
 def pooled_checkpoint(source: Path, kv: int, out: Path) -> None:
-    """``source``'s full-head run with its key/value heads mean-pooled to ``kv``, saved as a plain
-    checkpoint that `tbp train --init-from` and `tbp eval` read."""
+    """``source``'s full-head run with its key/value heads mean-pooled to ``kv``, as converted (what
+    `tbp train --init-from` starts from), saved as a plain checkpoint for `tbp eval`."""
     from tbp import checkpoint, runfiles
     from tbp.nn import pool_kv_heads
     model, tok, cfg = runfiles.load_model(source)
@@ -176,7 +176,7 @@ def uptrain(seeds: int, jobs: int) -> None:
     def uptrain_task(kv: int, seed: int, steps: int, rate: float) -> dict:
         out = work / f"up-{kv}-{seed}-{steps}-{rate:g}"
         r = train_once(kv, rate, 100 + seed, threads, data, keep=out,            # batches of another seed
-                       extra=("--init-from", str(work / f"pooled-{kv}-{seed}"), "--max-iters", str(steps),
+                       extra=("--init-from", str(work / f"full-{seed}"), "--max-iters", str(steps),
                               "--warmup", str(steps // 10)))
         shutil.rmtree(out)
         return {**r, "seed": seed, "data_seed": 100 + seed, "uptrain_steps": steps, "uptrain_lr": rate,

@@ -88,6 +88,18 @@ def refusal(cfg: ModelConfig, use: str) -> str | None:
     return None
 
 
+def conversion(base: ModelConfig, cfg: ModelConfig):
+    """(trained model of ``base``) -> model of ``cfg``, where ``cfg`` differs from ``base`` only
+    in the axis and options of one active variant that declares how to convert (``convert``;
+    it raises ConfigError for a base it cannot take); None where no variant does."""
+    was, now = base.to_dict(), cfg.to_dict()
+    changed = {k for k in now if was.get(k) != now[k]}
+    for v in VARIANTS:
+        if v.convert is not None and v.active(cfg) and changed <= {v.axis, *v.options}:
+            return v.convert(base, cfg)
+    return None
+
+
 def check(cfg: ModelConfig) -> None:
     """ModelConfig's validation, from the declarations, in this order: each variant's options
     only with the variant; no pair of active variants one of which refuses the other (in the

@@ -57,6 +57,10 @@ class Variant:
         that reads only pairs is checked on random pairs its collation lays out.
     inspect: (model, prompt ids) -> what ``tbp view`` shows of the design beyond the attention
         maps: {section: arrays, or dicts of them}, each section a part of the page's data.
+    convert: (base config, config) -> (trained model -> model of ``config``): how a trained
+        model without the variant (or with other values of its options) becomes one with it,
+        for a fine-tune that switches it on (``tbp train --init-from RUN`` with the variant's
+        switch); raises ConfigError for a base it cannot convert. None: it cannot.
     """
     key: str
     name: str
@@ -73,6 +77,7 @@ class Variant:
     memory_cases: tuple = ()
     model_cases: tuple = ()
     inspect: Callable | None = None
+    convert: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.key in self.refuses:

@@ -136,6 +136,19 @@ def pool_kv_heads(model, n_kv_head: int):
     return pooled
 
 
+def _pooling(base, cfg):
+    """A fine-tune into grouped-query attention (``--init-from RUN --attention gqa --n-kv-head
+    K``): the base's key/value heads mean-pooled, K dividing them."""
+    heads = base.n_kv_head or base.n_head
+    if base.attention not in ("standard", "gqa") or heads % cfg.n_kv_head:
+        raise ConfigError(f"--n-kv-head {cfg.n_kv_head}: grouped-query attention starts from the base run's "
+                          f"key/value heads, mean-pooled in groups, so it must divide their number ({heads}, "
+                          f"{base.attention} attention)" if base.attention in ("standard", "gqa") else
+                          f"--attention gqa: the base run has {base.attention} attention; only standard or "
+                          f"grouped-query attention's key/value heads can be pooled")
+    return lambda model: pool_kv_heads(model, cfg.n_kv_head)
+
+
 def _check(cfg) -> None:
     if cfg.n_kv_head is None:
         raise ConfigError("grouped-query attention needs --n-kv-head, the key/value heads (1: multi-query)")
@@ -150,6 +163,7 @@ VARIANT = registry.declare(Variant(
                                 "cross-attention has no grouped form)",
              "export": "GPT-2 has a key and a value head for every query head"},
     check=_check,
+    convert=_pooling,
     describe=lambda cfg: ("grouped-query", f"{cfg.n_kv_head} key/value head{'s' * (cfg.n_kv_head != 1)} for "
                                            f"{cfg.n_head} query heads · KV cache {cfg.n_head // cfg.n_kv_head}× "
                                            f"smaller"),
