@@ -213,7 +213,8 @@ def _last_eval(run: Path):
               help="Run directory. Default: checkpoints/<dataset name>.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out exactly where it stopped.")
 @click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Start from another run's weights (fine-tuning; see --lora-rank).")
+              help="Start from another run's weights (fine-tuning; see --lora-rank). With --attention gqa "
+                   "--n-kv-head K, its key/value heads mean-pooled into K (uptraining).")
 @click.option("--force", is_flag=True, help="Replace an existing run in --out.")
 @click.option("--unknown-chars", type=click.Choice(UNKNOWN), default="refuse", show_default=True,
               help="Text encoded with the --init-from (or resumed) run's char tokenizer: refuse characters it "
