@@ -91,9 +91,12 @@ def refusal(cfg: ModelConfig, use: str) -> str | None:
 def conversion(base: ModelConfig, cfg: ModelConfig):
     """(trained model of ``base``) -> model of ``cfg``, where ``cfg`` differs from ``base`` only
     in the axis and options of one active variant that declares how to convert (``convert``;
-    it raises ConfigError for a base it cannot take); None where no variant does."""
+    it raises ConfigError for a base it cannot take); None where no variant does, or nothing
+    changes."""
     was, now = base.to_dict(), cfg.to_dict()
     changed = {k for k in now if was.get(k) != now[k]}
+    if not changed:
+        return None
     for v in VARIANTS:
         if v.convert is not None and v.active(cfg) and changed <= {v.axis, *v.options}:
             return v.convert(base, cfg)
