@@ -137,23 +137,15 @@ def best_lr() -> float:
     return min(means, key=means.get)
 
 
-def pooled_checkpoint(source: Path, kv: int, out: Path) -> None:
-    """``source``'s full-head run with its key/value heads mean-pooled to ``kv``, as converted (what
-    `tbp train --init-from` starts from), saved as a plain checkpoint for `tbp eval`."""
-    from tbp import checkpoint, runfiles
+def pooled_loss(source: Path, kv: int, data: str) -> tuple[float, int]:
+    """(loss, tokens) over the whole validation split -- `tbp eval`'s figure -- of ``source``'s
+    full-head model with its key/value heads mean-pooled to ``kv``, as converted: what
+    `tbp train --init-from` starts from."""
+    from tbp import runfiles
+    from tbp.data import Dataset
+    from tbp.evaluate import split_loss
     from tbp.nn import pool_kv_heads
-    model, tok, cfg = runfiles.load_model(source)
-    pooled = pool_kv_heads(model, kv)
-    record = {"model": pooled.config.to_dict(), "train": cfg.get("train"), "lora": None, "base": None,
-              **{k: cfg.get(k) for k in runfiles.DATA_FIELDS}, "step": runfiles.read_state(source)["step"],
-              "pooled_from": {"run": str(source.resolve()), "n_kv_head": kv}}
-    checkpoint.save_plain(out, pooled, tok, record, force=True)
-
-
-def eval_loss(run: Path, data: str) -> tuple[float, int]:
-    """(loss, tokens) over the whole validation split, as `tbp eval` reports it."""
-    out = json.loads(runner.tbp("eval", "--checkpoint", run, "--data", data, "--json"))
-    return out["val_loss"], out["val_tokens"]
+    return split_loss(pool_kv_heads(runfiles.load_model(source)[0], kv), Dataset.load(data))
 
 
 def uptrain(seeds: int, jobs: int) -> None:
@@ -195,9 +187,8 @@ def uptrain(seeds: int, jobs: int) -> None:
                             else record("source", r))
         for s in todo_seeds:
             for kv in ARMS[1:]:
-                pooled_checkpoint(work / f"full-{s}", kv, work / f"pooled-{kv}-{s}")
                 if ("pooled", kv, s, 0, None) not in have:
-                    loss, tokens = eval_loss(work / f"pooled-{kv}-{s}", data)
+                    loss, tokens = pooled_loss(work / f"full-{s}", kv, data)
                     record("pooled", {"n_kv_head": kv, "seed": s, "val_split_loss": loss, "val_split_tokens": tokens,
                                       "commit": records.commit()}, uptrain_steps=0, uptrain_lr=None)
 

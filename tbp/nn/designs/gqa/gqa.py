@@ -114,12 +114,10 @@ def pool_kv_heads(model, n_kv_head: int):
     """
     from ...build import build_model                                      # build imports the designs
     cfg = model.config
-    if cfg.arch != "gpt" or cfg.attention not in ("standard", "gqa"):
-        raise ValueError(f"pooling key/value heads needs a GPT with standard or grouped-query attention, "
-                         f"not {cfg.arch} with {cfg.attention} attention")
+    why = _unpoolable(cfg, n_kv_head)
+    if why:
+        raise ValueError(why)
     H, Hs, Dk, Dv = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk, cfg.d_v
-    if n_kv_head < 1 or Hs % n_kv_head:
-        raise ValueError(f"n_kv_head ({n_kv_head}) must divide the model's {Hs} key/value heads")
     R = Hs // n_kv_head
     first = next(iter(model.params.values()))
     pooled = build_model(dataclasses.replace(cfg, attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
@@ -136,16 +134,25 @@ def pool_kv_heads(model, n_kv_head: int):
     return pooled
 
 
+def _unpoolable(cfg, n_kv_head: int) -> str | None:
+    """Why a model of ``cfg`` cannot have its key/value heads pooled into ``n_kv_head``, or None."""
+    if cfg.arch != "gpt" or cfg.attention not in ("standard", "gqa"):
+        return (f"pooling key/value heads needs a GPT with standard or grouped-query attention, "
+                f"not {cfg.arch} with {cfg.attention} attention")
+    heads = cfg.n_kv_head or cfg.n_head
+    if n_kv_head < 1 or heads % n_kv_head:
+        return f"n_kv_head ({n_kv_head}) must divide the model's {heads} key/value heads"
+    return None
+
+
 def _pooling(base, cfg):
     """A fine-tune into grouped-query attention (``--init-from RUN --attention gqa --n-kv-head
-    K``): the base's key/value heads mean-pooled, K dividing them."""
-    heads = base.n_kv_head or base.n_head
-    if base.attention not in ("standard", "gqa") or heads % cfg.n_kv_head:
-        raise ConfigError(f"--n-kv-head {cfg.n_kv_head}: grouped-query attention starts from the base run's "
-                          f"key/value heads, mean-pooled in groups, so it must divide their number ({heads}, "
-                          f"{base.attention} attention)" if base.attention in ("standard", "gqa") else
-                          f"--attention gqa: the base run has {base.attention} attention; only standard or "
-                          f"grouped-query attention's key/value heads can be pooled")
+    K``): the base's key/value heads mean-pooled, K dividing them; refused before any weight
+    is read."""
+    why = _unpoolable(base, cfg.n_kv_head)
+    if why:
+        raise ConfigError(f"--init-from with --n-kv-head {cfg.n_kv_head}: the base run's key/value heads are "
+                          f"mean-pooled, and {why}")
     return lambda model: pool_kv_heads(model, cfg.n_kv_head)
 
 
