@@ -1,4 +1,4 @@
 """`python -m tbp` is `tbp`."""
-from .cli import main
+from .cli.main import main
 
 main(prog_name="tbp")

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-# The library for the engine's products is chosen by timing (tbp/blas.py); pin it, so that no
+# The library for the engine's products is chosen by timing (tbp/machine/libraries.py); pin it, so that no
 # result depends on the machine's speed at that moment. TBP_GEMM=mkl runs the suite through MKL.
 os.environ.setdefault("TBP_GEMM", "numpy")
 
@@ -49,6 +49,6 @@ def corpus_file(tmp_path):
 
 @pytest.fixture
 def dataset(tmp_path):
-    from tbp import data
-    data.prepare(CORPUS, "tiny", "test", tmp_path / "tiny")
-    return data.Dataset.load(tmp_path / "tiny")
+    from tbp.data import datasets
+    datasets.prepare(CORPUS, "tiny", "test", tmp_path / "tiny")
+    return datasets.Dataset.load(tmp_path / "tiny")

@@ -5,7 +5,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from tbp.cli import main
+from tbp.cli.main import main
 
 # a model small enough that a training run takes a fraction of a second
 TINY_OPTIONS = dict(n_layer=1, n_head=2, d_model=16, n_ctx=16, batch_size=4, eval_batches=1, eval_interval=5,

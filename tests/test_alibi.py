@@ -8,10 +8,13 @@ from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
-from tbp.nn import CausalSelfAttention, ConfigError, build
-from tbp.nn.designs.alibi import Alibi, slopes
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.config import ConfigError
+from tbp.nn import build
+from tbp.nn.designs.alibi.alibi import Alibi, slopes
 from tbp.nn.designs.alibi import twin
-from tbp.nn.designs.sparse import SparseRule
+from tbp.nn.designs.sparse.sparse import SparseRule
+from tbp.nn.decode import Inference
 
 B, T, C, H = 2, 9, 12, 3
 
@@ -90,11 +93,11 @@ def test_the_config_refusals(changes, message):
 
 
 def test_sparse_decoding_export_and_gguf_are_refused_with_the_reason():
-    from tbp.gguf import architecture
-    from tbp.hf import exportable
+    from tbp.interop.gguf import architecture
+    from tbp.interop.hf import exportable
     cfg = ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8, positions="alibi")
     with pytest.raises(ValueError, match="without their ALiBi bias"):
-        GPT(cfg).inference(1, SparseRule("topk", budget=4, layers=(0,)))
+        Inference(GPT(cfg), 1, SparseRule("topk", budget=4, layers=(0,)))
     assert "ALiBi" in build.refusal(cfg, "sparse")
     with pytest.raises(TbpError, match="no linear bias on the scores"):
         exportable(cfg)
@@ -120,8 +123,8 @@ def test_train_info_and_generate_past_the_context_from_the_cli(tmp_path, corpus_
 def test_a_flash_backward_that_forgets_the_bias_fails_the_gradient_check(monkeypatch):
     """Flash recomputes P in its backward: without the bias there, the gradients are wrong, and
     the alibi rows of tbp gradcheck say so."""
-    from tbp import gradcheck
-    from tbp.nn.designs.flash import Flash, flash_backward
+    from tbp.check import gradcheck
+    from tbp.nn.designs.flash.flash import Flash, flash_backward
 
     def forgetful(self, dy, qs, k, v, y, saved, out):
         flash_backward(dy, qs, k, v, y, saved, self.causal, *self.tiles, out=out, window=self.window)

@@ -6,10 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from tbp.nn import GPT, LORA_TARGETS, ConfigError, ModelConfig, add_lora
+from tbp.nn.gpt import GPT
+from tbp.nn.lora import LORA_TARGETS, add_lora
+from tbp.nn.config import ConfigError, ModelConfig
 from tbp.nn.designs.attnres.depth import DepthAttention, Sources, rms_inverse
 from tbp.nn.batch import Batch
-from tbp.parallel import DataParallel
+from tbp.train.parallel import DataParallel
+from tbp.nn.decode import Inference
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=3, n_head=2, d_model=8, residual="attention")
 
@@ -90,7 +93,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, changes):
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
-    dec = model.inference(3)
+    dec = Inference(model, 3)
     steps = [dec.forward(idx[:, :5]).copy()] + [dec.forward(idx[:, t:t + 1]).copy() for t in range(5, 12)]
     assert np.abs(np.concatenate(steps, 1) - full).max() < 1e-12
 
@@ -157,7 +160,7 @@ def test_attention_residuals_run_through_the_command_line(tmp_path, corpus_file,
 
 def test_a_backward_that_treats_the_depth_weights_as_constants_fails_the_check(monkeypatch):
     """dv_i = alpha_i dh alone (the path through each source's key dropped) must fail gradcheck."""
-    from tbp import gradcheck
+    from tbp.check import gradcheck
 
     def broken(self, dh, dsources):
         for (v, _), alpha, d in zip(self.cache[0], self.cache[2], dsources):

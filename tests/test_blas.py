@@ -1,4 +1,4 @@
-"""The engine's product seam (tbp.nn.gemm) and the library behind it (tbp.blas): NumPy by
+"""The engine's product seam (tbp.nn.gemm) and the library behind it (tbp.machine.libraries): NumPy by
 default, MKL's sgemm when installed and chosen. The MKL tests skip where it cannot be loaded
 (``pip install -e '.[mkl]'``)."""
 import json
@@ -9,17 +9,19 @@ import sys
 import numpy as np
 import pytest
 
-from tbp import blas
+from tbp.machine import libraries
 from tbp.errors import TbpError
-from tbp.nn import GPT, ModelConfig, gemm
-from tbp.parallel import DataParallel
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.nn import gemm
+from tbp.train.parallel import DataParallel
 
 CFG = dict(vocab_size=23, n_ctx=32, n_layer=2, n_head=4, d_model=64)
 
 
 @pytest.fixture
 def mkl():
-    lib = blas.mkl()
+    lib = libraries.mkl()
     if lib is None:
         pytest.skip("MKL cannot be loaded here (pip install -e '.[mkl]')")
     return lib
@@ -57,7 +59,7 @@ def test_column_sums_add_is_the_sum_over_rows(rng):
 @pytest.mark.parametrize("tb", [False, True])
 def test_mkl_products_equal_numpys_to_float32_rounding(mkl, rng, ta, tb):
     m, k, n = 96, 160, 112                                     # m k n above MIN_WORK
-    assert m * k * n >= blas.MIN_WORK
+    assert m * k * n >= libraries.MIN_WORK
     a, b = _operand(rng, (m, k), ta), _operand(rng, (k, n), tb)
     exact = np.dot(a.astype(np.float64), b.astype(np.float64))
     got, ref = mkl.matmul(a, b), np.dot(a, b)
@@ -112,8 +114,8 @@ def test_a_training_step_with_mkl_matches_numpy(mkl, monkeypatch):
 def _choose(monkeypatch, mode, **fakes):
     monkeypatch.setenv("TBP_GEMM", mode)
     for name, value in fakes.items():
-        monkeypatch.setattr(blas, name, value)
-    return blas.choose(blas.products(64, 128))
+        monkeypatch.setattr(libraries, name, value)
+    return libraries.choose(libraries.products(64, 128))
 
 
 def test_the_choice_follows_tbp_gemm_and_the_measurement(monkeypatch):
@@ -146,7 +148,7 @@ def test_measure_times_both_libraries(mkl, monkeypatch):
     # a clock that each product advances, NumPy's by 2, MKL's by 1: the ratio is exact, and
     # no machine's load can move it (the real products still run, on the real operands)
     clock = [0.0]
-    monkeypatch.setattr(blas.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(libraries.time, "perf_counter", lambda: clock[0])
     real_dot, real_matmul = np.dot, mkl.matmul
 
     def dot(a, b):
@@ -157,9 +159,9 @@ def test_measure_times_both_libraries(mkl, monkeypatch):
         clock[0] += 1.0
         return real_matmul(a, b)
 
-    monkeypatch.setattr(blas.np, "dot", dot)
+    monkeypatch.setattr(libraries.np, "dot", dot)
     monkeypatch.setattr(mkl, "matmul", matmul)
-    assert blas.measure(mkl, blas.products(64, 128), rounds=3) == 0.5      # MKL's time over NumPy's
+    assert libraries.measure(mkl, libraries.products(64, 128), rounds=3) == 0.5      # MKL's time over NumPy's
 
 
 def test_bench_reports_the_library_and_a_bad_setting_is_one_line(tmp_path):
@@ -173,8 +175,8 @@ def test_bench_reports_the_library_and_a_bad_setting_is_one_line(tmp_path):
 
 
 def test_a_bad_setting_leaves_blas_as_it_was(monkeypatch):
-    from tbp.parallel import _openblas
-    fns = _openblas()
+    from tbp.machine.cores import openblas
+    fns = openblas()
     if fns is None:
         pytest.skip("NumPy's OpenBLAS thread count cannot be read here")
     before = fns[0]()

@@ -4,13 +4,14 @@ import json
 import numpy as np
 import pytest
 
-from tbp import chat
-from tbp.conversation import Conversation
-from tbp.data import Dataset
+from tbp.data import chat
+from tbp.generate.conversation import Conversation
+from tbp.data.datasets import Dataset
 from tbp.errors import TbpError
-from tbp.generate import Sampling
-from tbp.nn import GPT, ModelConfig
-from tbp.tokenizer import CHAT_SPECIALS, train_char
+from tbp.generate.sampling import Sampling
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.data.tokenizer import CHAT_SPECIALS, train_char
 
 from helpers import clean_fail, run, tiny
 
@@ -121,8 +122,8 @@ def test_chat_through_a_pipe_equals_the_messages_file(chat_run, tmp_path):
 
 
 def test_the_cache_kept_across_turns_gives_the_full_forward_replies(chat_run):
-    from tbp import runfiles
-    model, tok, _ = runfiles.load_model(chat_run, dtype=np.float64)
+    from tbp.runs import disk
+    model, tok, _ = disk.load_model(chat_run, dtype=np.float64)
     talk = Conversation(model, tok, "Be loud.", Sampling(temperature=0), max_reply=10)
     for q in ("the sky?", "the snow?", "the coal?"):
         "".join(talk.reply(q))
@@ -140,8 +141,8 @@ def test_the_cache_kept_across_turns_gives_the_full_forward_replies(chat_run):
 
 
 def test_a_full_context_drops_the_oldest_turns_and_keeps_the_instruction(chat_run):
-    from tbp import runfiles
-    model, tok, _ = runfiles.load_model(chat_run)
+    from tbp.runs import disk
+    model, tok, _ = disk.load_model(chat_run)
     talk = Conversation(model, tok, "Be loud.", Sampling(temperature=0), max_reply=8)
     for _ in range(12):
         "".join(talk.reply("the sky?"))

@@ -3,8 +3,8 @@ import pytest
 from click.testing import CliRunner
 from helpers import run, train_tiny
 
-from tbp import runfiles
-from tbp.cli import main
+from tbp.runs import disk
+from tbp.cli.main import main
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_bad_input(run_dir, args, code, msg):
 def test_missing_and_damaged_checkpoints(tmp_path, run_dir):
     r = run(["generate", "--checkpoint", tmp_path / "nope"])
     assert r.exit_code == 1 and "no such checkpoint directory" in r.output
-    runfiles.weights_path(run_dir).write_bytes(b"garbage")
+    disk.weights_path(run_dir).write_bytes(b"garbage")
     r = run(["generate", "--checkpoint", run_dir])
     assert r.exit_code == 1 and "damaged safetensors" in r.output and "Traceback" not in r.output
 

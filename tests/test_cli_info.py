@@ -68,8 +68,8 @@ def test_bench_json_reports_the_documented_keys():
 
 
 def test_flop_count_matches_a_hand_count():
-    from tbp.bench import train_flops_per_token
-    from tbp.nn import ModelConfig
+    from tbp.check.bench import train_flops_per_token
+    from tbp.nn.config import ModelConfig
     cfg = ModelConfig(vocab_size=10, n_ctx=8, n_layer=1, n_head=2, d_model=4)
     # per layer: c_attn 4*12 + c_proj 4*4 + mlp 2*4*16 = 192 weights; head 4*10; attention 2*8*2*(2+2)
     assert train_flops_per_token(cfg) == 3 * (2 * (192 + 40) + 2 * 8 * 2 * 4)

@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from tbp.cli.options import config_options
-from tbp.config import ModelConfig, TrainConfig
+from tbp.nn.config import ModelConfig
+from tbp.train.config import TrainConfig
 from tbp.nn.config import ConfigError, DictConfig, option
 
 from helpers import clean_fail, run
@@ -75,7 +76,7 @@ def test_bench_usage_error_exits_2():
 
 def test_a_bug_shows_its_traceback_and_says_it_is_a_bug(tmp_path, corpus_file, monkeypatch):
     """A programming error inside the engine is not the user's mistake: no one-line disguise."""
-    from tbp.nn import LayerNorm
+    from tbp.nn.layernorm import LayerNorm
 
     def broken(self, x):
         return x * self.params["weight"][:3]                    # a broadcasting bug

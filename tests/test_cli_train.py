@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, train_tiny
 
-from tbp import GPT, ModelConfig, runfiles
+from tbp import GPT, ModelConfig
+from tbp.runs import disk
 from tbp.cli import train as cli_train
 
 
@@ -33,9 +34,9 @@ def test_train_on_a_text_file_writes_a_complete_run(trained):
 
 
 def test_existing_run_without_resume_or_force_is_refused(trained, corpus_file):
-    before = runfiles.weights_path(trained).read_bytes()
+    before = disk.weights_path(trained).read_bytes()
     clean_fail(run(["train", "--data", corpus_file, "--out", trained, *TINY]), 1, "already holds a run")
-    assert runfiles.weights_path(trained).read_bytes() == before
+    assert disk.weights_path(trained).read_bytes() == before
     r = run(["train", "--data", corpus_file, "--out", trained, "--force", "--max-iters", 3, *TINY])
     assert r.exit_code == 0, r.output
     assert json.loads((trained / "state.json").read_text())["step"] == 3
@@ -97,8 +98,8 @@ def test_nonsense_options_are_refused(tmp_path, corpus_file, monkeypatch, args, 
 
 
 def test_resume_with_data_of_another_tokenizer_is_refused(trained, tmp_path):
-    from tbp import data
-    data.prepare("completely different alphabet XYZ\n" * 100, "o", "test", tmp_path / "other")
+    from tbp.data import datasets
+    datasets.prepare("completely different alphabet XYZ\n" * 100, "o", "test", tmp_path / "other")
     clean_fail(run(["train", "--out", trained, "--resume", "--data", tmp_path / "other", "-q"]), 1,
                "tokenizer differs")
 
@@ -153,7 +154,7 @@ def test_the_final_val_loss_is_the_split_itself_and_eval_agrees(tmp_path, corpus
     curve's), and at the end the whole split in order, the very number tbp eval reports."""
     import json as js
     from helpers import train_tiny
-    from tbp.runfiles import read_metrics
+    from tbp.runs.disk import read_metrics
     out = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     last = [m for m in read_metrics(out) if "val_loss" in m][-1]
     assert last["val_split_every"] == 1 and last["val_split_tokens"] > 0
@@ -164,7 +165,7 @@ def test_the_final_val_loss_is_the_split_itself_and_eval_agrees(tmp_path, corpus
 
 
 def test_every_kth_window_reads_that_share_of_the_split(dataset):
-    from tbp.evaluate import split_loss
+    from tbp.train.evaluate import split_loss
     model = GPT(ModelConfig(vocab_size=dataset.tokenizer.vocab_size, n_ctx=16, n_layer=1, n_head=2, d_model=16))
     _, whole = split_loss(model, dataset)
     _, half = split_loss(model, dataset, every=2)
@@ -175,7 +176,7 @@ def test_every_kth_window_reads_that_share_of_the_split(dataset):
 def test_a_large_split_is_read_every_kth_window():
     from types import SimpleNamespace
     import numpy as np
-    from tbp.evaluate import split_stride
+    from tbp.train.evaluate import split_stride
     ds = SimpleNamespace(kind="text", val=np.zeros(10_000_000))
     assert split_stride(ds) == 10 and split_stride(ds, limit=20_000_000) == 1
     assert split_stride(SimpleNamespace(kind="pairs", val=[0] * 10)) == 1

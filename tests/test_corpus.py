@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from helpers import clean_fail, run
 
-from tbp import corpus, data, pieces, textprep
+from tbp.data import corpus, datasets, pieces, texts
 from tbp.errors import TbpError
-from tbp.tokenizer import train_bpe, train_char
+from tbp.data.tokenizer import train_bpe, train_char
 
 # multi-byte characters of 2, 3 and 4 bytes, CRLFs, runs of spaces and newlines, no-break spaces
 ALPHABET = "ab cd\n\n  \t'sé€😀1.,\r\u00a0xyz\n"
@@ -36,7 +36,7 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(corpus, "READ_BYTES", 7)
     monkeypatch.setattr(pieces, "PIECE_CHARS", 11)
     monkeypatch.setattr(pieces, "BATCH_PIECES", 3)
-    monkeypatch.setattr(textprep, "CHUNK_CHARS", 50)
+    monkeypatch.setattr(texts, "CHUNK_CHARS", 50)
 
 
 def _ids(ds, split):
@@ -48,9 +48,9 @@ def _ids(ds, split):
 def test_streamed_ids_equal_the_whole_text_encoded_at_once(tmp_path, small_pieces, kind, newlines):
     text = messy(6000, seed=1, newlines=newlines) + ("word " * 400 if not newlines else "")
     (tmp_path / "c.txt").write_bytes(text.encode("utf-8"))
-    meta = data.prepare_corpus(str(tmp_path / "c.txt"), tmp_path / "ds", kind, 300 if kind == "bpe" else None)
-    ds = data.Dataset.load(tmp_path / "ds")
-    train, val = data.split_text(text, 0.1)                 # the in-memory definition of the split
+    meta = datasets.prepare_corpus(str(tmp_path / "c.txt"), tmp_path / "ds", kind, 300 if kind == "bpe" else None)
+    ds = datasets.Dataset.load(tmp_path / "ds")
+    train, val = datasets.split_text(text, 0.1)                 # the in-memory definition of the split
     assert _ids(ds, "train") == ds.tokenizer.hf.encode(train).ids
     assert _ids(ds, "val") == ds.tokenizer.hf.encode(val).ids
     assert ds.tokenizer.decode(_ids(ds, "train") + _ids(ds, "val")) == text
@@ -74,14 +74,14 @@ def test_the_same_files_as_preparing_in_memory(tmp_path):
     """The built-in corpus, streamed: the very files the in-memory path wrote (tokens, tokenizer)."""
     text = corpus.builtin_text()
     for kind in ("char", "bpe"):
-        streamed = data.prepare_corpus(None, tmp_path / kind, kind, 512 if kind == "bpe" else None)
-        tok = train_char(text) if kind == "char" else train_bpe(list(_whole_lines(data.split_text(text, 0.1)[0])), 512)
+        streamed = datasets.prepare_corpus(None, tmp_path / kind, kind, 512 if kind == "bpe" else None)
+        tok = train_char(text) if kind == "char" else train_bpe(list(_whole_lines(datasets.split_text(text, 0.1)[0])), 512)
         assert streamed["tokenizer_sha256"] == tok.sha256()
-        ds = data.Dataset.load(tmp_path / kind)
-        assert _ids(ds, "val") == tok.hf.encode(data.split_text(text, 0.1)[1]).ids
+        ds = datasets.Dataset.load(tmp_path / kind)
+        assert _ids(ds, "val") == tok.hf.encode(datasets.split_text(text, 0.1)[1]).ids
 
 
-def _whole_lines(text, size=textprep.CHUNK_CHARS):
+def _whole_lines(text, size=texts.CHUNK_CHARS):
     start = 0
     while start < len(text):
         end = text.find("\n", min(start + size, len(text)) - 1)
@@ -91,7 +91,7 @@ def _whole_lines(text, size=textprep.CHUNK_CHARS):
 
 
 def test_a_bpe_tokenizer_trains_on_a_spread_sample_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(textprep, "CHUNK_CHARS", 1000)
+    monkeypatch.setattr(texts, "CHUNK_CHARS", 1000)
     (tmp_path / "c.txt").write_text("".join(f"line {i} of the corpus, some words\n" for i in range(3000)))
     r = run(["prepare", "--data", tmp_path / "c.txt", "--out", tmp_path / "ds", "--tokenizer", "bpe",
              "--vocab-size", 300, "--tokenizer-sample", "10K"])
@@ -120,8 +120,8 @@ def test_compressed_text_prepares_as_the_plain_file_does(tmp_path, how):
     text = messy(5000, seed=2)
     (tmp_path / "plain.txt").write_bytes(text.encode())
     _compress(tmp_path / f"packed.txt.{how}", how, text.encode())
-    a = data.prepare_corpus(str(tmp_path / "plain.txt"), tmp_path / "a")
-    b = data.prepare_corpus(str(tmp_path / f"packed.txt.{how}"), tmp_path / "b")
+    a = datasets.prepare_corpus(str(tmp_path / "plain.txt"), tmp_path / "a")
+    b = datasets.prepare_corpus(str(tmp_path / f"packed.txt.{how}"), tmp_path / "b")
     assert a["source_sha256"] == b["source_sha256"] and b["name"] == "packed"
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
 
@@ -134,7 +134,7 @@ def test_json_lines_are_documents_of_their_text_field(tmp_path):
     for name in ("c.jsonl", "c2.jsonl.gz"):
         r = run(["prepare", "--data", tmp_path / name, "--text-field", "body", "--out", tmp_path / name[:2]])
         assert r.exit_code == 0, r.output
-        ds = data.Dataset.load(tmp_path / name[:2])
+        ds = datasets.Dataset.load(tmp_path / name[:2])
         assert ds.tokenizer.decode(_ids(ds, "train") + _ids(ds, "val")) == \
             "".join(d if d.endswith("\n") else d + "\n" for d in docs)
 
@@ -157,7 +157,7 @@ def test_parquet_is_read_by_its_text_column(tmp_path):
     pq.write_table(pa.table({"id": list(range(500)), "content": docs}), tmp_path / "c.parquet", row_group_size=64)
     r = run(["prepare", "--data", tmp_path / "c.parquet", "--text-field", "content", "--out", tmp_path / "ds"])
     assert r.exit_code == 0, r.output
-    ds = data.Dataset.load(tmp_path / "ds")
+    ds = datasets.Dataset.load(tmp_path / "ds")
     assert ds.tokenizer.decode(_ids(ds, "train") + _ids(ds, "val")) == "".join(d + "\n" for d in docs)
     clean_fail(run(["prepare", "--data", tmp_path / "c.parquet", "--out", tmp_path / "d2"]), 1,
                "c.parquet: no column 'text' (it has id, content); pass --text-field NAME")
@@ -172,7 +172,7 @@ def test_a_folder_mixes_plain_compressed_and_records(tmp_path):
     _compress(tmp_path / "f" / "b.md.gz", "gz", b"beta\n")
     (tmp_path / "f" / "c.jsonl").write_text('{"text": "gamma"}\n')
     (tmp_path / "f" / "d.bin").write_bytes(b"\x00\xff")                   # not text: skipped
-    assert data.read_corpus(str(tmp_path / "f"))[0] == "alpha\nbeta\ngamma\n"
+    assert datasets.read_corpus(str(tmp_path / "f"))[0] == "alpha\nbeta\ngamma\n"
 
 
 def test_text_field_is_refused_where_nothing_reads_it(tmp_path):
@@ -185,7 +185,7 @@ def test_stdin_is_spooled_then_removed(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tbp", "prepare", "--data", "-", "--out", str(tmp_path / "ds")],
                        input=text.encode(), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
-    ds = data.Dataset.load(tmp_path / "ds")
+    ds = datasets.Dataset.load(tmp_path / "ds")
     assert ds.tokenizer.decode(_ids(ds, "train") + _ids(ds, "val")) == text
     assert not list(tmp_path.glob(".stdin.*"))
 
@@ -219,22 +219,22 @@ def test_a_prepare_stopped_midway_leaves_no_dataset_and_the_rerun_starts_clean(t
 
 # --- training starts fast on a big dataset --------------------------------------------------
 def test_load_trusts_what_prepare_checked_and_batches_check_the_rest(tmp_path):
-    from tbp.batches import TextBatches
-    from tbp.nn import ModelConfig
-    data.prepare("the cat sat on the mat\n" * 400, "t", "test", tmp_path / "ds")
+    from tbp.data.batches import TextBatches
+    from tbp.nn.config import ModelConfig
+    datasets.prepare("the cat sat on the mat\n" * 400, "t", "test", tmp_path / "ds")
     f = tmp_path / "ds" / "train.bin"
     st = f.stat()
     ids = np.fromfile(f, dtype=np.uint16)
     ids[:] = 999                                           # every id out of range, size and mtime kept
     ids.tofile(f)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    ds = data.Dataset.load(tmp_path / "ds")                # not scanned: prepare's stamp holds
+    ds = datasets.Dataset.load(tmp_path / "ds")                # not scanned: prepare's stamp holds
     batches = TextBatches(ds, ModelConfig(vocab_size=ds.tokenizer.vocab_size, n_ctx=8))
     with pytest.raises(TbpError, match=r"train.bin: token id 999 is outside the vocabulary"):
         batches.sample("train", 2, np.random.default_rng(0))
     os.utime(f)                                            # touched: scanned again at load
     with pytest.raises(TbpError, match="token id 999 at position 0 is outside the vocabulary"):
-        data.Dataset.load(tmp_path / "ds")
+        datasets.Dataset.load(tmp_path / "ds")
 
 
 def test_text_without_spaces_is_cut_at_its_line_breaks_not_at_seams(small_pieces, monkeypatch):
@@ -260,12 +260,12 @@ def test_a_truncated_zst_is_damage_not_a_short_corpus(tmp_path):
 
 def test_a_corpus_that_changes_while_prepared_is_refused(tmp_path, monkeypatch):
     (tmp_path / "c.txt").write_text("first text\n" * 500)
-    real = textprep._encode
+    real = texts._encode
 
     def rewriting(corpus, *a):
         (tmp_path / "c.txt").write_text("text first\n" * 900)
         return real(corpus, *a)
-    monkeypatch.setattr(textprep, "_encode", rewriting)
+    monkeypatch.setattr(texts, "_encode", rewriting)
     clean_fail(run(["prepare", "--data", tmp_path / "c.txt", "--out", tmp_path / "ds"]), 1,
                "c.txt: changed while it was being prepared")
     assert not (tmp_path / "ds").exists()
@@ -276,7 +276,7 @@ def test_a_tokenizer_the_pieces_cannot_serve_is_refused(tmp_path):
     tok = train_bpe(["some text " * 50], 300)
     tok.hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     with pytest.raises(TbpError, match="not one tbp can encode a corpus with in pieces"):
-        data.prepare("some text\n" * 50, "t", "test", tmp_path / "ds", tokenizer=tok)
+        datasets.prepare("some text\n" * 50, "t", "test", tmp_path / "ds", tokenizer=tok)
 
 
 def test_a_corpus_of_empty_records_is_empty(tmp_path):

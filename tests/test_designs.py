@@ -6,7 +6,10 @@ gradient rows pass; every declaration's model cases build and decode."""
 import numpy as np
 import pytest
 
-from tbp.nn import GPT, ConfigError, ModelConfig, build, registry
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ConfigError, ModelConfig
+from tbp.nn import build, registry
+from tbp.nn.decode import Inference
 
 SCHEMES = sorted(registry.POSITIONS)
 
@@ -49,7 +52,7 @@ def test_cached_decoding_equals_the_full_forward_and_slides_where_it_can(positio
     n = 12 if "wpe" in m.embed.params else 30           # without a position table: 18 tokens past the context
     tokens = np.random.default_rng(2).integers(0, 13, (2, n))
     full = m.forward(tokens)
-    dec = m.inference(2)
+    dec = Inference(m, 2)
     steps = [dec.forward(tokens[:, :4]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(4, n)]
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-10, atol=1e-12)
     assert m.slides == (n > 12)
@@ -60,8 +63,8 @@ def test_rows_at_their_own_positions_decode_as_alone(positions):
     m = model(positions)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 13, k) for k in (3, 6, 1)]
-    together, one = m.inference(3), m.inference(1)
-    alone = [m.inference(1) for _ in prompts]
+    together, one = Inference(m, 3), Inference(m, 1)
+    alone = [Inference(m, 1) for _ in prompts]
     for b, p in enumerate(prompts):
         one.reset()
         one.forward(p[None])
@@ -89,7 +92,7 @@ def test_every_declared_model_case_builds_with_its_variant_on_and_decodes_as_it_
         if m.config.arch != "gpt":
             continue
         tokens = np.random.default_rng(3).integers(0, 11, (2, 6))
-        dec = m.inference(2)
+        dec = Inference(m, 2)
         steps = [dec.forward(tokens[:, :2]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(2, 6)]
         np.testing.assert_allclose(np.concatenate(steps, 1), m.forward(tokens), rtol=1e-10, atol=1e-12,
                                    err_msg=label)

@@ -5,11 +5,14 @@ import numpy as np
 import pytest
 from helpers import assert_equals_twin
 
-from tbp import GPT, ModelConfig, gradcheck, runfiles
-from tbp.nn import CausalSelfAttention, ConfigError
+from tbp import GPT, ModelConfig
+from tbp.check import gradcheck
+from tbp.runs import disk
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.config import ConfigError
 from tbp.nn.batch import Batch
 from tbp.nn.dropout import Dropout, Noise
-from tbp.parallel import DataParallel
+from tbp.train.parallel import DataParallel
 
 CFG = dict(vocab_size=13, n_ctx=16, n_layer=2, n_head=2, d_model=16, dropout=0.3)
 
@@ -98,13 +101,13 @@ def test_training_draws_the_masks_and_a_fine_tune_may_change_p(tmp_path, corpus_
     monkeypatch.chdir(tmp_path)
     for name, p in (("p0", 0.0), ("p3", 0.3)):
         assert run(["train", "--data", corpus_file, "--out", name, "--max-iters", 3, *tiny(dropout=p)]).exit_code == 0
-    a, _, _ = runfiles.load_model(tmp_path / "p0")
-    b, _, _ = runfiles.load_model(tmp_path / "p3")
+    a, _, _ = disk.load_model(tmp_path / "p0")
+    b, _, _ = disk.load_model(tmp_path / "p3")
     assert any(not np.array_equal(p, b.params[k]) for k, p in a.params.items())
     r = run(["train", "--init-from", "p0", "--data", corpus_file, "--out", "ft", "--max-iters", 2, "--dropout", 0.1,
              "-q"])
     assert r.exit_code == 0, r.output
-    assert runfiles.read_model_config(tmp_path / "ft").dropout == 0.1
+    assert disk.read_model_config(tmp_path / "ft").dropout == 0.1
 
 
 def test_a_dropout_run_resumes_exactly(tmp_path, corpus_file, monkeypatch):
@@ -114,8 +117,8 @@ def test_a_dropout_run_resumes_exactly(tmp_path, corpus_file, monkeypatch):
     assert run(["train", "--out", "whole", "--max-iters", 6, *args]).exit_code == 0
     assert run(["train", "--out", "half", "--max-iters", 3, *args]).exit_code == 0
     assert run(["train", "--out", "half", "--resume", "--max-iters", 6, "-q"]).exit_code == 0
-    a, _, _ = runfiles.load_model(tmp_path / "whole")
-    b, _, _ = runfiles.load_model(tmp_path / "half")
+    a, _, _ = disk.load_model(tmp_path / "whole")
+    b, _, _ = disk.load_model(tmp_path / "half")
     for k, p in a.params.items():
         np.testing.assert_array_equal(p, b.params[k], err_msg=k)
     assert "p = 0.2 on attention weights" in run(["info", "whole"]).output

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import LORA_TARGETS, Inference, add_lora
-from tbp.generate import Sampling, TextStream, generate_ids, generate_text, sample
-from tbp.tokenizer import train_bpe, train_char
+from tbp.nn.lora import LORA_TARGETS, add_lora
+from tbp.nn.decode import Inference
+from tbp.generate.sampling import Sampling, TextStream, generate_ids, generate_text, sample
+from tbp.data.tokenizer import train_bpe, train_char
 
 CFG = dict(vocab_size=17, n_ctx=12, n_layer=2, n_head=2, d_model=16)
 
@@ -28,7 +29,7 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, tol, prompt_len, 
     model = randomized(dtype, **options)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 17, (2, 12))
-    decoder = model.inference(2)
+    decoder = Inference(model, 2)
     cached = decoder.forward(tokens[:, :prompt_len])                             # prefill
     full = model.forward(tokens[:, :prompt_len])
     np.testing.assert_allclose(cached, full, rtol=0, atol=tol)
@@ -46,7 +47,7 @@ def test_rewinding_the_cache_continues_as_if_the_later_tokens_were_never_fed():
     model = randomized(np.float64)
     rng = np.random.default_rng(6)
     tokens, other = rng.integers(0, 17, (2, 10)), rng.integers(0, 17, (2, 4))
-    decoder = model.inference(2)
+    decoder = Inference(model, 2)
     decoder.forward(tokens[:, :6])
     decoder.forward(other)                                  # a continuation to forget
     decoder.rewind(6)
@@ -56,14 +57,14 @@ def test_rewinding_the_cache_continues_as_if_the_later_tokens_were_never_fed():
     with pytest.raises(ValueError, match="can rewind to 0 .. 10 cached positions, not 11"):
         decoder.rewind(11)
     mta = randomized(np.float64, attention="mta", mta_cq=2, mta_ck=3)
-    dec = mta.inference(1)
+    dec = Inference(mta, 1)
     dec.forward(tokens[:1, :5])
     with pytest.raises(ValueError, match="Multi-Token Attention's cache keeps only the last rows"):
         dec.rewind(3)
     dec.rewind(5)                                           # to where it is, or to the start: nothing is read back
     dec.rewind(0)
     rope = randomized(np.float64, positions="rope")          # a sliding cache past its context is a ring
-    ring = rope.inference(1)
+    ring = Inference(rope, 1)
     ring.forward(rng.integers(0, 17, (1, rope.config.n_ctx)))
     ring.forward(tokens[:1, :1])
     with pytest.raises(ValueError, match="slid past its context"):
@@ -74,9 +75,9 @@ def test_rewinding_the_cache_continues_as_if_the_later_tokens_were_never_fed():
 def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
     model = randomized(np.float64)
     tokens = np.random.default_rng(5).integers(0, 17, (3, 11))
-    whole = model.inference(3).forward(tokens).copy()
+    whole = Inference(model, 3).forward(tokens).copy()
     monkeypatch.setattr(Inference, "max_scores", 3 * 2 * 12 * 4)     # 4 query rows per chunk
-    np.testing.assert_allclose(model.inference(3).forward(tokens), whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(Inference(model, 3).forward(tokens), whole, rtol=0, atol=1e-12)
     np.testing.assert_allclose(whole, model.forward(tokens), rtol=0, atol=1e-10)
 
 
@@ -87,15 +88,15 @@ def test_decoder_merges_lora_adapters():
         if name.endswith("lora_up"):
             p += np.random.default_rng(3).standard_normal(p.shape)     # adapters that change the output
     tokens = np.random.default_rng(4).integers(0, 17, (1, 9))
-    np.testing.assert_allclose(model.inference().forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(Inference(model).forward(tokens), model.forward(tokens), rtol=0, atol=1e-10)
 
 
 def test_decoder_refuses_wrong_batch_and_non_causal_models():
     model = randomized(np.float32)
     with pytest.raises(ValueError, match="holds 2 sequences, got 1"):
-        model.inference(2).forward(np.zeros((1, 3), dtype=np.int64))
+        Inference(model, 2).forward(np.zeros((1, 3), dtype=np.int64))
     with pytest.raises(ValueError, match="causal"):
-        GPT(ModelConfig(**CFG, causal=False)).inference()
+        Inference(GPT(ModelConfig(**CFG, causal=False)))
 
 
 @pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5),
@@ -179,7 +180,7 @@ def test_generate_text_stops_at_end_of_text():
 def test_cache_size_matches_what_the_decoder_allocates():
     model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
     # L * B * n_ctx * H * (Dk + Dv + 1) float32 numbers: 2 * 3 * 12 * 2 * (3 + 8 + 1) * 4 bytes
-    assert Inference.cache_size(model, 3) == model.inference(3).cache_bytes == 6912
+    assert Inference.cache_size(model, 3) == Inference(model, 3).cache_bytes == 6912
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(positions="rope"), dict(attention="gqa", n_kv_head=1),
@@ -188,12 +189,13 @@ def test_cache_size_matches_what_the_decoder_allocates():
 def test_sequences_at_their_own_positions_decode_together_as_alone(kw):
     """Inference.step_rows: three prompts of different lengths, prefilled alone and loaded into
     one batched decoder, then stepped together: each row's logits are its own decoder's."""
-    from tbp.nn import GPT, ModelConfig
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     model = GPT(ModelConfig(vocab_size=30, n_ctx=32, n_layer=2, n_head=2, d_model=16, **kw), seed=3)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 30, n).tolist() for n in (3, 7, 1)]
-    together, one = model.inference(3), model.inference(1)
-    alone = [model.inference(1) for _ in prompts]
+    together, one = Inference(model, 3), Inference(model, 1)
+    alone = [Inference(model, 1) for _ in prompts]
     for b, p in enumerate(prompts):
         one.reset()
         one.forward(np.array([p]))
@@ -209,10 +211,11 @@ def test_sequences_at_their_own_positions_decode_together_as_alone(kw):
 
 
 def test_rows_at_their_own_positions_are_refused_where_they_cannot_be():
-    from tbp.nn import GPT, ModelConfig
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     mta = GPT(ModelConfig(vocab_size=30, n_ctx=16, n_layer=1, n_head=2, d_model=16, attention="mta"), seed=0)
     with pytest.raises(ValueError, match="one at a time"):
-        mta.inference(2).step_rows(np.zeros(2), np.zeros(2))
+        Inference(mta, 2).step_rows(np.zeros(2), np.zeros(2))
     model = GPT(ModelConfig(vocab_size=30, n_ctx=16, n_layer=1, n_head=2, d_model=16), seed=0)
     with pytest.raises(ValueError, match="positions must be in 0 .. 15"):
-        model.inference(2).step_rows(np.zeros(2), np.array([3, 16]))
+        Inference(model, 2).step_rows(np.zeros(2), np.array([3, 16]))

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from helpers import clean_fail, run, train_tiny
 
-from tbp import GPT, ModelConfig, checkpoint, runfiles
-from tbp.tokenizer import CHAT_SPECIALS, train_bpe, train_char
+from tbp import GPT, ModelConfig
+from tbp.runs import commit, disk
+from tbp.data.tokenizer import CHAT_SPECIALS, train_bpe, train_char
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed: pip install -e '.[gguf]'")
 CFG = dict(n_ctx=96, n_layer=2, n_head=2, d_model=32)
@@ -30,7 +31,7 @@ def make_run(path, tok, seed=1, **kw):
     rng = np.random.default_rng(seed)
     for p in model.params.values():
         p += rng.standard_normal(p.shape).astype(np.float32) * 0.1
-    checkpoint.save_plain(path, model, tok, {"model": model.config.to_dict(), "train": None, "lora": None,
+    commit.save_plain(path, model, tok, {"model": model.config.to_dict(), "train": None, "lora": None,
                                              "base": None, "data": None})
     return model
 
@@ -149,14 +150,14 @@ def test_models_llama_cpp_cannot_compute_are_refused(tmp_path, tok, kw, why):
 
 
 def test_the_encoder_decoder_is_refused():
-    from tbp import gguf as tg
+    from tbp.interop import gguf as tg
     cfg = ModelConfig(vocab_size=8, n_ctx=16, n_layer=1, n_head=2, d_model=16, arch="encoder-decoder", pad_id=7)
     with pytest.raises(Exception, match="encoder-decoder"):
         tg.architecture(cfg)
 
 
 def test_char_tokenizers_map_exactly_or_are_refused():
-    from tbp.gguf import vocabulary
+    from tbp.interop.gguf import vocabulary
     plain = train_char("ab\\\n\t é")
     v = vocabulary(plain)
     assert v["model"] == "rwkv" and v["eos"] is None                 # no end-of-text: nothing ends generation
@@ -189,8 +190,9 @@ def test_out_is_a_gguf_file_and_force_replaces_only_tbps(tmp_path, tok):
 # --- against llama.cpp -----------------------------------------------------------------------
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_llama_cpp_computes_tbps_logits(tmp_path, tok, shape):
-    """f32: equal to tbp with llama.cpp's GELU table to 5e-5 of the largest logit (measured
-    <= 8e-6), and to tbp's exact GELU within 1e-3 (measured 2-4e-4: the table's rounding);
+    """f32: equal to tbp with llama.cpp's GELU table to 1e-4 of the largest logit (measured
+    <= 8e-6 on an AVX-512 Xeon; 6.5e-5 with rotary positions on an AVX2 EPYC, whose rotation
+    llama.cpp computes with other kernels), and to tbp's exact GELU within 1e-3 (measured 2-4e-4: the table's rounding);
     f16 within 3e-3 and q8_0 within 5e-2 of the exact logits (measured <= 8e-4 and <= 2e-2)."""
     model = make_run(tmp_path / "run", tok, **SHAPES[shape])
     text = "hello world, the cat sat on the mat; hello tokenizer"
@@ -204,7 +206,7 @@ def test_llama_cpp_computes_tbps_logits(tmp_path, tok, shape):
         got = llama_logits(llm, ids)
         assert rel(got, exact) < tol, (kind, rel(got, exact))
         if kind == "f32":
-            assert rel(got, tabled) < 5e-5, rel(got, tabled)
+            assert rel(got, tabled) < 1e-4, rel(got, tabled)
 
 
 def greedy(llm, ids, n):
@@ -227,7 +229,7 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
                          "--n-layer", "2", *extra)
     out = export(run_dir, tmp_path / "m.gguf")
     llm = load(out, n_ctx=80)
-    model, tok, _ = runfiles.load_model(run_dir)
+    model, tok, _ = disk.load_model(run_dir)
     prompt = "3 the cat sat on"
     ids = tok.encode(prompt)
     assert llm.tokenize(prompt.encode(), add_bos=False, special=False) == ids
@@ -245,8 +247,8 @@ def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_fil
     e = run(["eval", "--checkpoint", run_dir, "--json"])
     assert e.exit_code == 0, e.output
     figures = json.loads(e.output[e.output.index("{"):e.output.rindex("}") + 1])
-    from tbp.batches import batches_for
-    from tbp.data import Dataset
+    from tbp.data.batches import batches_for
+    from tbp.data.datasets import Dataset
     ds = Dataset.load(tmp_path / figures["data"])
     total = count = 0
     for b in batches_for(ds, model.config, model.collation).ordered("val", 8):
@@ -265,7 +267,7 @@ def test_a_chat_model_keeps_its_template_and_tokens_in_llama_cpp(tmp_path, token
     """The file's template, rendered by llama-cpp-python and tokenized with reserved tokens
     parsed, gives tbp's prompt tokens; its reply ends at <|end|>. The char tokenizer here has
     reserved tokens, so it is written in byte-level form (é: two bytes, one merge)."""
-    from tbp import chat
+    from tbp.data import chat
     text = "Be loud. the sky is blue. the snow is white, café?\n" * 30
     tok = train_char(text, specials=CHAT_SPECIALS) if tokenizer == "char" else \
         train_bpe([text], 300, specials=CHAT_SPECIALS)

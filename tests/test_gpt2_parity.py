@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from helpers import run
 
-from tbp import hf, runfiles
-from tbp.optim import AdamW
+from tbp.interop import hf
+from tbp.runs import disk
+from tbp.train.optim import AdamW
 
 FIXTURE = Path(__file__).parent / "data" / "gpt2_small"
 BOUND = 1e-10
@@ -39,7 +40,7 @@ def imported(tmp_path_factory):
 
 def test_logits_loss_and_every_gradient_equal_transformers(imported):
     out, want = imported
-    model = runfiles.load_model(out, dtype=np.float64)[0]
+    model = disk.load_model(out, dtype=np.float64)[0]
     x, y = want["x"], want["y"]
     loss = model.loss_and_backward(x, y)
     assert abs(loss - float(want["loss"])) / float(want["loss"]) < BOUND
@@ -55,7 +56,7 @@ def test_logits_loss_and_every_gradient_equal_transformers(imported):
 
 def test_ten_adamw_steps_follow_transformers(imported):
     out, want = imported
-    model = runfiles.load_model(out, dtype=np.float64)[0]
+    model = disk.load_model(out, dtype=np.float64)[0]
     opt = AdamW(model.layout, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8)
     losses = []
     for _ in range(len(want["adamw_losses"])):

@@ -6,13 +6,15 @@ from helpers import assert_equals_twin
 
 from tbp import GPT, ModelConfig
 from tbp.errors import TbpError
-from tbp.nn import CausalSelfAttention, ConfigError
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.config import ConfigError
 from tbp.nn.designs.sparse import twin as sparse_twin
-from tbp.nn.designs.gqa import GroupedQueryAttention
+from tbp.nn.designs.gqa.gqa import GroupedQueryAttention
 from tbp.nn.designs.gqa import twin as gqa_twin
-from tbp.nn.designs.rope import Rotary
+from tbp.nn.designs.rope.rope import Rotary
 from tbp.nn.designs.rope import twin as rope_twin
-from tbp.nn.designs.sparse import SparseRule
+from tbp.nn.designs.sparse.sparse import SparseRule
+from tbp.nn.decode import Inference
 
 B, T, C = 2, 7, 16
 
@@ -67,8 +69,8 @@ def gqa_model(n_kv_head=2, **kw):
 @pytest.mark.parametrize("n_kv_head", [1, 2, 4])
 def test_the_kv_cache_is_n_head_over_n_kv_head_times_smaller(n_kv_head):
     """Measured: the bytes the Inference's caches hold, against standard attention's."""
-    std = GPT(ModelConfig(vocab_size=13, n_ctx=48, n_layer=3, n_head=4, d_model=16), dtype=np.float64).inference(2)
-    gqa = gqa_model(n_kv_head).inference(2)
+    std = Inference(GPT(ModelConfig(vocab_size=13, n_ctx=48, n_layer=3, n_head=4, d_model=16), dtype=np.float64), 2)
+    gqa = Inference(gqa_model(n_kv_head), 2)
     assert std.cache_bytes == 4 // n_kv_head * gqa.cache_bytes
     assert gqa.cache_bytes == gqa.cache_size(gqa.model, 2)
     assert {a.shape[1] for _, name, a in gqa.caches()} == {n_kv_head}            # (B, Hkv, ., .)
@@ -80,7 +82,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, options):
     m = gqa_model(**options)
     tokens = rng.integers(0, 13, (3, 16))
     full = m.forward(tokens)
-    dec = m.inference(3)
+    dec = Inference(m, 3)
     steps = [dec.forward(tokens[:, :5]).copy()] + [dec.forward(tokens[:, t:t + 1]).copy() for t in range(5, 16)]
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=0, atol=1e-12)
 
@@ -88,7 +90,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, options):
 def test_rope_decoding_slides_past_the_context(rng):
     m = gqa_model(positions="rope", n_ctx=8, n_layer=1)
     tokens = rng.integers(0, 13, (1, 20))
-    dec = m.inference(1)
+    dec = Inference(m, 1)
     dec.forward(tokens[:, :8])
     for t in range(8, 20):                      # the ring of slots equals sliding-window attention
         got = dec.forward(tokens[:, t:t + 1])[:, -1]
@@ -101,8 +103,8 @@ def test_sparse_decoding_chooses_per_key_value_group(rng, kind):
     group's query heads together; a budget covering every position is dense bit for bit."""
     m = gqa_model(n_kv_head=2)
     tokens = rng.integers(0, 13, (2, 40))
-    sparse = m.inference(2, SparseRule(kind, budget=12, layers=(1,)))
-    dense, full = m.inference(2), m.inference(2, SparseRule(kind, budget=48, layers=(1,)))
+    sparse = Inference(m, 2, SparseRule(kind, budget=12, layers=(1,)))
+    dense, full = Inference(m, 2), Inference(m, 2, SparseRule(kind, budget=48, layers=(1,)))
     for d in (sparse, dense, full):
         d.forward(tokens[:, :4])
     for t in range(4, 40):
@@ -133,7 +135,7 @@ def test_the_config_refusals(changes, message):
 
 
 def test_export_to_gpt2_is_refused_with_the_reason():
-    from tbp.hf import exportable
+    from tbp.interop.hf import exportable
     with pytest.raises(TbpError, match="attention = gqa .*a key and a value head for every query head"):
         exportable(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa",
                                n_kv_head=2))
@@ -172,7 +174,7 @@ def kv_columns(cfg, weight, head, which):
 
 
 def test_pooled_heads_are_the_means_of_their_groups():
-    from tbp.nn import pool_kv_heads
+    from tbp.nn.designs.gqa.gqa import pool_kv_heads
     src = full_head_model()
     pooled = pool_kv_heads(src, 2)
     assert (pooled.config.attention, pooled.config.n_kv_head) == ("gqa", 2)
@@ -194,7 +196,7 @@ def test_pooled_heads_are_the_means_of_their_groups():
 def test_a_model_whose_grouped_heads_agree_computes_the_same_after_pooling(source, n_kv_head):
     """Pooling changes nothing where the heads of a group are already equal; where they are not,
     the model changes (so the equality is not vacuous)."""
-    from tbp.nn import pool_kv_heads
+    from tbp.nn.designs.gqa.gqa import pool_kv_heads
     src = full_head_model(**source)
     idx = np.random.default_rng(3).integers(0, 13, (2, 16))
     Hs = src.config.n_kv_head or src.config.n_head
@@ -216,7 +218,7 @@ def test_a_model_whose_grouped_heads_agree_computes_the_same_after_pooling(sourc
     ({"attention": "mta"}, 2, "standard or grouped-query attention, not gpt with mta"),
 ])
 def test_pooling_refuses_what_it_cannot_pool(changes, n_kv_head, message):
-    from tbp.nn import pool_kv_heads
+    from tbp.nn.designs.gqa.gqa import pool_kv_heads
     with pytest.raises(ValueError, match=message):
         pool_kv_heads(full_head_model(**changes), n_kv_head)
 
@@ -225,17 +227,18 @@ def test_a_fine_tune_into_grouped_query_attention_starts_from_the_pooled_heads(t
     """`tbp train --init-from RUN --attention gqa --n-kv-head K`: uptraining, from the base run's
     key/value heads mean-pooled; K must divide them, and the other shape options stay refused."""
     from click.testing import CliRunner
-    from tbp import runfiles, runs
+    from tbp.runs import disk
+    from tbp.train import launch
     from tbp.cli.main import main
-    from tbp.nn import pool_kv_heads
+    from tbp.nn.designs.gqa.gqa import pool_kv_heads
     run = lambda args: CliRunner().invoke(main, args, catch_exceptions=False)
     tiny = ["--n-layer", "1", "--n-head", "4", "--d-model", "16", "--n-ctx", "16", "--eval-interval", "3",
             "--batch-size", "2"]
     full = str(tmp_path / "full")
     assert run(["train", "--data", str(corpus_file), "--out", full, "--max-iters", "3", *tiny]).exit_code == 0
-    trainer = runs.start(runs.RunRequest(out=tmp_path / "up", data=str(corpus_file), init_from=tmp_path / "full",
+    trainer = launch.start(launch.RunRequest(out=tmp_path / "up", data=str(corpus_file), init_from=tmp_path / "full",
                                          model={"attention": "gqa", "n_kv_head": 2}, train={"max_iters": 2}))
-    want = pool_kv_heads(runfiles.load_model(full)[0], 2)
+    want = pool_kv_heads(disk.load_model(full)[0], 2)
     assert trainer.model.config == want.config
     for name, p in want.params.items():
         np.testing.assert_array_equal(trainer.model.params[name], p)

@@ -2,8 +2,11 @@
 import numpy as np
 import pytest
 
-from tbp import gradcheck
-from tbp.nn import LayerNorm, MLP, CausalSelfAttention, Embedding
+from tbp.check import gradcheck
+from tbp.nn.layernorm import LayerNorm
+from tbp.nn.mlp import MLP
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.embedding import Embedding
 from tbp.nn.loss import CrossEntropy
 
 CASES = [c.layer for c in gradcheck.cases(np.random.default_rng(0))]

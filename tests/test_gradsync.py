@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.gradsync import Buckets, shard_counts
-from tbp.nn import LORA_TARGETS, add_lora
+from tbp.train.gradsync import Buckets, shard_counts
+from tbp.nn.lora import LORA_TARGETS, add_lora
 from tbp.nn.batch import Batch
-from tbp.optim import AdamW
-from tbp.parallel import DataParallel, Serial
+from tbp.train.optim import AdamW
+from tbp.train.parallel import DataParallel, Serial
 
 BASE = dict(vocab_size=13, n_ctx=8, n_layer=3, n_head=2, d_model=8)
 MODELS = {
@@ -128,7 +128,7 @@ def test_buckets_cover_the_layout_once():
 
 
 def test_a_model_whose_backward_reports_no_blocks_is_one_bucket():
-    from tbp.nn import build_model
+    from tbp.nn.build import build_model
     model = build_model(ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=8, n_layer=2, n_head=2,
                                     d_model=8, pad_id=0))
     b = Buckets.of(model)
@@ -137,7 +137,7 @@ def test_a_model_whose_backward_reports_no_blocks_is_one_bucket():
 
 @pytest.mark.parametrize("ranges", [[(0, 5), (5, 20000), (20000, 20003)], [(0, 3 << 20)], [(7, 9), (40, 50)]])
 def test_messages_send_long_ranges_from_the_buffer_and_pack_the_short(ranges):
-    from tbp.gradsync import CHUNK, SHORT, messages
+    from tbp.train.gradsync import CHUNK, SHORT, messages
     def merged(spans):
         out = []
         for a, b in sorted(spans):

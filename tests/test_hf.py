@@ -8,7 +8,7 @@ from safetensors.numpy import save_file
 from helpers import run
 
 from tbp import GPT, ModelConfig
-from tbp.tokenizer import train_bpe
+from tbp.data.tokenizer import train_bpe
 
 CFG = dict(n_ctx=32, n_layer=2, n_head=2, d_model=16)
 
@@ -20,12 +20,12 @@ def tok():
 
 
 def make_run(path, tok, **kw):
-    from tbp import checkpoint
+    from tbp.runs import commit
     model = GPT(ModelConfig(vocab_size=tok.vocab_size, **{**CFG, **kw}), seed=1)
     rng = np.random.default_rng(0)
     for p in model.params.values():
         p += rng.standard_normal(p.shape).astype(np.float32) * 0.1
-    checkpoint.save_plain(path, model, tok, {"model": model.config.to_dict(), "train": None, "lora": None,
+    commit.save_plain(path, model, tok, {"model": model.config.to_dict(), "train": None, "lora": None,
                                              "base": None, "data": None})
     return model
 

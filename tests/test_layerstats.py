@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from tbp import GPT, ModelConfig, runfiles
-from tbp.layerstats import LayerStats, groups
+from tbp import GPT, ModelConfig
+from tbp.runs import disk
+from tbp.train.layerstats import LayerStats, groups
 from tbp.nn.batch import Batch
-from tbp.optim import AdamW
+from tbp.train.optim import AdamW
 
 from test_train import new_trainer
 
@@ -74,7 +75,7 @@ def test_every_evaluation_records_the_layers_and_only_evaluations(tmp_path, data
     # the total gradient norm of the line is the groups' (before clipping)
     assert math.sqrt(sum(v ** 2 for v in last["grad_norm"].values())) == pytest.approx(lines[-1]["grad_norm"],
                                                                                      rel=1e-4)
-    assert runfiles.read_metrics(tmp_path / "run")[-1]["layers"] == last      # the schema keeps it
+    assert disk.read_metrics(tmp_path / "run")[-1]["layers"] == last      # the schema keeps it
 
 
 def test_info_and_plot_read_the_layers(tmp_path, corpus_file, monkeypatch):

@@ -7,12 +7,13 @@ import pytest
 from helpers import clean_fail, run, tiny
 
 from tbp import GPT, ModelConfig
-from tbp.generate import Sampling, generate_ids
-from tbp.nn import CausalSelfAttention
-from tbp.nn.designs.flash import flash_backward, flash_forward
-from tbp.nn.designs.rope import Rotary
+from tbp.generate.sampling import Sampling, generate_ids
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.designs.flash.flash import flash_backward, flash_forward
+from tbp.nn.designs.rope.rope import Rotary
 from tbp.nn.designs.rope import twin as rope_twin
-from tbp.optim import AdamW
+from tbp.train.optim import AdamW
+from tbp.nn.decode import Inference
 
 
 def dense(qs, k, v, causal):
@@ -136,7 +137,7 @@ def test_the_sliding_cache_equals_recomputing_at_every_step(impl):
             block.attn.kernel.tiles = (5, 7)                 # several tiles inside and across the band
     tokens = np.random.default_rng(3).integers(0, 13, (2, 60))
     full = model.forward(tokens)                      # (2, 60, V): band attention, width 12
-    decoder = model.inference(batch=2)
+    decoder = Inference(model, batch=2)
     np.testing.assert_allclose(decoder.forward(tokens[:, :5]), full[:, :5], rtol=1e-10, atol=1e-12)
     reach = 2 * (12 - 1) + 1
     for t in range(5, 60):                            # 48 tokens past the 12-token context
@@ -157,7 +158,7 @@ def test_generation_past_the_context_is_the_same_with_and_without_the_cache():
 
 def test_a_learned_position_decoder_still_refuses_to_pass_its_context():
     model = GPT(ModelConfig(vocab_size=13, n_ctx=4, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
-    decoder = model.inference()
+    decoder = Inference(model)
     decoder.forward(np.array([[1, 2, 3, 4]]))
     with pytest.raises(ValueError, match="holds 4 positions"):
         decoder.forward(np.array([[5]]), check=False)
@@ -206,10 +207,11 @@ def test_auto_picks_flash_from_a_context_of_2048():
 
 
 def test_one_thread_training_with_flash_runs_blas_on_one_thread():
-    from tbp.parallel import Serial, _openblas
-    if _openblas() is None:
+    from tbp.train.parallel import Serial
+    from tbp.machine.cores import openblas
+    if openblas() is None:
         pytest.skip("NumPy's BLAS thread count cannot be read here")
-    get = _openblas()[0]
+    get = openblas()[0]
     before = get()
     with Serial(GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8, attn_impl="flash"))):
         assert get() == 1

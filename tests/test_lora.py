@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 from helpers import run, tiny
 
-from tbp import GPT, runfiles, runs
-from tbp.config import TrainConfig
-from tbp.nn import merge_lora
-from tbp.train import Callbacks
+from tbp import GPT
+from tbp.runs import disk
+from tbp.train import launch
+from tbp.train.config import TrainConfig
+from tbp.nn.lora import merge_lora
+from tbp.train.loop import Callbacks
 
 TINY = tiny(n_layer=2, d_model=32, eval_batches=2, eval_interval=10)
 NEW_TEXT = "".join(f"the log sat on the dog; the mat ate the cat. {i % 5}\n" for i in range(400))
@@ -31,16 +33,16 @@ def lora(args=(), out="ft", iters=30):
 
 
 def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, tmp_path):
-    base_weights = runfiles.weights_path(base)
+    base_weights = disk.weights_path(base)
     weights_before = base_weights.read_bytes()
     base_model = GPT.load(base)
     r = lora()
     assert r.exit_code == 0, r.output
     assert base_weights.read_bytes() == weights_before
     ft = tmp_path / "ft"
-    adapter = runfiles.weights_path(ft)
+    adapter = disk.weights_path(ft)
     assert adapter.name.startswith("adapter-") and not list(ft.glob("model*"))
-    arrays, _ = runfiles.read_arrays(adapter)
+    arrays, _ = disk.read_arrays(adapter)
     assert arrays and all("lora_" in k for k in arrays)
     adapted = GPT.load(ft)
     for k, v in base_model.params.items():          # every base tensor inside the adapted model
@@ -48,7 +50,7 @@ def test_fine_tune_trains_adapters_only_and_leaves_the_base_bit_identical(base, 
     ratio = adapter.stat().st_size / len(weights_before)
     assert ratio < 0.25, ratio
     cfg = json.loads((ft / "config.json").read_text())
-    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == runfiles.file_sha256(base_weights)
+    assert cfg["lora"]["rank"] == 4 and cfg["base"]["sha256"] == disk.file_sha256(base_weights)
 
 
 def test_loss_on_the_new_data_falls(base, tmp_path):
@@ -86,16 +88,16 @@ class StopAt(Callbacks):
 
 
 def test_adapter_run_resumes_exactly(base, tmp_path):
-    from tbp.tokenizer import Tokenizer
-    ds = runs.resolve_dataset("new.txt", Tokenizer.load(base / "tokenizer.json"))
+    from tbp.data.tokenizer import Tokenizer
+    ds = launch.resolve_dataset("new.txt", Tokenizer.load(base / "tokenizer.json"))
     cfg = TrainConfig(batch_size=4, max_iters=12, lr=1e-2, warmup=2, eval_interval=4, eval_batches=1, seed=3)
-    spec = runs.LoraSpec(4, 4.0, runs.lora_targets("all"))
-    straight = runs.init_from(tmp_path / "s", base, cfg, ds, False, spec, {})
+    spec = launch.LoraSpec(4, 4.0, launch.lora_targets("all"))
+    straight = launch.init_from(tmp_path / "s", base, cfg, ds, False, spec, {})
     straight.run_loop()
-    split = runs.init_from(tmp_path / "p", base, cfg, ds, False, spec, {}, callbacks=StopAt())
+    split = launch.init_from(tmp_path / "p", base, cfg, ds, False, spec, {}, callbacks=StopAt())
     split.run_loop()
     assert split.interrupted and split.state.step == 6
-    resumed = runs.resume(tmp_path / "p", {}, {}, None)
+    resumed = launch.resume(tmp_path / "p", {}, {}, None)
     resumed.run_loop()
     for k in straight.model.grads:
         np.testing.assert_array_equal(resumed.model.params[k], straight.model.params[k], err_msg=k)
@@ -116,7 +118,7 @@ def test_bad_lora_options(base, args, msg):
 
 def test_changed_or_missing_base_is_refused(base, tmp_path):
     assert lora(iters=5).exit_code == 0
-    base_weights = runfiles.weights_path(base)
+    base_weights = disk.weights_path(base)
     data = bytearray(base_weights.read_bytes())
     data[-1] ^= 1                                  # one bit of one weight
     base_weights.write_bytes(bytes(data))
@@ -132,7 +134,7 @@ def test_the_base_is_recorded_relative_so_the_runs_move_together(base, tmp_path)
     the pair still loads and generates; tbp info shows where the base is."""
     import shutil
     assert lora().exit_code == 0
-    assert runfiles.read_config(tmp_path / "ft")["base"]["path"] == "../base"
+    assert disk.read_config(tmp_path / "ft")["base"]["path"] == "../base"
     moved = tmp_path / "elsewhere"
     moved.mkdir()
     shutil.move(str(tmp_path / "ft"), moved / "ft")
@@ -156,7 +158,7 @@ def test_fine_tuning_a_char_base_on_text_with_new_characters(base, tmp_path):
     """Every character the base lacks is named once, with its count, and the message says what
     can be done; --unknown-chars drop or space then encodes the text, and the dataset says so."""
     from helpers import clean_fail
-    from tbp.data import Dataset
+    from tbp.data.datasets import Dataset
     text = NEW_TEXT + "café costs $3 — `é`\n" * 5
     (tmp_path / "new.txt").write_text(text)
     r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", "ft2", "--max-iters", 2, "-q"])
@@ -167,7 +169,7 @@ def test_fine_tuning_a_char_base_on_text_with_new_characters(base, tmp_path):
         r = run(["train", "--init-from", "base", "--data", "new.txt", "--out", f"ft-{mode}", "--max-iters", 2,
                  "--unknown-chars", mode, "--eval-batches", 1, "--batch-size", 2, "-q"])
         assert r.exit_code == 0, r.output
-        ds = Dataset.load(runfiles.read_config(tmp_path / f"ft-{mode}")["data"])
+        ds = Dataset.load(disk.read_config(tmp_path / f"ft-{mode}")["data"])
         assert ds.meta["unknown_chars"]["mode"] == mode and ds.meta["unknown_chars"]["count"] == 35
         assert ds.meta["train_tokens"] + ds.meta["val_tokens"] == kept
         # bits per byte are of what the tokens encode: the dropped characters' 55 bytes are not in it

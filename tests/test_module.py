@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import Layout, Linear, LoRA, Module, Stack, add_lora, merge_lora
+from tbp.nn.layout import Layout
+from tbp.nn.linear import Linear, LoRA
+from tbp.nn.module import Module, Stack
+from tbp.nn.lora import add_lora, merge_lora
 
 CFG = ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbp import distributed
-from tbp.runfiles import read_metrics
+from tbp.train import distributed
+from tbp.runs.disk import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--n-ctx", "16", "--batch-size", "6",
@@ -306,7 +306,7 @@ def test_sigterm_saves_once_and_the_run_resumes(mpi_ok, tmp_path, prepared):
 
 
 def test_ranks_with_different_parameters_are_caught(mpi_ok, tmp_path):
-    code = ("import numpy as np\nfrom tbp import distributed\nfrom tbp.errors import TbpError\n"
+    code = ("import numpy as np\nfrom tbp.train import distributed\nfrom tbp.errors import TbpError\n"
             "w = distributed.world()\nx = np.arange(5, dtype=np.float32)\nw.check_same(x, 'same')\n"
             "x[w.rank] += 1\ntry:\n    w.check_same(x, 'the parameters')\nexcept TbpError as e:\n"
             "    open(f'caught{w.rank}', 'w').write(f'{e.everywhere} {e}')\nw.finish()\n")
@@ -326,9 +326,10 @@ class FakeWorld(distributed.World):
 def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
     """Each rank's part, scaled by its share of the rows or of the loss weight, sums to the
     gradient of the whole batch's mean loss (no MPI: the ranks' parts are summed here)."""
-    from tbp.nn import GPT, ModelConfig
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     from tbp.nn.batch import Batch
-    from tbp.parallel import Ranks, Serial
+    from tbp.train.parallel import Ranks, Serial
     rng = np.random.default_rng(0)
     model = GPT(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8), dtype=np.float64)
     batch = Batch(rng.integers(0, 13, (B, 8)), rng.integers(0, 13, (B, 8)), (rng.random((B, 8)) < 0.6) * 1.0)
@@ -344,7 +345,7 @@ def test_ranks_shares_add_up_to_the_whole_batch_gradient(B, size):
 
 
 def test_without_a_launcher_mpi_is_never_loaded(tmp_path, corpus_file):
-    code = ("import sys\nfrom tbp.cli import main\nsys.argv = ['tbp', 'train', '--data', sys.argv[1], '--out', 'r', "
+    code = ("import sys\nfrom tbp.cli.main import main\nsys.argv = ['tbp', 'train', '--data', sys.argv[1], '--out', 'r', "
             "'--max-iters', '2', '--n-layer', '1', '--d-model', '16', '--n-ctx', '16', '-q']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "assert 'mpi4py.MPI' not in sys.modules\nprint('no MPI')\n")
@@ -357,7 +358,7 @@ def test_without_a_launcher_mpi_is_never_loaded(tmp_path, corpus_file):
 def test_a_launcher_without_mpi4py_is_one_line(tmp_path, corpus_file):
     """Started by a launcher (its variables set) where mpi4py cannot be imported: one line, exit 1,
     nothing written."""
-    code = ("import sys\nsys.modules['mpi4py'] = None\nfrom tbp.cli import main\n"
+    code = ("import sys\nsys.modules['mpi4py'] = None\nfrom tbp.cli.main import main\n"
             "sys.argv = ['tbp', 'train', '--data', sys.argv[1], '--out', 'r', '--max-iters', '2', '-q']\nmain()\n")
     env = {**os.environ, "PMI_SIZE": "2", "PMI_RANK": "0"}
     r = subprocess.run([sys.executable, "-c", code, str(corpus_file)], cwd=tmp_path, env=env, capture_output=True,
@@ -370,7 +371,7 @@ def test_a_launcher_without_mpi4py_is_one_line(tmp_path, corpus_file):
 
 @pytest.mark.parametrize("value", ["0", "0.001", "-3", "nan", "inf", "soon"])
 def test_an_mpi_timeout_no_step_could_meet_is_refused(monkeypatch, value):
-    from tbp.distributed import comm_timeout
+    from tbp.train.distributed import comm_timeout
     from tbp.errors import TbpError
     monkeypatch.setenv("TBP_MPI_TIMEOUT", value)
     with pytest.raises(TbpError, match="at least 1"):
@@ -385,7 +386,7 @@ def test_a_stop_signal_ends_a_wait_for_an_unresponsive_rank_within_its_grace(mon
     step's gradient sums come in many chunked collectives, which must not shorten it) -- with
     128 + the signal, not after TBP_MPI_TIMEOUT."""
     import signal as sig
-    from tbp import distributed
+    from tbp.train import distributed
     clock = [1000.0]
     monkeypatch.setattr(distributed.time, "monotonic", lambda: clock[0])
     world = object.__new__(distributed.MPIWorld)
@@ -442,7 +443,7 @@ def test_sigterm_ends_a_rank_at_once_while_mpi_starts(monkeypatch):
     its default action (a Python handler would never run), and so must an alarm at the timeout;
     afterwards tbp's handler is back and no alarm is left."""
     import signal as sig
-    from tbp import distributed
+    from tbp.train import distributed
     seen = []
 
     def connect():

@@ -2,8 +2,11 @@
 import numpy as np
 import pytest
 
-from tbp.nn import GPT, ConfigError, ModelConfig
-from tbp.nn.designs.mta import conv_map, conv_map_backward, twin
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ConfigError, ModelConfig
+from tbp.nn.designs.mta.map import conv_map, conv_map_backward
+from tbp.nn.designs.mta import twin
+from tbp.nn.decode import Inference
 
 BASE = dict(vocab_size=11, n_ctx=12, n_layer=2, n_head=4, d_model=16)
 ALL = dict(attention="mta", mta_cq=3, mta_ck=5, mta_post=True, mta_mix=True, mta_group=2)
@@ -59,7 +62,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores, 
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
-    dec = model.inference(3)
+    dec = Inference(model, 3)
     dec.max_scores = max_scores               # 40: the prefill runs in chunks of rows
     dec._chunk = max(1, max_scores // (3 * 4 * 12))
     steps = [dec.forward(idx[:, :5]).copy()] + [dec.forward(idx[:, t:t + 1]).copy() for t in range(5, 12)]
@@ -110,7 +113,7 @@ def test_only_the_chosen_layers_carry_the_convolution():
 
 def test_depth_scaling_multiplies_each_layers_normed_output_by_its_factor(rng):
     """1 - lambda(l), lambda(l) = 0.8 - 0.6 exp(-0.3 l): 0.8 at layer 0, falling towards 0.2 with depth."""
-    from tbp.nn.designs.mta import depth_scale
+    from tbp.nn.designs.mta.map import depth_scale
     assert depth_scale(0) == pytest.approx(0.8) and depth_scale(1) == pytest.approx(1 - 0.8 + 0.6 * np.exp(-0.3))
     x = rng.standard_normal((2, 6, 16))
     cfg = dict(**BASE, attention="mta", mta_norm=True)

@@ -5,8 +5,13 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import CausalSelfAttention, LayerNorm, MLP, Linear, LoRA, cross_entropy
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.layernorm import LayerNorm
+from tbp.nn.mlp import MLP
+from tbp.nn.linear import Linear, LoRA
+from tbp.nn.loss import cross_entropy
 from tbp.nn.lora import add_lora, merge_lora
+from tbp.nn.decode import Inference
 
 TINY = dict(vocab_size=13, n_ctx=16, n_layer=2, n_head=2, d_model=8)
 
@@ -148,7 +153,7 @@ def test_dtype_is_kept_end_to_end(rng, dtype):
     assert model.forward(idx).dtype == dtype
     model.loss_and_backward(idx, idx)
     assert all(g.dtype == dtype for g in model.grads.values())
-    decoder = model.inference(2)
+    decoder = Inference(model, 2)
     assert decoder.forward(idx).dtype == dtype
     assert {a.dtype for _, _, a in decoder.caches()} == {np.dtype(dtype)}
 

@@ -4,13 +4,15 @@ import json
 import numpy as np
 import pytest
 
-from tbp import generate, pairs
-from tbp.batches import PairBatches, batches_for
-from tbp.data import Dataset
+from tbp.generate import sampling
+from tbp.data import pairs
+from tbp.data.batches import PairBatches, batches_for
+from tbp.data.datasets import Dataset
 from tbp.errors import TbpError
-from tbp.nn import ModelConfig, build_model
+from tbp.nn.config import ModelConfig
+from tbp.nn.build import build_model
 from tbp.nn.batch import OneSequence
-from tbp.nn.designs.encdec import SourceApart
+from tbp.nn.designs.encdec.seq2seq import SourceApart
 
 from helpers import clean_fail, run, tiny, train_tiny
 
@@ -84,8 +86,8 @@ def test_a_context_too_short_for_the_longest_example_is_named(tmp_path):
         batches_for(ds, ModelConfig(vocab_size=13, n_ctx=8), OneSequence)
     assert e.value.new_run == "; pass --n-ctx 13 or more"         # what only a new run can do
     with pytest.raises(TbpError, match="trains on paired data"):
-        from tbp import data
-        data.prepare("some text\n" * 50, "t", "test", tmp_path / "text")
+        from tbp.data import datasets
+        datasets.prepare("some text\n" * 50, "t", "test", tmp_path / "text")
         batches_for(Dataset.load(tmp_path / "text"), ModelConfig(arch="encoder-decoder", vocab_size=13), SourceApart)
 
 
@@ -94,8 +96,8 @@ def test_cached_and_uncached_targets_are_the_same_tokens(rng):
     model = build_model(cfg, seed=0, dtype=np.float64)
     for p in model.params.values():
         p += rng.standard_normal(p.shape) * 0.3
-    s = generate.Sampling(temperature=1.0, top_k=5)
-    runs = [list(generate.generate_ids(model, [3, 4, 5], 20, s, np.random.default_rng(7), 3, use_cache, start=11))
+    s = sampling.Sampling(temperature=1.0, top_k=5)
+    runs = [list(sampling.generate_ids(model, [3, 4, 5], 20, s, np.random.default_rng(7), 3, use_cache, start=11))
             for use_cache in (True, False)]
     assert len(runs[0]) == 10                             # the target ends with the context
     np.testing.assert_array_equal(np.array(runs[0]), np.array(runs[1]))
@@ -183,8 +185,8 @@ def test_eval_of_a_text_run_covers_the_whole_validation_split(tmp_path, corpus_f
     assert r.exit_code == 0, r.output
     figures = json.loads(r.stdout)
     assert "exact_match" not in figures
-    from tbp import runfiles
-    model, _, cfg = runfiles.load_model(out)
+    from tbp.runs import disk
+    model, _, cfg = disk.load_model(out)
     ds = Dataset.load(cfg["data"])
     T = model.config.n_ctx
     windows = (ds.val.size - 1) // T
@@ -204,8 +206,8 @@ def test_a_pairs_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     assert run(["train", *common, "--out", "split", "--max-iters", "5"]).exit_code == 0
     r = run(["train", "--out", "split", "--resume", "--max-iters", "10", "-q"])
     assert r.exit_code == 0, r.output
-    from tbp import runfiles
-    a, b = runfiles.load_model("straight")[0], runfiles.load_model("split")[0]
+    from tbp.runs import disk
+    a, b = disk.load_model("straight")[0], disk.load_model("split")[0]
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
 

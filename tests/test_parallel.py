@@ -2,12 +2,15 @@
 import numpy as np
 import pytest
 
-from tbp import GPT, ModelConfig, runs
-from tbp.config import TrainConfig
-from tbp.nn import LORA_TARGETS, add_lora, build_model
+from tbp import GPT, ModelConfig
+from tbp.train import launch
+from tbp.train.config import TrainConfig
+from tbp.nn.lora import LORA_TARGETS, add_lora
+from tbp.nn.build import build_model
 from tbp.nn.batch import Batch
-from tbp.optim import AdamW
-from tbp.parallel import DataParallel, _openblas, blas_threads, data_parallel
+from tbp.train.optim import AdamW
+from tbp.train.parallel import DataParallel, data_parallel
+from tbp.machine.cores import blas_threads, openblas
 
 CFG = dict(vocab_size=13, n_ctx=8, n_layer=2, n_head=2, d_model=8)
 
@@ -101,9 +104,9 @@ def test_one_worker_is_refused():
         DataParallel(GPT(ModelConfig(**CFG)), 1)
 
 
-@pytest.mark.skipif(_openblas() is None, reason="NumPy's BLAS is not OpenBLAS")
+@pytest.mark.skipif(openblas() is None, reason="NumPy's BLAS is not OpenBLAS")
 def test_blas_threads_is_restored():
-    get, _ = _openblas()
+    get, _ = openblas()
     before = get()
     with blas_threads(1):
         assert get() == 1
@@ -115,10 +118,10 @@ def test_blas_threads_is_restored():
     assert get() == before and dp.pool is None
 
 
-@pytest.mark.skipif(_openblas() is None, reason="NumPy's BLAS is not OpenBLAS")
+@pytest.mark.skipif(openblas() is None, reason="NumPy's BLAS is not OpenBLAS")
 def test_one_thread_is_one_core():
     """--threads 1 holds NumPy's BLAS to one thread too; 0 (one per core) leaves it alone."""
-    get, _ = _openblas()
+    get, _ = openblas()
     with blas_threads(2):
         with data_parallel(GPT(ModelConfig(**CFG)), 1, 4) as serial:
             assert get() == 1
@@ -136,7 +139,7 @@ def test_threads_change_only_rounding(tmp_path, dataset):
         mcfg = ModelConfig(vocab_size=dataset.tokenizer.vocab_size, n_layer=2, n_head=2, d_model=16, n_ctx=16)
         tcfg = TrainConfig(batch_size=4, max_iters=8, eval_interval=4, eval_batches=2, seed=3,
                            dtype="float64", threads=threads)
-        trainer = runs.new_run(tmp_path / f"t{threads}", mcfg, tcfg, dataset, False, None)
+        trainer = launch.new_run(tmp_path / f"t{threads}", mcfg, tcfg, dataset, False, None)
         assert trainer.workers.workers == threads
         trainer.run_loop()
         finals.append({k: v.copy() for k, v in trainer.model.params.items()})

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from helpers import clean_fail, run, train_tiny
 
-from tbp import GPT, ModelConfig, plot
+from tbp import GPT, ModelConfig
+from tbp.look import plot
 
 pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install -e '.[plot]'")
 

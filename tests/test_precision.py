@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, train_tiny
 
-from tbp import blas
-from tbp.config import ConfigError, TrainConfig
+from tbp.machine import libraries
+from tbp.train.config import ConfigError, TrainConfig
 from tbp.errors import TbpError
-from tbp.nn import GPT, ModelConfig, gemm
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.nn import gemm
 from tbp.nn.batch import Batch
-from tbp.parallel import data_parallel
+from tbp.train.parallel import data_parallel
+from tbp.machine.cores import blas_threads
 
 U = 2.0 ** -8                       # bf16's unit roundoff
 CFG = dict(vocab_size=29, n_ctx=32, n_layer=2, n_head=4, d_model=64)
@@ -46,7 +49,7 @@ def test_round_bf16_matches_ml_dtypes_and_keeps_layout(rng):
         got = gemm.round_bf16(view)
         assert got.shape == view.shape
         np.testing.assert_array_equal(got, view.astype(ml_dtypes.bfloat16).astype(np.float32))
-        np.testing.assert_array_equal(blas.bf16_bits(view), view.astype(ml_dtypes.bfloat16).view(np.uint16))
+        np.testing.assert_array_equal(libraries.bf16_bits(view), view.astype(ml_dtypes.bfloat16).view(np.uint16))
     assert gemm.round_bf16(x.T).flags.f_contiguous              # a transposed operand stays transposed
     with pytest.raises(TypeError):
         gemm.round_bf16(x.astype(np.float64))
@@ -58,9 +61,9 @@ def test_bf16_bits_without_ml_dtypes_are_the_same(rng, monkeypatch):
     x = rng.standard_normal((40, 30)).astype(np.float32)
     x.flat[:3] = np.array([0x7F800001, 0xFFC00000, 0x7F80FFFF], np.uint32).view(np.float32)   # NaNs
     x.flat[3:6] = [np.inf, -np.inf, 3.4e38]
-    with_ml = blas.bf16_bits(x)
+    with_ml = libraries.bf16_bits(x)
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)        # import fails: the NumPy bits
-    without = blas.bf16_bits(x)
+    without = libraries.bf16_bits(x)
     np.testing.assert_array_equal(without[~np.isnan(x)], with_ml[~np.isnan(x)])
     nan_bits = without[np.isnan(x)]                            # NaN stays NaN (never 0x7f80, infinity)
     assert ((nan_bits & 0x7F80) == 0x7F80).all() and ((nan_bits & 0x007F) != 0).all()
@@ -89,18 +92,29 @@ def test_the_twin_is_the_exact_product_of_rounded_operands(rng):
 
 @pytest.fixture
 def mkl():
-    lib = blas.mkl()
+    lib = libraries.mkl()
     if lib is None or not lib.has_bf16:
         pytest.skip("MKL with cblas_gemm_bf16bf16f32 cannot be loaded here (pip install -e '.[mkl]')")
-    return blas.MKLBF16(lib)
+    return libraries.MKLBF16(lib)
 
 
-@pytest.fixture(params=["mkl", "onednn"])
+def _onednn_lacks_bf16() -> bool:
+    """oneDNN is installed but has no bf16 product for this CPU (before 3.3, none without AVX-512)."""
+    from tbp.machine import onednn
+    lib = onednn.onednn()
+    return lib is not None and not lib.has_bf16
+
+
+# the libraries with a bf16 product here; oneDNN not installed stays, and is skipped with its reason
+BF16_LIBS = ["mkl"] + ([] if _onednn_lacks_bf16() else ["onednn"])
+
+
+@pytest.fixture(params=BF16_LIBS)
 def bf16lib(request):
     """Each library that does bf16 products: MKL's cblas_gemm_bf16bf16f32, oneDNN's matmul."""
     if request.param == "mkl":
         return request.getfixturevalue("mkl")
-    from tbp import onednn
+    from tbp.machine import onednn
     lib = onednn.onednn()
     if lib is None:
         pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
@@ -112,7 +126,7 @@ def bf16lib(request):
 def test_bf16_library_products_equal_the_twin_to_float32_accumulation(bf16lib, rng, ta, tb):
     mkl = bf16lib
     m, k, n = 96, 160, 112
-    assert m * k * n >= blas.MIN_WORK                          # the library's, not the twin's fallback
+    assert m * k * n >= libraries.MIN_WORK                          # the library's, not the twin's fallback
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
     a, b = (a.T if ta else a), (b.T if tb else b)
@@ -130,22 +144,49 @@ def test_a_bf16_library_leaves_small_products_to_the_twin_exactly(bf16lib, rng):
     np.testing.assert_array_equal(bf16lib.matmul(a, b), gemm.BF16.matmul(a, b))
 
 
-def test_onednn_products_from_several_threads_are_each_their_own(rng):
-    """Workers call one library object at once (a stream and memory objects per thread): every
-    thread's product is its own operands'."""
+def test_bf16_products_from_several_threads_are_each_their_own(bf16lib, rng):
+    """Workers call one library object at once (oneDNN: a stream and memory objects per thread):
+    every thread's product is its own operands'."""
     from concurrent.futures import ThreadPoolExecutor
-    from tbp import onednn
-    lib = onednn.onednn()
-    if lib is None:
-        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
-    prod = onednn.OneDNNBF16(lib)
     pairs = [(rng.standard_normal((96, 160)).astype(np.float32), rng.standard_normal((160, 112)).astype(np.float32))
              for _ in range(8)]
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda ab: prod.matmul(*ab), pairs * 3))
+        got = list(pool.map(lambda ab: bf16lib.matmul(*ab), pairs * 3))
     for (a, b), out in zip(pairs * 3, got):
         twin = gemm.BF16.matmul(a, b)
         assert np.abs(out - twin).max() <= 160 * 2.0 ** -24 * (np.abs(a) @ np.abs(b)).max()
+
+
+def test_a_onednn_without_a_bf16_product_for_this_cpu_is_declined_in_one_line(monkeypatch):
+    """oneDNN before 3.3 describes no bf16 product on an AVX2-only CPU: TBP_GEMM=onednn says so
+    (exit 1, one line), and auto does bf16 with what is left, naming why oneDNN is not used."""
+    from tbp.machine import onednn
+
+    class NoBF16:
+        version, has_bf16 = "3.2.0", False
+    monkeypatch.setattr(onednn, "onednn", lambda: NoBF16())
+    monkeypatch.setenv("TBP_GEMM", "onednn")
+    with pytest.raises(TbpError, match=r"TBP_GEMM=onednn, but oneDNN 3.2.0 has no bf16 product for this CPU"):
+        libraries.choose(libraries.products(64, 128), None, "bf16")
+    monkeypatch.setenv("TBP_GEMM", "auto")
+    monkeypatch.setattr(libraries, "mkl", lambda: None)
+    c = libraries.choose(libraries.products(64, 128), None, "bf16")
+    assert c.name == "numpy-bf16" and "oneDNN 3.2.0 has no bf16 product for this CPU" in c.reason
+
+
+def test_onednn_says_whether_it_has_a_bf16_product_by_describing_one():
+    """``has_bf16`` is the answer of oneDNN itself: where it says yes, a product runs; where no,
+    describing one fails as the probe did (the bf16 choice then never picks oneDNN)."""
+    from tbp.machine import onednn
+    lib = onednn.onednn()
+    if lib is None:
+        pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
+    if lib.has_bf16:
+        a = np.ones((128, 128), np.float32)
+        assert np.array_equal(onednn.OneDNNBF16(lib).matmul(a, a), np.full((128, 128), 128, np.float32))
+    else:
+        with pytest.raises(RuntimeError, match="matmul descriptor"):
+            onednn.product(lib, 32, 32, 32, False)
 
 
 def _step(precision: str, seed: int = 0):
@@ -181,53 +222,59 @@ def test_fp32_is_untouched_by_the_precision_option(monkeypatch):
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, CFG["vocab_size"], (2, 4, CFG["n_ctx"]))
     model.zero_grad()
-    assert model.loss_and_backward(x, y) == loss
+    with blas_threads(1):                  # one worker is one core, its BLAS too (parallel.py)
+        assert model.loss_and_backward(x, y) == loss
     np.testing.assert_array_equal(model.layout.grads, g)
     assert choice.name == "numpy"
 
 
 def test_the_bf16_choice_says_what_it_does(monkeypatch):
     monkeypatch.setenv("TBP_GEMM", "numpy")
-    c = blas.choose(blas.products(64, 128), None, "bf16")
+    c = libraries.choose(libraries.products(64, 128), None, "bf16")
     assert (c.name, c.precision, c.slower) == ("numpy-bf16", "bf16", True) and "emulated in NumPy" in c.reason
     monkeypatch.setenv("TBP_GEMM", "auto")
-    from tbp import onednn
-    monkeypatch.setattr(blas, "mkl", lambda: None)
+    from tbp.machine import onednn
+    monkeypatch.setattr(libraries, "mkl", lambda: None)
     monkeypatch.setattr(onednn, "onednn", lambda: None)
-    c = blas.choose(blas.products(64, 128), None, "bf16")
+    c = libraries.choose(libraries.products(64, 128), None, "bf16")
     assert c.name == "numpy-bf16" and "pip install 'tbp[onednn]'" in c.reason
     for mode in ("mkl", "onednn"):
         monkeypatch.setenv("TBP_GEMM", mode)
         with pytest.raises(TbpError, match=f"TBP_GEMM={mode}"):
-            blas.choose(blas.products(64, 128), None, "bf16")
+            libraries.choose(libraries.products(64, 128), None, "bf16")
     with pytest.raises(ValueError, match="precision"):
-        blas.choose(blas.products(64, 128), None, "fp16")
+        libraries.choose(libraries.products(64, 128), None, "fp16")
 
 
 def test_a_measured_bf16_choice_names_its_ratio_and_the_cpu(mkl, monkeypatch):
     monkeypatch.setenv("TBP_GEMM", "auto")
-    from tbp import onednn
+    from tbp.machine import onednn
     with monkeypatch.context() as m:
         m.setattr(onednn, "onednn", lambda: None)                     # MKL alone
-        c = blas.choose(blas.products(64, 256), None, "bf16")
+        c = libraries.choose(libraries.products(64, 256), None, "bf16")
     assert c.name == "mkl-bf16" and c.ratio is not None and f"{c.ratio:.2f}x" in c.reason
     assert c.slower == (c.ratio > 1.0)
     assert ("bf16 units" in c.reason)
-    if onednn.onednn() is None:
+    dnnl = onednn.onednn()
+    if dnnl is None:
         pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")
-    c = blas.choose(blas.products(64, 256), None, "bf16")             # both: the faster, the other named
+    c = libraries.choose(libraries.products(64, 256), None, "bf16")
+    if not dnnl.has_bf16:                       # oneDNN here has no bf16 product: MKL's, oneDNN unmeasured
+        assert c.name == "mkl-bf16" and "oneDNN" not in c.reason
+        return
+    # both: the faster, the other named
     assert c.name in ("mkl-bf16", "onednn-bf16") and "oneDNN" in c.reason and "MKL" in c.reason
     # the other library's ratio, as the choice measured it (printed to two places): never lower
     other = float(re.search(r"; (?:MKL|oneDNN) \S+ measured at ([0-9.]+)x", c.reason)[1])
     assert round(c.ratio, 2) <= other
     monkeypatch.setenv("TBP_GEMM", "onednn")
-    assert blas.choose(blas.products(64, 256), None, "bf16").name == "onednn-bf16"
+    assert libraries.choose(libraries.products(64, 256), None, "bf16").name == "onednn-bf16"
 
 
 def test_onednns_rounding_is_the_engines_bit_for_bit(rng):
     """The reorder that feeds oneDNN's products rounds as gemm.round_bf16 does: ties to even,
     infinities, NaNs and values past bf16's largest, in C and in transposed layouts."""
-    from tbp import onednn
+    from tbp.machine import onednn
     lib = onednn.onednn()
     if lib is None:
         pytest.skip("oneDNN cannot be loaded here (pip install -e '.[onednn]')")

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from helpers import clean_fail, run, tiny
 
-from tbp import memory
-from tbp.config import ConfigError, TrainConfig
-from tbp.nn import GPT, ModelConfig
+from tbp.machine import memory
+from tbp.train.config import ConfigError, TrainConfig
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
 
 CASES = [dict(), dict(dropout=0.1), dict(positions="rope"), dict(attention="gqa", n_kv_head=1),
          dict(attention="mta"), dict(attn_impl="flash"), dict(tie_head=False), dict(bias=False)]

@@ -3,7 +3,13 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn import CausalSelfAttention, CrossAttention, CrossEntropy, Embedding, LayerNorm, Linear, LoRA, MLP
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.designs.encdec.cross import CrossAttention
+from tbp.nn.loss import CrossEntropy
+from tbp.nn.embedding import Embedding
+from tbp.nn.layernorm import LayerNorm
+from tbp.nn.linear import Linear, LoRA
+from tbp.nn.mlp import MLP
 from tbp.nn.kernels import padding_mask
 from tbp.nn import reference as ref
 from tbp.nn.designs.encdec import twin as encdec_twin

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from helpers import TINY, clean_fail, run, tiny, train_tiny
 
-from tbp import checkpoint, data, runfiles
-from tbp.generate import Sampling, generate_ids
-from tbp.nn import GPT, ModelConfig
+from tbp.runs import commit, disk
+from tbp.data import datasets
+from tbp.generate.sampling import Sampling, generate_ids
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
 
 
 def _step(run_dir):
@@ -32,7 +34,7 @@ def _newest(run_dir, stem):
 
 
 def _weights_digest(run_dir):
-    return sorted(runfiles.file_sha256(p) for p in Path(run_dir).glob("*.safetensors"))
+    return sorted(disk.file_sha256(p) for p in Path(run_dir).glob("*.safetensors"))
 
 # --- 1. a save is one commit ----------------------------------------------------------------
 
@@ -52,11 +54,11 @@ def test_a_full_disk_during_a_save_leaves_the_previous_checkpoint_resumable(
     run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "r", 10)
     before = json.loads((run_dir / "state.json").read_text())
     if target == "state.json":
-        monkeypatch.setattr(checkpoint, "atomic_write_json",
-                            _failing(checkpoint.atomic_write_json, lambda p: p.name == "state.json"))
+        monkeypatch.setattr(commit, "atomic_write_json",
+                            _failing(commit.atomic_write_json, lambda p: p.name == "state.json"))
     else:
-        monkeypatch.setattr(checkpoint, "atomic_write_bytes",
-                            _failing(checkpoint.atomic_write_bytes, lambda p: p.name.startswith(target)))
+        monkeypatch.setattr(commit, "atomic_write_bytes",
+                            _failing(commit.atomic_write_bytes, lambda p: p.name.startswith(target)))
     r = run(["train", "--out", run_dir, "--resume", "--max-iters", 15, "-q"])
     clean_fail(r, 1, "No space left on device")
     assert ".tmp" not in r.output                          # the file at fault, not a temporary one
@@ -281,9 +283,9 @@ def test_a_token_file_of_a_torn_size_is_named(tmp_path, corpus_file, monkeypatch
 
 def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
     opt = _newest(trained, "optimizer")
-    arrays, meta = runfiles.read_arrays(opt)
+    arrays, meta = disk.read_arrays(opt)
     arrays["m.ln_f.weight"] = np.zeros((1,), np.float32)       # broadcastable to (16,), still wrong
-    checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
+    commit.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
     clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
                "m.ln_f.weight has shape (1,), the model needs (16,)")
 
@@ -292,17 +294,17 @@ def test_moments_of_the_wrong_shape_are_refused_not_broadcast(trained):
                                         (-1.0, "v.ln_f.weight holds negative second moments")])
 def test_moments_that_cannot_be_are_refused_on_resume(trained, value, msg):
     opt = _newest(trained, "optimizer")
-    arrays, meta = runfiles.read_arrays(opt)
+    arrays, meta = disk.read_arrays(opt)
     arrays["v.ln_f.weight"][3] = value
-    checkpoint.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
+    commit.write_arrays(opt, arrays, int(meta["step"]), "optimizer")
     clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1, msg)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.int32])
 def test_weights_of_another_dtype_are_one_line_for_every_reader(trained, tmp_path, dtype):
     weights = _newest(trained, "model")
-    arrays, meta = runfiles.read_arrays(weights)
-    checkpoint.write_arrays(weights, {k: a.astype(dtype) for k, a in arrays.items()}, int(meta["step"]), "model")
+    arrays, meta = disk.read_arrays(weights)
+    commit.write_arrays(weights, {k: a.astype(dtype) for k, a in arrays.items()}, int(meta["step"]), "model")
     msg = f"holds {np.dtype(dtype).name} tensors"
     for args in (["generate", "--checkpoint", trained, "--max-new-tokens", 3], ["export", trained, "--out", tmp_path / "hf"],
                  ["eval", "--checkpoint", trained], ["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]):
@@ -317,7 +319,7 @@ def test_a_lora_record_without_its_base_is_one_line(trained):
 
 
 def test_a_swapped_tokenizer_is_refused_on_resume(trained, tmp_path):
-    data.prepare("other letters entirely QXZ\n" * 50, "o", "test", tmp_path / "other")
+    datasets.prepare("other letters entirely QXZ\n" * 50, "o", "test", tmp_path / "other")
     (trained / "tokenizer.json").write_text((tmp_path / "other" / "tokenizer.json").read_text())
     clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
                "tokenizer.json: differs from the tokenizer this run was trained with")
@@ -353,8 +355,8 @@ def test_a_huge_max_new_tokens_allocates_nothing_in_advance():
 
 
 def test_an_import_whose_config_contradicts_its_weights_is_refused_before_building(tmp_path):
-    from tbp.hf import export_hf
-    from tbp.tokenizer import train_char
+    from tbp.interop.hf import export_hf
+    from tbp.data.tokenizer import train_char
     tok = train_char("abcdefghij\n")
     model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=8, n_layer=1, n_head=2, d_model=8))
     export_hf(model, tok, tmp_path / "hf")
@@ -376,8 +378,8 @@ def test_a_run_that_fails_before_its_first_save_leaves_nothing(tmp_path, corpus_
 
 def test_a_run_killed_before_its_first_commit_does_not_block_the_retry(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(checkpoint, "atomic_write_json",
-                        _failing(checkpoint.atomic_write_json, lambda p: p.name == "state.json"))
+    monkeypatch.setattr(commit, "atomic_write_json",
+                        _failing(commit.atomic_write_json, lambda p: p.name == "state.json"))
     clean_fail(run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 5, *TINY]), 1, "No space left")
     assert (tmp_path / "r" / "config.json").is_file() and not (tmp_path / "r" / "state.json").exists()
     monkeypatch.undo()
@@ -412,7 +414,7 @@ def test_two_corpora_with_one_file_name_never_share_a_dataset(tmp_path, monkeypa
     data_a = json.loads((tmp_path / "ra" / "config.json").read_text())["data"]
     data_b = json.loads((tmp_path / "rb" / "config.json").read_text())["data"]
     assert data_a != data_b
-    assert "cat" in data.Dataset.load(data_a).tokenizer.decode(data.Dataset.load(data_a).train[:40])
+    assert "cat" in datasets.Dataset.load(data_a).tokenizer.decode(datasets.Dataset.load(data_a).train[:40])
     assert run(["train", "--out", "ra", "--resume", "--max-iters", 8, "-q"]).exit_code == 0
 
 
@@ -430,7 +432,7 @@ def test_a_run_refuses_its_dataset_prepared_again_from_other_text(tmp_path, monk
 
 
 def test_a_second_writer_is_refused_naming_the_holder(trained, corpus_file):
-    from tbp.locks import RunLock
+    from tbp.files.locks import RunLock
     lock = RunLock(trained).acquire()
     try:
         clean_fail(run(["train", "--out", trained, "--resume", "--max-iters", 12, "-q"]), 1,
@@ -490,8 +492,8 @@ def test_a_bad_lora_request_exits_2_before_any_work(trained, corpus_file, args, 
 
 
 def test_a_file_size_limit_names_the_file(trained, monkeypatch):
-    monkeypatch.setattr(checkpoint, "atomic_write_bytes",
-                        _failing(checkpoint.atomic_write_bytes, lambda p: p.name.startswith("model-"), errno.EFBIG))
+    monkeypatch.setattr(commit, "atomic_write_bytes",
+                        _failing(commit.atomic_write_bytes, lambda p: p.name.startswith("model-"), errno.EFBIG))
     r = run(["train", "--out", trained, "--resume", "--max-iters", 15, "-q"])
     clean_fail(r, 1, "model-000015.safetensors: File too large")
 
@@ -499,7 +501,7 @@ def test_a_file_size_limit_names_the_file(trained, monkeypatch):
 def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
     """Runs saved as model.safetensors / best-model.safetensors / optimizer.safetensors (no
     "files" in state.json) load, resume, and keep their best weights until a better eval."""
-    files = runfiles.checkpoint_files(trained)
+    files = disk.checkpoint_files(trained)
     state = json.loads((trained / "state.json").read_text())
     for key, legacy in (("weights", "model.safetensors"), ("best", "best-model.safetensors"),
                         ("optimizer", "optimizer.safetensors")):
@@ -520,7 +522,7 @@ def test_a_run_of_the_first_release_resumes_and_keeps_its_best_weights(trained):
 
 
 def test_merge_and_import_force_never_replace_a_run_being_trained(tmp_path, corpus_file, monkeypatch):
-    from tbp.locks import RunLock
+    from tbp.files.locks import RunLock
     base = train_tiny(tmp_path, corpus_file, monkeypatch, "base", 5, "--n-ctx", 16)
     assert run(["train", "--data", corpus_file, "--init-from", base, "--out", "ft", "--lora-rank", 2,
                 "--max-iters", 5, *TINY]).exit_code == 0
@@ -553,7 +555,7 @@ def test_a_failed_forced_replacement_leaves_no_lock_of_its_own(tmp_path, corpus_
 
     def full(*a, **kw):                             # the disk fills while the new run is written
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(a[0]))
-    monkeypatch.setattr(checkpoint, "write_run_header", full)
+    monkeypatch.setattr(commit, "write_run_header", full)
     clean_fail(run(["import", "hf", "--out", victim, "--force"]), 1, "No space left")
     assert {p.name: p.read_bytes() for p in victim.iterdir()} == before
 
@@ -562,10 +564,10 @@ def test_weights_that_overflow_are_named_not_sampled_or_averaged(trained):
     """Finite weights whose forward overflows float32: generate and eval say so (exit 1), never
     sample from NaN logits or print NaN as JSON."""
     weights = _newest(trained, "model")
-    arrays, meta = runfiles.read_arrays(weights)
+    arrays, meta = disk.read_arrays(weights)
     arrays["ln_f.weight"] = arrays["ln_f.weight"] * np.float32(3e38) / np.abs(arrays["ln_f.weight"]).max()
     arrays["wte"] = arrays["wte"] * np.float32(1e3)
-    checkpoint.write_arrays(weights, arrays, int(meta["step"]), "model")
+    commit.write_arrays(weights, arrays, int(meta["step"]), "model")
     clean_fail(run(["generate", "--checkpoint", trained, "--max-new-tokens", 3]), 1, "overflows float32")
     r = run(["eval", "--checkpoint", trained, "--json"])
     clean_fail(r, 1, "overflows float32")
@@ -603,7 +605,7 @@ def test_a_stream_copy_left_by_a_killed_writer_is_swept(tmp_path, corpus_file, m
     monkeypatch.chdir(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    from tbp.corpus import _spool_prefix
+    from tbp.data.corpus import _spool_prefix
     host = _spool_prefix().rsplit("-", 1)[0]                 # .stdin.HOST
     left = tmp_path / f"{host}-{dead}.abcd1234.tmp"          # as a writer killed mid-copy leaves it
     left.write_bytes(b"x" * 100)
@@ -621,7 +623,7 @@ def test_one_huge_json_record_is_refused_in_bounded_memory(tmp_path, monkeypatch
     hold: refused naming the line, without holding it (the limit lowered so the test is small)."""
     import gzip
     import tracemalloc
-    from tbp import corpus
+    from tbp.data import corpus
     monkeypatch.setattr(corpus, "MAX_RECORD", 1 << 20)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "bomb.jsonl.gz"
@@ -645,16 +647,16 @@ def test_too_little_text_leaves_no_dataset_with_an_empty_split(tmp_path, monkeyp
 
 
 def test_an_input_deleted_mid_prepare_is_named_not_the_output(tmp_path, corpus_file, monkeypatch):
-    from tbp import textprep
+    from tbp.data import texts
     monkeypatch.chdir(tmp_path)
     src = tmp_path / "notes.txt"
     src.write_text(Path(corpus_file).read_text())
-    real = textprep._encode
+    real = texts._encode
 
     def encode(corpus, *a, **kw):                 # the file vanishes between the reading passes
         src.unlink()
         return real(corpus, *a, **kw)
-    monkeypatch.setattr(textprep, "_encode", encode)
+    monkeypatch.setattr(texts, "_encode", encode)
     r = run(["prepare", "--data", src, "--out", "d"])
     clean_fail(r, 1, str(src))
     assert "d: " not in r.output.replace(str(src), "") and not (tmp_path / "d").exists()
@@ -698,8 +700,8 @@ def test_identical_runs_write_identical_checkpoint_bytes_and_old_files_still_rea
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     old = tmp_path / "old.safetensors"                          # an earlier release's metadata
     old.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"format": "tbp-1", "kind": "weights", "step": "7"}))
-    assert runfiles.read_arrays(old)[1]["step"] == "7"
+    assert disk.read_arrays(old)[1]["step"] == "7"
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(st_save({"x": np.ones(3, np.float32)}, metadata={"tbp": "[1, 2]"}))
     with pytest.raises(Exception, match="damaged metadata"):
-        runfiles.read_arrays(bad)
+        disk.read_arrays(bad)

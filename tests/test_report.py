@@ -84,7 +84,7 @@ def test_a_retrieval_rule_is_compared_with_dense_on_the_same_lines():
 def test_a_record_names_the_cpu_and_its_vector_units(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
     import records
-    from tbp.bench import machine
+    from tbp.machine.cores import machine
     monkeypatch.setattr(records, "RESULTS", tmp_path)
     records.append("x", {"commit": "c", "metric": 1.0})
     (got,) = records.read("x")

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import clean_fail, run, tiny
 
-from tbp import runfiles, runlist
+from tbp.runs import disk, listing
 
 SMALL = "".join(f"the cat sat on mat {i % 3}\n" for i in range(150))      # ~3 KB: overfits fast
 
@@ -33,13 +33,13 @@ def test_early_stop_ends_after_n_evaluations_without_a_lower_loss_and_keeps_the_
     st = state(d)
     assert st["step"] < 2000 and st["stopped"].startswith("early stop: no lower validation loss in 2 evaluations")
     assert st["step"] - st["best_step"] == 20                      # two evaluations after the best one
-    evals = [m for m in runfiles.read_metrics(d) if "val_loss" in m]
+    evals = [m for m in disk.read_metrics(d) if "val_loss" in m]
     assert min(e["val_loss"] for e in evals) == pytest.approx(st["best_val_loss"])
     assert all(e["val_loss"] >= st["best_val_loss"] for e in evals if e["step"] > st["best_step"])
     said = " ".join(r.output.split())
     assert "stopped: early stop" in said and "--best" in said
-    assert runfiles.checkpoint_files(d)["best"] is not None
-    assert runlist.status(d) == "stopped"
+    assert disk.checkpoint_files(d)["best"] is not None
+    assert listing.status(d) == "stopped"
 
 
 def test_max_time_stops_with_an_evaluation_and_a_checkpoint_and_resume_goes_on(tmp_path, monkeypatch):
@@ -47,7 +47,7 @@ def test_max_time_stops_with_an_evaluation_and_a_checkpoint_and_resume_goes_on(t
     r, d = train(tmp_path, "mt", "--max-iters", 10 ** 6, "--eval-interval", 10 ** 5, "--max-time", "0.5")
     st = state(d)
     assert st["stopped"] == "max time: 0.5 s" and 0 < st["step"] < 10 ** 6
-    last = runfiles.read_metrics(d)[-1]
+    last = disk.read_metrics(d)[-1]
     assert last["step"] == st["step"] and "val_loss" in last          # evaluated at the step it stopped
     r2 = run(["train", "--out", d, "--resume", "--max-time", "0.5", "-q"])
     assert r2.exit_code == 0, r2.output
@@ -73,7 +73,7 @@ def test_the_default_run_passes_over_aborted_runs_and_other_kinds_and_says_so(tm
     cfg = json.loads((cut / "config.json").read_text())
     cfg["train"]["max_iters"] = 50
     (cut / "config.json").write_text(json.dumps(cfg))
-    assert runlist.status(cut) == "aborted" and s["step"] == 5
+    assert listing.status(cut) == "aborted" and s["step"] == 5
     g = run(["generate", "--max-new-tokens", 3])
     assert g.exit_code == 0, g.output
     assert "run: checkpoints/good (the newest text/pairs run under checkpoints/; passed over checkpoints/cut " \
@@ -129,13 +129,13 @@ def test_runs_rm_refuses_a_run_being_trained(tmp_path, monkeypatch):
         while not (live / "state.json").is_file():                 # its first checkpoint, whenever it comes
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
-        assert runlist.status(live) == "training"
+        assert listing.status(live) == "training"
         clean_fail(run(["runs", "rm", "live", "--yes"]), 1, "a training is writing it")
         assert (live / "state.json").is_file()
     finally:
         p.terminate()
         p.wait(60)
-    assert runlist.status(tmp_path / "checkpoints" / "live") == "stopped"     # SIGTERM: saved, said
+    assert listing.status(tmp_path / "checkpoints" / "live") == "stopped"     # SIGTERM: saved, said
     assert state(tmp_path / "checkpoints" / "live")["stopped"] == "interrupted"
 
 
@@ -170,7 +170,7 @@ def test_early_stop_counts_evaluations_even_when_the_interval_changes(tmp_path, 
     r = run(["train", "--out", d, "--resume", "--max-iters", 4000, "--eval-interval", 7, "--early-stop", 2,
              "--lr", "0.03", "-q"])
     assert r.exit_code == 0, r.output
-    evals = [m for m in runfiles.read_metrics(d) if "val_loss" in m and m["step"] > st["step"]]
+    evals = [m for m in disk.read_metrics(d) if "val_loss" in m and m["step"] > st["step"]]
     after = state(d)                           # 3 KB read thousands of times over: it overfits, and stops
     assert after["stopped"].startswith("early stop: no lower validation loss in 2 evaluations")
     assert after["evals_since_best"] == 2 and after["step"] < 4000

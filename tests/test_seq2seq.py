@@ -2,10 +2,15 @@
 import numpy as np
 import pytest
 
-from tbp import gradcheck
-from tbp.nn import (GPT, CausalSelfAttention, ConfigError, CrossAttention, EncoderDecoder, ModelConfig,
-                    build_model)
+from tbp.check import gradcheck
+from tbp.nn.gpt import GPT
+from tbp.nn.attention import CausalSelfAttention
+from tbp.nn.config import ConfigError, ModelConfig
+from tbp.nn.designs.encdec.cross import CrossAttention
+from tbp.nn.designs.encdec.seq2seq import EncoderDecoder
+from tbp.nn.build import build_model
 from tbp.nn.kernels import padding_mask
+from tbp.nn.decode import Inference
 
 F64 = np.float64
 
@@ -117,7 +122,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, batch_of_sou
     B = 3
     tgt = np.concatenate([np.ones((B, 1), int), rng.integers(2, 13, (B, 9))], 1)
     full = model.forward(np.broadcast_to(src, (B, src.shape[1])), tgt)
-    dec = model.inference(B)
+    dec = Inference(model, B)
     dec.encode(src)
     steps = [dec.forward(tgt[:, :3]).copy()]                   # a prefill of 3, then one at a time
     for t in range(3, tgt.shape[1]):
@@ -125,7 +130,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, batch_of_sou
     cached = np.concatenate(steps, 1)
     assert np.abs(cached - full).max() < 1e-10
     with pytest.raises(ValueError, match="encode a source first"):
-        model.inference(1).forward(tgt[:1, :1])
+        Inference(model, 1).forward(tgt[:1, :1])
 
 
 def test_model_builds_from_its_config_and_names_the_encoder_apart():

@@ -12,7 +12,7 @@ import pytest
 from helpers import clean_fail, run, tiny
 from test_chat import dialogues, write
 
-from tbp import runfiles
+from tbp.runs import disk
 
 WHY = "tbp serve's tests need the serve extra and the openai client: pip install -e '.[test-all]'"
 pytest.importorskip("starlette", reason=WHY)
@@ -25,9 +25,9 @@ class Server:
     """``tbp serve``'s application on a free loopback port, in a thread, for one test module."""
 
     def __init__(self, run_dir, **kw):
-        from tbp.serve import app
-        from tbp.served import Served
-        model, tok, _ = runfiles.load_model(run_dir)
+        from tbp.generate.server import app
+        from tbp.generate.requests import Served
+        model, tok, _ = disk.load_model(run_dir)
         self.served = Served(model, tok, "m")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -230,15 +230,15 @@ def test_chat_completions_follow_the_runs_template(chat_server):
     msgs = [{"role": "system", "content": "Be loud."}, {"role": "user", "content": "the sky?"}]
     r = c.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
-    from tbp import chat
+    from tbp.data import chat
     ids = chat.prompt_ids(chat_server.served.tok, msgs)
     assert r.usage.prompt_tokens == len(ids)
     streamed = list(c.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0, stream=True))
     assert streamed[0].choices[0].delta.role == "assistant"
     assert "".join(p.choices[0].delta.content or "" for p in streamed) == r.choices[0].message.content
     # the same as tbp chat's reply
-    from tbp.conversation import Conversation
-    from tbp.generate import Sampling
+    from tbp.generate.conversation import Conversation
+    from tbp.generate.sampling import Sampling
     talk = Conversation(chat_server.served.model, chat_server.served.tok, "Be loud.", Sampling(0), max_reply=30)
     assert "".join(talk.reply("the sky?")) == r.choices[0].message.content
 
@@ -260,7 +260,7 @@ def test_message_text_never_becomes_a_role_or_an_end(chat_server):
     r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": sneaky}], max_tokens=4)
     assert r.usage.prompt_tokens == 1 + len(tok.encode(sneaky)) + 1 + 1
     req = chat_server.served.chat({"messages": [{"role": "user", "content": sneaky}]})
-    from tbp import chat
+    from tbp.data import chat
     sp = chat.chat_ids(tok)
     assert [t for t in req.ids if t in (sp["user"], sp["assistant"], sp["system"], sp["end"])] == \
         [sp["user"], sp["end"], sp["assistant"]]

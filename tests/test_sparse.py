@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 
 from tbp import GPT, ModelConfig
-from tbp.nn.designs.sparse import SparseRule, merge_rank_major, select, twin
+from tbp.nn.designs.sparse.sparse import SparseRule, merge_rank_major, select
+from tbp.nn.designs.sparse import twin
+from tbp.nn.decode import Inference
 
 
 def test_the_budget_splits_into_sinks_middle_and_recent():
@@ -43,7 +45,7 @@ def model(n_ctx=48):
 def test_a_budget_covering_every_position_is_dense_decoding_bit_for_bit(kind):
     m = model()
     tokens = np.random.default_rng(3).integers(0, 13, (2, 40))
-    dense, sparse = m.inference(2), m.inference(2, SparseRule(kind, budget=40, layers=(1,)))
+    dense, sparse = Inference(m, 2), Inference(m, 2, SparseRule(kind, budget=40, layers=(1,)))
     dense.forward(tokens[:, :4])
     sparse.forward(tokens[:, :4])
     for t in range(4, 40):
@@ -56,7 +58,7 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
     token's scores are -inf outside the kept set (float64, 1e-12)."""
     m = model()
     tokens = np.random.default_rng(4).integers(0, 13, (2, 44))
-    sparse = m.inference(2, SparseRule(kind, budget=12, layers=(1,)))
+    sparse = Inference(m, 2, SparseRule(kind, budget=12, layers=(1,)))
     sparse.forward(tokens[:, :4])
     for t in range(4, 44):
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
@@ -72,7 +74,7 @@ def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
     positions, one set for all heads) is built, checked and decoded like the built-in ones,
     and equals the built-in window with no sinks."""
     from tbp.nn import registry
-    from tbp.nn.designs.sparse import Selection
+    from tbp.nn.designs.sparse.sparse import Selection
 
     def last_k(scores, rule):
         B, _, n = scores.shape
@@ -81,8 +83,8 @@ def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
     try:
         m = model()
         tokens = np.random.default_rng(6).integers(0, 13, (2, 30))
-        mine = m.inference(2, SparseRule("test-last-k", budget=8, layers=(1,), sinks=0))
-        window = m.inference(2, SparseRule("window", budget=8, layers=(1,), sinks=0))
+        mine = Inference(m, 2, SparseRule("test-last-k", budget=8, layers=(1,), sinks=0))
+        window = Inference(m, 2, SparseRule("window", budget=8, layers=(1,), sinks=0))
         mine.forward(tokens[:, :4])
         window.forward(tokens[:, :4])
         for t in range(4, 30):
@@ -100,7 +102,7 @@ def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
     from the decoder (float64, 1e-12)."""
     m = model()
     tokens = np.random.default_rng(5).integers(0, 13, (2, 40))
-    sparse = m.inference(2, SparseRule("layer-topk", budget=9, layers=(1,)))
+    sparse = Inference(m, 2, SparseRule("layer-topk", budget=9, layers=(1,)))
     for t in range(9, 40):
         # a step after a dense prefill: layer 1 is thinned too, so after a run of sparse steps the
         # earlier tokens' keys at layer 2 would be sparse ones, which the plain forward does not make
@@ -114,7 +116,7 @@ def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
 
 def test_a_selection_layer_past_the_model_is_refused():
     with pytest.raises(ValueError, match="does not exist"):
-        model().inference(1, SparseRule(layers=(3,)))
+        Inference(model(), 1, SparseRule(layers=(3,)))
 
 
 def test_generate_with_sparse_decoding_from_the_cli(tmp_path, corpus_file, monkeypatch):

@@ -17,8 +17,9 @@ import retrieval  # noqa: E402
 import sparse_decoding  # noqa: E402
 
 from tbp import GPT, ModelConfig  # noqa: E402
-from tbp.chat import ghost_attention  # noqa: E402
-from tbp.nn.designs.sparse import SparseRule  # noqa: E402
+from tbp.data.chat import ghost_attention  # noqa: E402
+from tbp.nn.designs.sparse.sparse import SparseRule  # noqa: E402
+from tbp.nn.decode import Inference
 
 
 def test_a_retrieval_line_answers_its_last_question_only_from_the_haystack():
@@ -80,7 +81,7 @@ def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
     prompt = n - retrieval.ANSWER
     for rule, answer in zip(rules, got):
         for s in range(len(ids)):                               # one sequence at a time, nothing reused
-            dec = model.inference(1, rule)
+            dec = Inference(model, 1, rule)
             dec.forward(ids[s:s + 1, :prompt - 1])
             want = retrieval.greedy(dec, ids[s, prompt - 1:prompt], retrieval.ANSWER)
             assert (answer[s] == want[0]).all()

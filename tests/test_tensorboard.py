@@ -56,7 +56,7 @@ def test_without_the_extra_one_line(tmp_path, corpus_file, monkeypatch):
 def test_two_trainings_at_once_never_share_a_file_or_a_run(tmp_path, corpus_file, monkeypatch):
     """The second writer of a name takes NAME-2 while the first holds NAME; each folder holds
     one training's points only, and a resume continues its own folder in a file of its own."""
-    from tbp.locks import RunLock
+    from tbp.files.locks import RunLock
     monkeypatch.chdir(tmp_path)
     from helpers import TINY, run
     held = RunLock(tmp_path / "tb" / "r").acquire()     # a training named r writing there now

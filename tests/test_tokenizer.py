@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tbp.errors import TbpError
-from tbp.tokenizer import CHAT_SPECIALS, EOT, PAIR_SPECIALS, Tokenizer, token_dtype, train_bpe, train_char
+from tbp.data.tokenizer import CHAT_SPECIALS, EOT, PAIR_SPECIALS, Tokenizer, token_dtype, train_bpe, train_char
 
 CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
           "All:\nSpeak, speak.\n\tTabs\tand  double  spaces, ünïcödé, 日本語, emoji 🎉🐍\r\n") * 20
@@ -121,7 +121,7 @@ def test_bpe_training_cuts_words_longer_than_it_can_count():
     """A whitespace-free run longer than LONGEST_WORD reaches the trainer in pieces of at most
     that length, the text otherwise unchanged; ordinary text passes as it is."""
     import re
-    from tbp.tokenizer import LONGEST_WORD, _bounded_words, train_bpe
+    from tbp.data.tokenizer import LONGEST_WORD, _bounded_words, train_bpe
     text = "x" * (3 * LONGEST_WORD + 5) + " short words " + "é" * (LONGEST_WORD + 1)
     out = "".join(_bounded_words([text]))
     assert max(len(w) for w in re.findall(r"\S+", out)) == LONGEST_WORD

@@ -7,12 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbp import GPT, ModelConfig, checkpoint, runfiles, runs
-from tbp.config import TrainConfig
+from tbp import GPT, ModelConfig
+from tbp.runs import commit, disk
+from tbp.train import launch
+from tbp.train.config import TrainConfig
 from tbp.errors import ConfigError, TbpError
-from tbp.nn import Layout, Module
-from tbp.optim import AdamW, clip_grads, lr_at
-from tbp.train import Callbacks
+from tbp.nn.layout import Layout
+from tbp.nn.module import Module
+from tbp.train.optim import AdamW, clip_grads, lr_at
+from tbp.train.loop import Callbacks
 
 SMALL = dict(n_layer=2, n_head=2, d_model=16, n_ctx=16)
 
@@ -25,7 +28,7 @@ def tcfg(**kw):
 
 def new_trainer(tmp_path, dataset, name="run", callbacks=None, **kw):
     mcfg = ModelConfig(vocab_size=dataset.tokenizer.vocab_size, **SMALL)
-    return runs.new_run(tmp_path / name, mcfg, tcfg(**kw), dataset, False, callbacks)
+    return launch.new_run(tmp_path / name, mcfg, tcfg(**kw), dataset, False, callbacks)
 
 
 def test_overfitting_one_batch_drives_the_loss_near_zero():
@@ -71,7 +74,7 @@ def test_ten_steps_resume_ten_steps_equals_twenty_steps_exactly(tmp_path, datase
     first = new_trainer(tmp_path, dataset, "split", callbacks=StopAt(7), threads=threads)   # stops between evals
     first.run_loop()
     assert first.interrupted and first.state.step == 7
-    second = runs.resume(tmp_path / "split", {}, {}, None)
+    second = launch.resume(tmp_path / "split", {}, {}, None)
     second.run_loop()
     p, o, r = _snapshot(second)
     assert second.state.step == 20
@@ -87,7 +90,7 @@ def test_ten_steps_resume_ten_steps_equals_twenty_steps_exactly(tmp_path, datase
 def test_resume_with_a_larger_max_iters_continues(tmp_path, dataset):
     tr = new_trainer(tmp_path, dataset, max_iters=10, lr_decay_iters=20)
     tr.run_loop()
-    more = runs.resume(tmp_path / "run", {"max_iters": 20}, {}, None)
+    more = launch.resume(tmp_path / "run", {"max_iters": 20}, {}, None)
     assert more.state.step == 10 and more.cfg.max_iters == 20
     more.run_loop()
     assert more.state.step == 20
@@ -100,10 +103,10 @@ def test_resume_with_a_larger_max_iters_continues(tmp_path, dataset):
 def test_resume_refuses_files_from_different_steps(tmp_path, dataset):
     tr = new_trainer(tmp_path, dataset, max_iters=10)
     tr.run_loop()
-    checkpoint.write_arrays(runfiles.checkpoint_files(tmp_path / "run")["optimizer"], tr.opt.state_arrays(), 3,
+    commit.write_arrays(disk.checkpoint_files(tmp_path / "run")["optimizer"], tr.opt.state_arrays(), 3,
                             "optimizer")
     with pytest.raises(TbpError, match="different steps"):
-        runs.resume(tmp_path / "run", {}, {}, None)
+        launch.resume(tmp_path / "run", {}, {}, None)
 
 
 def test_checkpoint_loads_to_identical_logits(tmp_path, dataset):
@@ -173,9 +176,9 @@ def test_adamw_matches_the_closed_form_on_one_step():
 
 
 def test_data_shorter_than_one_block_is_refused(tmp_path):
-    from tbp import data
-    data.prepare("tiny text\n" * 3, "t", "test", tmp_path / "short")
-    ds = data.Dataset.load(tmp_path / "short")
+    from tbp.data import datasets
+    datasets.prepare("tiny text\n" * 3, "t", "test", tmp_path / "short")
+    ds = datasets.Dataset.load(tmp_path / "short")
     with pytest.raises(TbpError, match="fewer than one block"):
         new_trainer(tmp_path, ds)
 
@@ -194,7 +197,7 @@ def adamw_per_tensor(params, grads, state, lr, t, wd=0.1, b1=0.9, b2=0.99, eps=1
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_packed_adamw_equals_textbook_adamw_per_tensor(rng, lora):
-    from tbp.nn import add_lora
+    from tbp.nn.lora import add_lora
     a = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=16), seed=0, dtype=np.float64)
     b = GPT(ModelConfig(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=16), seed=0, dtype=np.float64)
     if lora:
@@ -222,28 +225,28 @@ def test_packed_adamw_equals_textbook_adamw_per_tensor(rng, lora):
 def test_start_decides_new_resume_and_fine_tune_without_the_cli(tmp_path, corpus_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train = dict(batch_size=4, max_iters=6, eval_interval=3, eval_batches=1, seed=2)
-    first = runs.start(runs.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train))
+    first = launch.start(launch.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train))
     first.run_loop()
-    assert runfiles.read_state(tmp_path / "a")["step"] == 6
-    more = runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 9}))
+    assert disk.read_state(tmp_path / "a")["step"] == 6
+    more = launch.start(launch.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 9}))
     assert more.state.step == 6 and more.cfg.max_iters == 9 and more.cfg.batch_size == 4
     more.run_loop()
-    lora = runs.start(runs.RunRequest(out=tmp_path / "b", data=str(corpus_file), init_from=tmp_path / "a",
-                                      lora=runs.LoraSpec(2, 2.0, ("attn.c_attn",)), train=train))
+    lora = launch.start(launch.RunRequest(out=tmp_path / "b", data=str(corpus_file), init_from=tmp_path / "a",
+                                      lora=launch.LoraSpec(2, 2.0, ("attn.c_attn",)), train=train))
     assert set(lora.model.grads) == {f"h.{i}.attn.c_attn.{k}" for i in range(2) for k in ("lora_down", "lora_up")}
     with pytest.raises(ConfigError, match="pick one"):
-        runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, init_from=tmp_path / "a"))
+        launch.start(launch.RunRequest(out=tmp_path / "a", resume=True, init_from=tmp_path / "a"))
 
 
 def test_a_resume_reads_each_of_the_runs_files_once(tmp_path, corpus_file, monkeypatch):
     """config.json, state.json, the tokenizer, the weights and the optimizer state: one read each
     (runfiles.RunRecord), however many checks look at them."""
     from collections import Counter
-    from tbp import jsonio
-    from tbp.tokenizer import Tokenizer
+    from tbp.files import jsonio
+    from tbp.data.tokenizer import Tokenizer
     monkeypatch.chdir(tmp_path)
     train = dict(batch_size=4, max_iters=4, eval_interval=4, eval_batches=1, seed=2)
-    runs.start(runs.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train)).run_loop()
+    launch.start(launch.RunRequest(out=tmp_path / "a", data=str(corpus_file), model=SMALL, train=train)).run_loop()
     reads = Counter()
 
     def counted(module, name, key):
@@ -253,14 +256,14 @@ def test_a_resume_reads_each_of_the_runs_files_once(tmp_path, corpus_file, monke
             reads[key(path)] += 1
             return original(path, *a, **kw)
         monkeypatch.setattr(module, name, wrapper)
-    counted(runfiles, "read_arrays", lambda p: "weights" if "optimizer" not in str(p) else "optimizer")
-    counted(runfiles, "read_json", lambda p: os.path.basename(str(p)))
+    counted(disk, "read_arrays", lambda p: "weights" if "optimizer" not in str(p) else "optimizer")
+    counted(disk, "read_json", lambda p: os.path.basename(str(p)))
     counted(jsonio, "read_json", lambda p: os.path.basename(str(p)))
     original_load = Tokenizer.load
     run_dir = tmp_path / "a"                  # the dataset's own tokenizer is another file, read once too
     monkeypatch.setattr(Tokenizer, "load", staticmethod(
         lambda p: (reads.update(["tokenizer" if Path(p).parent == run_dir else "data tokenizer"]), original_load(p))[1]))
-    runs.start(runs.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 6}))
+    launch.start(launch.RunRequest(out=tmp_path / "a", resume=True, train={"max_iters": 6}))
     for key in ("weights", "optimizer", "config.json", "state.json", "tokenizer", "data tokenizer"):
         assert reads[key] == 1, dict(reads)
 
@@ -281,7 +284,7 @@ def test_the_final_evaluation_is_announced_and_inside_the_run_time(tmp_path, dat
     state = tr.run_loop()
     assert SlowEval.calls == 2 and state.elapsed_s >= 0.6
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert runfiles.read_state(tmp_path / "run")["elapsed_s"] == pytest.approx(state.elapsed_s)
+    assert disk.read_state(tmp_path / "run")["elapsed_s"] == pytest.approx(state.elapsed_s)
     # steps 3-4 trained 2 x 4 x 16 tokens in milliseconds; counted with the 0.3 s evaluation before
     # them, tokens/s could not pass 128 / 0.3
     assert logged[-1]["tokens_per_s"] > 2 * 128 / 0.3

@@ -4,11 +4,16 @@ sparse decoding's selection rules."""
 import numpy as np
 import pytest
 
-from tbp.nn import GPT, EncoderDecoder, ModelConfig, MultiTokenAttention
+from tbp.nn.gpt import GPT
+from tbp.nn.designs.encdec.seq2seq import EncoderDecoder
+from tbp.nn.config import ModelConfig
+from tbp.nn.designs.mta.mta import MultiTokenAttention
 from tbp.nn.designs.encdec import twin as encdec_twin
 from tbp.nn.designs.attnres import twin as attnres_twin
-from tbp.nn.designs.mta import depth_scale, twin as mta_twin
-from tbp.nn.designs.sparse import SELECTIONS, SparseRule, select, twin as sparse_twin
+from tbp.nn.designs.mta.map import depth_scale
+from tbp.nn.designs.mta import twin as mta_twin
+from tbp.nn.designs.sparse.sparse import SELECTIONS, SparseRule, select
+from tbp.nn.designs.sparse import twin as sparse_twin
 
 B, T, C = 2, 6, 8
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import CORPUS
 from helpers import browser, clean_fail, run, train_tiny
 
-from tbp import runfiles
+from tbp.runs import disk
 
 pytest.importorskip("plotly", reason="the view extra is not installed: pip install -e '.[view]'")
 
@@ -178,7 +178,7 @@ def test_with_the_library_beside_the_page_is_small_and_still_offline(page, tmp_p
     inlined one's size or less) draws from it with the network cut; a file of that name that is
     not the library is left alone, with one line."""
     from selenium.webdriver.common.by import By
-    from tbp.view import plotly_file
+    from tbp.look.view import plotly_file
     _, _, run_dir = page
     out = tmp_path / "pages"
     out.mkdir()
@@ -202,7 +202,7 @@ def test_with_the_library_beside_the_page_is_small_and_still_offline(page, tmp_p
 
 
 def test_dropped_and_future_positions_never_share_a_colour():
-    from tbp.view import KEPT_COLOURS, kept_map
+    from tbp.look.view import KEPT_COLOURS, kept_map
     shown = kept_map([[1, 0, 0], [1, 1, 0], [0.5, 0, 1]])
     assert shown == [[1, None, None], [1, 1, None], [0.5, 0, 1]]     # future: no value, the plot's grey
     assert KEPT_COLOURS[0] == [0.0, "#f4a582"] and KEPT_COLOURS[1][0] > 0   # dropped (0) has its own colour
@@ -217,9 +217,10 @@ def test_the_page_shows_each_design_it_has():
     """Depth weights, MTA kernels and kept positions, where the model has them: the numbers of
     the designs' own inspection and of lookinside (tbp attention --json's sources), and a page
     that builds with their charts."""
-    from tbp import GPT, ModelConfig, lookinside, view
-    from tbp.nn.designs.attnres import depth_map
-    from tbp.nn.designs.sparse import SparseRule
+    from tbp import GPT, ModelConfig
+    from tbp.look import inside, view
+    from tbp.nn.designs.attnres.attnres import depth_map
+    from tbp.nn.designs.sparse.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
                             attention="mta", mta_ck=3), seed=0)
     ids = list(range(20))
@@ -233,7 +234,7 @@ def test_the_page_shows_each_design_it_has():
     plain = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)   # sparse decoding
     rule = SparseRule("window", budget=8, layers=(1,))
     data = view.data_for_prompt(plain, _CharTok(), ids, rule)
-    assert data["kept"]["map"] == lookinside.kept_positions(plain, ids, rule).round(6).tolist()
+    assert data["kept"]["map"] == inside.kept_positions(plain, ids, rule).round(6).tolist()
     assert "depth" not in data and "mta" not in data
 
 
@@ -255,7 +256,7 @@ def test_an_encoder_decoder_page_holds_its_cross_attention(tmp_path, monkeypatch
     want = json.loads(run(["attention", "--checkpoint", "run", "--prompt", "1234", "--json"]).stdout.splitlines()[-1])
     assert shown["prompt"]["cross"]["source"] == want["source"] and shown["prompt"]["cross"]["target"] == want["target"]
     assert {str(i): m for i, m in enumerate(shown["prompt"]["cross"]["maps"])} == want["layers"]
-    last = [m for m in runfiles.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
+    last = [m for m in disk.read_metrics(tmp_path / "run") if "layers" in m][-1]["layers"]
     assert "grad_norm" in last and "stream_rms" not in last          # no one residual stream to read
 
 
@@ -270,8 +271,9 @@ def test_data_in_the_page_is_only_ever_text():
     """Run names, layer names and tokens that look like markup: the embedded JSON carries no <, >
     or & (so nothing closes the script or opens a comment), and every Plotly label holds them as
     entities (Plotly renders a subset of HTML in labels), yet the page's data reads back exactly."""
-    from tbp import GPT, ModelConfig, view
-    from tbp.nn.designs.sparse import SparseRule
+    from tbp import GPT, ModelConfig
+    from tbp.look import view
+    from tbp.nn.designs.sparse.sparse import SparseRule
     model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)
     label = 'run <!--<script>&"x"'
     layers = {"grad_norm": {"<b>h.0</b>": 1.0, "h.1&": 2.0}, "update_ratio": {"<i>h.0": 0.1}, "stream_rms": [1.0]}

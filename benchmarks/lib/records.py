@@ -46,7 +46,7 @@ def machine() -> dict:
     """What decides who wins on this CPU beyond its model name (two machines sold as "Intel(R)
     Xeon(R) Processor" can differ): NumPy's SIMD level, the bf16 units, the BLAS and NumPy's
     version, as ``tbp bench`` reports them."""
-    from tbp.bench import machine as measured
+    from tbp.machine.cores import machine as measured
     m = measured()
     return {k: m[k] for k in ("simd", "bf16_units", "blas", "numpy")}
 

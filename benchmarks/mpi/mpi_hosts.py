@@ -47,13 +47,14 @@ PHASES = ("backward", "wait", "clip", "update", "gather", "step")
 
 def rank_program(args) -> None:
     """One rank of the measurement: prints one JSON line per round (rank 0)."""
-    from tbp import distributed
-    from tbp.distributed import World
-    from tbp.gradsync import GradientSync
-    from tbp.nn import GPT, ModelConfig
+    from tbp.train import distributed
+    from tbp.train.distributed import World
+    from tbp.train.gradsync import GradientSync
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     from tbp.nn.batch import Batch
-    from tbp.optim import AdamW
-    from tbp.train import rank_workers
+    from tbp.train.optim import AdamW
+    from tbp.train.loop import rank_workers
     world = distributed.world()
     spec = MODELS[args.model]
     B, T = spec["batch"], spec["n_ctx"]

@@ -39,12 +39,13 @@ MODELS = {"4x128": dict(n_layer=4, n_head=4, d_model=128, n_ctx=64, batch=12),
 
 def rank_program(args) -> None:
     """One process of the measurement (under mpiexec, one rank): prints a JSON line (rank 0)."""
-    from tbp import distributed
-    from tbp.nn import GPT, ModelConfig
+    from tbp.train import distributed
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     from tbp.nn.batch import Batch
-    from tbp.optim import AdamW, clip_grads
-    from tbp.parallel import data_parallel
-    from tbp.train import rank_workers
+    from tbp.train.optim import AdamW, clip_grads
+    from tbp.train.parallel import data_parallel
+    from tbp.train.loop import rank_workers
     world = distributed.world()
     spec = MODELS[args.model]
     B = spec["batch"]
@@ -134,7 +135,7 @@ def main():
     args = ap.parse_args()
     if args.rank_program:
         return rank_program(args)
-    from tbp.bench import machine
+    from tbp.machine.cores import machine
     print(json.dumps(machine()))
     for model in args.models:
         rows = {"1x2": [], "2x1": []}

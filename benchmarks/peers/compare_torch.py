@@ -2,7 +2,7 @@
 
 Runs `tbp bench --json` and `torch_ref.py` alternately, --repeats times each, and prints the
 medians and the ratio tbp / PyTorch. With --gemm numpy,auto, tbp runs once per setting of
-TBP_GEMM in each round (NumPy's BLAS only, and MKL where it measures faster: tbp/blas.py), so
+TBP_GEMM in each round (NumPy's BLAS only, and MKL where it measures faster: tbp/machine/libraries.py), so
 both are compared with the same PyTorch runs. Example:
 
     python benchmarks/peers/compare_torch.py --torch-python .torchenv/bin/python --repeats 5 --gemm numpy,auto

@@ -34,8 +34,9 @@ TYPES = ("f32", "f16", "q8_0")
 
 
 def export(run: Path, kind: str, folder: Path) -> Path:
-    from tbp import gguf, runfiles
-    model, tok, _ = runfiles.load_model(run)
+    from tbp.interop import gguf
+    from tbp.runs import disk
+    model, tok, _ = disk.load_model(run)
     out = folder / f"{kind}.gguf"
     gguf.export_gguf(model, tok, out, kind, name=run.name)
     return out
@@ -48,10 +49,10 @@ def llama(path: Path, n_ctx: int, threads: int):
 
 
 def windows(run: Path, model):
-    from tbp import runfiles
-    from tbp.batches import batches_for
-    from tbp.data import Dataset
-    ds = Dataset.load(Path(runfiles.read_config(run)["data"]))          # as tbp eval finds it
+    from tbp.runs import disk
+    from tbp.data.batches import batches_for
+    from tbp.data.datasets import Dataset
+    ds = Dataset.load(Path(disk.read_config(run)["data"]))          # as tbp eval finds it
     return [(i, t) for b in batches_for(ds, model.config, model.collation).ordered("val", 32)
             for i, t in zip(b.idx, b.targets)]
 
@@ -63,10 +64,10 @@ def nll(z: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def agree(args) -> None:
     from test_gguf import LlamaGelu
-    from tbp import runfiles
+    from tbp.runs import disk
     run = Path(args.checkpoint)
-    model, tok, _ = runfiles.load_model(run)
-    model64 = runfiles.load_model(run, dtype=np.float64)[0]
+    model, tok, _ = disk.load_model(run)
+    model64 = disk.load_model(run, dtype=np.float64)[0]
     rows = windows(run, model)
     n_ctx = model.config.n_ctx
     with tempfile.TemporaryDirectory() as d:
@@ -92,7 +93,7 @@ def agree(args) -> None:
             same, first = 0, []
             for idx, _ in rows[:16]:
                 prompt = idx[:16].tolist()
-                from tbp.generate import Sampling, generate_ids
+                from tbp.generate.sampling import Sampling, generate_ids
                 mine = [int(t[0]) for t in generate_ids(model, prompt, 64, Sampling(0), np.random.default_rng(0))]
                 llm.reset()
                 theirs, last = [], prompt
@@ -118,10 +119,10 @@ def agree(args) -> None:
 
 
 def speed(args) -> None:
-    from tbp import runfiles
-    from tbp.generate import Sampling, generate_ids
+    from tbp.runs import disk
+    from tbp.generate.sampling import Sampling, generate_ids
     run = Path(args.checkpoint)
-    model, tok, _ = runfiles.load_model(run)
+    model, tok, _ = disk.load_model(run)
     prompt = windows(run, model)[0][0][:16].tolist()
     new = min(args.new, model.config.n_ctx - len(prompt))     # llama.cpp aborts past the learned positions
     threads = args.threads

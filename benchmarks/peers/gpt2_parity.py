@@ -38,9 +38,11 @@ import transformers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from tbp import GPT, ModelConfig, hf, runfiles
-from tbp.optim import AdamW
-from tbp.tokenizer import Tokenizer
+from tbp import GPT, ModelConfig
+from tbp.interop import hf
+from tbp.runs import disk
+from tbp.train.optim import AdamW
+from tbp.data.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records                                            # noqa: E402
@@ -71,7 +73,7 @@ def models_from(folder: Path, work: Path, dtype) -> tuple:
     """tbp's model (imported from ``folder`` through tbp import) and transformers' (from_pretrained)."""
     run = work / f"imported-{np.dtype(dtype).name}"
     hf.import_hf(folder, run, force=True)
-    ours = runfiles.load_model(run, dtype=np.dtype(dtype))[0]
+    ours = disk.load_model(run, dtype=np.dtype(dtype))[0]
     theirs = transformers.GPT2LMHeadModel.from_pretrained(
         folder, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, attn_implementation="eager")
     theirs = theirs.to(torch.float64 if dtype == np.float64 else torch.float32).train()

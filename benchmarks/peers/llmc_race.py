@@ -103,8 +103,9 @@ TBP_CHILD = "--tbp-child"
 
 
 def tbp_child(steps: int, context: int) -> None:
-    from tbp.nn import GPT, ModelConfig
-    from tbp.optim import AdamW
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
+    from tbp.train.optim import AdamW
     model = GPT(ModelConfig(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768), seed=0)
     opt = AdamW(model.layout, weight_decay=0.0, beta1=0.9, beta2=0.999)
     rng = np.random.default_rng(0)
@@ -136,7 +137,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64, help="T of the B 4 x T batches (llm.c's demo: 64)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    from tbp.nn import GPT, ModelConfig
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
     commit_llmc = args.llmc_commit or subprocess.run(["git", "-C", str(args.llmc), "rev-parse", "--short=12", "HEAD"],
                                                      capture_output=True, text=True).stdout.strip() or "unknown"
     with tempfile.TemporaryDirectory() as d:

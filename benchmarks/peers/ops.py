@@ -23,14 +23,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.blas import MKL
-from tbp.bench import machine
-from tbp.nn import LayerNorm, Linear, gemm
+from tbp.machine.libraries import MKL
+from tbp.machine.cores import machine
+from tbp.nn.layernorm import LayerNorm
+from tbp.nn.linear import Linear
+from tbp.nn import gemm
 from tbp.nn.kernels import (SPLIT_ROWS, attend, attend_backward, attend_causal_blocks,
-                               attend_causal_blocks_backward, causal_mask)
+                            attend_causal_blocks_backward, causal_mask)
 from tbp.nn.loss import CrossEntropy
 from tbp.nn.mlp import gelu_backward, gelu_forward
-from tbp.parallel import blas_threads
+from tbp.machine.cores import blas_threads
 
 MODELS = {"small": dict(L=4, H=4, C=128, T=64, B=12), "wide": dict(L=6, H=6, C=384, T=256, B=8)}
 V = 65

@@ -54,13 +54,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tbp.bench import machine, train_step
-from tbp.blas import MKL, MKLBF16
-from tbp.onednn import OneDNN, OneDNNBF16
-from tbp.generate import Sampling, generate_ids
-from tbp.nn import GPT, ModelConfig, gemm
-from tbp.optim import AdamW
-from tbp.parallel import data_parallel
+from tbp.check.bench import train_step
+from tbp.machine.cores import machine
+from tbp.machine.libraries import MKL, MKLBF16
+from tbp.machine.onednn import OneDNN, OneDNNBF16
+from tbp.generate.sampling import Sampling, generate_ids
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.nn import gemm
+from tbp.train.optim import AdamW
+from tbp.train.parallel import data_parallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records                                            # noqa: E402

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.runfiles import load_model
+from tbp.runs.disk import load_model
 
 
 def main():

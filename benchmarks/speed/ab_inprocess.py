@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
+from tbp.nn.decode import Inference
 
 CASES = [
     # name, kind, config, batch, steps per timing
@@ -46,7 +47,7 @@ def prepare(nn, kind, cfg, batch):
     if kind == "train":
         x = np.random.default_rng(0).integers(0, cfg["vocab_size"], (batch, cfg["n_ctx"]))
         return model, x
-    engine = model.inference(batch) if hasattr(model, "inference") else model.decoder(batch)   # before: decoder
+    engine = Inference(model, batch) if hasattr(model, "inference") else model.decoder(batch)   # before: decoder
     return engine, np.arange(64)[None] % cfg["vocab_size"]
 
 

@@ -3,7 +3,7 @@
     python benchmarks/speed/bpe_encode.py --mb 32 --rounds 5
 
 The same text (lines of CPython's documentation and Shakespeare, shuffled), the same pieces
-(tbp.pieces' safe cuts, PIECE_CHARS each), the same BPE tokenizer (4,096 tokens). Three ways,
+(tbp.data.pieces' safe cuts, PIECE_CHARS each), the same BPE tokenizer (4,096 tokens). Three ways,
 interleaved round by round, each timed as a median: the library with one thread, with all
 (its default, what tbp prepare does: BATCH_PIECES pieces a call), and a pool of one-thread
 worker processes, one per core, each encoding a share of the pieces and sending its ids back.
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = """
 import os, sys, time, numpy as np
 os.environ["RAYON_NUM_THREADS"] = sys.argv[1]
-from tbp.tokenizer import Tokenizer
-from tbp.pieces import BATCH_PIECES
+from tbp.data.tokenizer import Tokenizer
+from tbp.data.pieces import BATCH_PIECES
 tok = Tokenizer.load(sys.argv[2])
 pieces = open(sys.argv[3], encoding="utf-8").read().split("\\x00")
 share = [p for i, p in enumerate(pieces) if i % int(sys.argv[5]) == int(sys.argv[4])]
@@ -68,8 +68,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/tbp-bpe-encode"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tbp.pieces import PIECE_CHARS, safe_cut
-    from tbp.tokenizer import train_bpe
+    from tbp.data.pieces import PIECE_CHARS, safe_cut
+    from tbp.data.tokenizer import train_bpe
     args.work.mkdir(parents=True, exist_ok=True)
     text = corpus(args.mb)
     tok = train_bpe([text[i:i + (1 << 20)] for i in range(0, 8 << 20, 1 << 20)], 4096)

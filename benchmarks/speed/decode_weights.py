@@ -8,12 +8,12 @@ from memory: fewer bytes per weight would be faster, if a library reads them at 
 rate. The arms, interleaved round by round in one process (medians of ``--rounds``):
 
 - numpy: ``np.dot`` with NumPy's own BLAS (OpenBLAS in the wheel), float32;
-- mkl sgemm: MKL's cblas_sgemm through ctypes (tbp.blas), float32;
+- mkl sgemm: MKL's cblas_sgemm through ctypes (tbp.machine.libraries), float32;
 - mkl bf16: cblas_gemm_bf16bf16f32, the weights stored once as bf16 (half the bytes), the
   activation rounded to bf16 per product;
 - mkl bf16 packed: the same with the weights packed once by cblas_gemm_bf16bf16f32_pack;
 - mkl int8: cblas_gemm_s8u8s32, int8 weights (a quarter of the bytes) and a uint8 activation;
-- onednn bf16, on one OpenMP thread and on two: oneDNN's matmul (tbp.onednn, the library tbp's
+- onednn bf16, on one OpenMP thread and on two: oneDNN's matmul (tbp.machine.onednn, the library tbp's
   bf16 training uses), the weights stored once as bf16.
 
 Beside them, the machine's read bandwidth: NumPy summing 1 GiB, on one thread and on two (two
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records  # noqa: E402
 
-from tbp import blas  # noqa: E402
+from tbp.machine import libraries  # noqa: E402
 
 C, V, LAYERS = 768, 50257, 12
 SHAPES = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * LAYERS + [(C, V)]      # (k, n) per product
@@ -65,7 +65,7 @@ class Arms:
     """One token's products per arm, the weights prepared once in each arm's storage."""
 
     def __init__(self, seed: int = 0):
-        lib = blas.mkl()
+        lib = libraries.mkl()
         if lib is None:
             sys.exit("needs MKL: pip install 'tbp[mkl]'")
         self.version = lib.version
@@ -86,7 +86,7 @@ class Arms:
         for fn in (self.sgemm, self.bf16, self.compute, self.int8, pack):
             fn.restype = None
         self.w32 = [rng.standard_normal(s, dtype=np.float32) * 0.02 for s in SHAPES]
-        self.w16 = [blas.bf16_bits(w) for w in self.w32]
+        self.w16 = [libraries.bf16_bits(w) for w in self.w32]
         self.packed = []
         for (k, n), w in zip(SHAPES, self.w16):
             dest = np.empty(size(B_MATRIX, 1, n, k) // 2 + 32, np.uint16)
@@ -94,12 +94,12 @@ class Arms:
             self.packed.append(dest)
         self.w8 = [rng.integers(0, 256, s, dtype=np.uint8) for s in SHAPES]
         self.x32 = {k: rng.standard_normal((1, k), dtype=np.float32) for k in (C, 4 * C)}
-        self.x16 = {k: blas.bf16_bits(x) for k, x in self.x32.items()}
+        self.x16 = {k: libraries.bf16_bits(x) for k, x in self.x32.items()}
         self.x8 = {k: rng.integers(-127, 128, (1, k), dtype=np.int8) for k in (C, 4 * C)}
         self.offset = np.zeros(1, np.int32)
         self.bytes = {"numpy": 4, "mkl sgemm": 4, "mkl bf16": 2, "mkl bf16 packed": 2, "mkl int8": 1,
                       "onednn bf16, 1 thread": 2, "onednn bf16, 2 threads": 2}
-        from tbp import onednn
+        from tbp.machine import onednn
         self.dnnl = onednn.onednn()
         if self.dnnl is not None:
             self.dnnl_products = {(k, n): onednn.product(self.dnnl, 1, k, n, False) for k, n in set(SHAPES)}
@@ -166,9 +166,9 @@ def main():
             fn()
             times[name].append(time.perf_counter() - t)
     roof = bandwidth()
-    rec = {"weights": weights, "rounds": a.rounds, "mkl": arms.version, "numpy_blas": blas.numpy_blas(),
+    rec = {"weights": weights, "rounds": a.rounds, "mkl": arms.version, "numpy_blas": libraries.numpy_blas(),
            "onednn": arms.dnnl.version if arms.dnnl is not None else None,
-           "bf16_units": blas.bf16_hardware(), "read_gb_s": {str(k): round(v, 2) for k, v in roof.items()},
+           "bf16_units": libraries.bf16_hardware(), "read_gb_s": {str(k): round(v, 2) for k, v in roof.items()},
            "arms": {}, "commit": records.commit()}
     for name, ts in times.items():
         ms = float(np.median(ts)) * 1e3

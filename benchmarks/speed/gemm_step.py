@@ -20,11 +20,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp import blas
-from tbp.bench import machine, matmul_peak_gflops, train_flops_per_token, train_step
-from tbp.nn import GPT, ModelConfig, gemm
-from tbp.optim import AdamW
-from tbp.parallel import blas_threads, data_parallel
+from tbp.machine import libraries
+from tbp.check.bench import matmul_peak_gflops, train_flops_per_token, train_step
+from tbp.machine.cores import machine
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.nn import gemm
+from tbp.train.optim import AdamW
+from tbp.train.parallel import data_parallel
+from tbp.machine.cores import blas_threads
 
 MODELS = {"small": (dict(n_layer=4, n_head=4, d_model=128, n_ctx=64), 12),
           "wide": (dict(n_layer=6, n_head=6, d_model=384, n_ctx=256), 8)}
@@ -36,7 +40,7 @@ def per_product(lib, shapes, rounds: int, about: dict) -> None:
     with blas_threads(1):
         for shape in shapes:
             m, k, n, ta, tb = shape
-            a, b = blas._operands(shape, rng)
+            a, b = libraries._operands(shape, rng)
             reps = max(1, int(4e8 / (2 * m * k * n)))
             t = {"numpy": [], "mkl": []}
             for _ in range(rounds):
@@ -91,7 +95,7 @@ def main():
     p.add_argument("--steps", type=int, default=20, help="timed steps with each library")
     p.add_argument("--rounds", type=int, default=7, help="rounds of each product")
     a = p.parse_args()
-    lib = blas.mkl()
+    lib = libraries.mkl()
     if lib is None:
         raise SystemExit("MKL cannot be loaded: pip install -e '.[mkl]'")
     m = machine()
@@ -100,7 +104,7 @@ def main():
     cfg = ModelConfig(vocab_size=65, **shape)
     rows = -(-batch // min(m["cores"], batch)) * cfg.n_ctx
     about = {"commit": records.commit(), "machine": m, "mkl": lib.version, "model": a.model}
-    per_product(lib, blas.products(cfg.d_model, rows), a.rounds, about)
+    per_product(lib, libraries.products(cfg.d_model, rows), a.rounds, about)
     steps(lib, cfg, batch, a.steps, about)
 
 

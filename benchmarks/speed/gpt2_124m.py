@@ -16,9 +16,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.generate import Sampling, generate_ids
-from tbp.nn import GPT, ModelConfig, add_lora
-from tbp.optim import AdamW, clip_grads
+from tbp.generate.sampling import Sampling, generate_ids
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
+from tbp.nn.lora import add_lora
+from tbp.train.optim import AdamW, clip_grads
 
 
 def rss_mib():

@@ -17,8 +17,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.generate import Sampling, generate_ids
-from tbp.nn import GPT, ModelConfig
+from tbp.generate.sampling import Sampling, generate_ids
+from tbp.nn.gpt import GPT
+from tbp.nn.config import ModelConfig
 
 
 def seconds(model, n, use_cache):

@@ -20,10 +20,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp import GPT, ModelConfig
-from tbp.config import TrainConfig
-from tbp.layerstats import LayerStats
+from tbp.train.config import TrainConfig
+from tbp.train.layerstats import LayerStats
 from tbp.nn.batch import Batch
-from tbp.optim import AdamW, clip_grads
+from tbp.train.optim import AdamW, clip_grads
 
 
 def main():

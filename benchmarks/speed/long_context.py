@@ -28,8 +28,8 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 from tbp.nn import GPT, ModelConfig
-from tbp.optim import AdamW, clip_grads
-from tbp.parallel import blas_threads
+from tbp.train.optim import AdamW, clip_grads
+from tbp.machine.cores import blas_threads
 T, impl, steps, threads, tile = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                  int(sys.argv[5]))
 cfg = ModelConfig(vocab_size=65, n_ctx=T, n_layer=4, n_head=4, d_model=128, positions="rope", attn_impl=impl)

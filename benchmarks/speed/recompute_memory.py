@@ -27,10 +27,11 @@ CHILD = "--child"
 def child(T: int, B: int, recompute: bool, steps: int) -> None:
     import numpy as np
 
-    from tbp import memory
-    from tbp.config import TrainConfig
-    from tbp.nn import GPT, ModelConfig
-    from tbp.optim import AdamW
+    from tbp.machine import memory
+    from tbp.train.config import TrainConfig
+    from tbp.nn.gpt import GPT
+    from tbp.nn.config import ModelConfig
+    from tbp.train.optim import AdamW
     cfg = ModelConfig(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768, recompute=recompute)
     model = GPT(cfg, seed=0)
     opt = AdamW(model.layout)

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from tbp import GPT, ModelConfig
-from tbp.generate import Sampling, generate_ids
+from tbp.generate.sampling import Sampling, generate_ids
 
 
 def per_token_seconds(positions: str, a) -> np.ndarray:

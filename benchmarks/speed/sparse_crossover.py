@@ -1,5 +1,5 @@
 """Where sparse decoding starts to pay: tokens/s of one-token steps against the cache length,
-dense and each rule paired in one process (tbp.bench.bench_sparse_decode), at K = n / 16, for
+dense and each rule paired in one process (tbp.check.bench.bench_sparse_decode), at K = n / 16, for
 models of each depth of --n-layers (width 128, 4 heads, rotary positions), with NumPy's BLAS
 at --blas-threads threads (default: as it is; each record names the count). One record per
 length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the curves from the
@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.bench import bench_sparse_decode, machine
-from tbp.nn import ModelConfig
-from tbp.nn.designs.sparse import SELECTIONS, SparseRule
-from tbp.parallel import blas_threads
+from tbp.check.bench import bench_sparse_decode
+from tbp.machine.cores import machine
+from tbp.nn.config import ModelConfig
+from tbp.nn.designs.sparse.sparse import SELECTIONS, SparseRule
+from tbp.machine.cores import blas_threads
 
 
 def main():
@@ -66,7 +67,7 @@ def sweep(a, layers: tuple[int, ...], tag: dict) -> None:
 
 
 def plot_curves(a) -> None:
-    from tbp import plot
+    from tbp.look import plot
     from tables_sparse import latest_points
     machines = latest_points(records.read("sparse_crossover"))
     where = list(machines)[-1]                                          # the CPU and BLAS measured last

@@ -59,9 +59,9 @@ def read_windows(model, tokens: np.ndarray, L: int, batch: int = 8) -> tuple[flo
 
 def evaluate(run: Path) -> dict:
     from tbp import GPT, ModelConfig
-    from tbp import runfiles
-    from tbp.data import Dataset
-    model, _, cfg = runfiles.load_model(run)
+    from tbp.runs import disk
+    from tbp.data.datasets import Dataset
+    model, _, cfg = disk.load_model(run)
     tokens = np.asarray(Dataset.load(cfg["data"]).val)
     out = {}
     for L in LENGTHS:

@@ -197,7 +197,7 @@ def stream(args) -> None:
     """RMS of every sublayer's input (what it reads, before its layer norm) and output."""
     import numpy as np
     import tbp as tbp_lib
-    from tbp.data import Dataset
+    from tbp.data.datasets import Dataset
     done = {(r["n_layer"], r["arm"]) for r in records.read("attnres_stream")}
     work = Path(args.work)
     val = Dataset.load(work / "data").val

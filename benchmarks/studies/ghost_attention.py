@@ -23,7 +23,7 @@ Three arms, the same dialogues, recipe and seed (Touvron et al. 2023, Llama 2, Â
               data is (consistent)'s with the loss on the last reply only: what the mask costs.
 
 Each model then holds held-out dialogues of up to 20 turns (about 3x the longest trained),
-greedy, with tbp.conversation (the cache kept across turns, refilled from the system message
+greedy, with tbp.generate.conversation (the cache kept across turns, refilled from the system message
 and the latest turns when the context fills):
 
   seen     instructions of the kinds trained on;
@@ -178,10 +178,10 @@ def prepare(args) -> dict[str, Path]:
 def converse(run: Path, dialogues: list) -> dict:
     """Held-out dialogues, greedy, TEST_TURNS turns each: per turn, how many replies keep the
     instruction and how many name the right colour."""
-    from tbp import runfiles
-    from tbp.conversation import Conversation
-    from tbp.generate import Sampling
-    model, tok, _ = runfiles.load_model(run)
+    from tbp.runs import disk
+    from tbp.generate.conversation import Conversation
+    from tbp.generate.sampling import Sampling
+    model, tok, _ = disk.load_model(run)
     kept, right, refills = np.zeros(TEST_TURNS, int), np.zeros(TEST_TURNS, int), 0
     each, having = {}, {}                  # per kind of constraint: replies that keep it, dialogues that ask it
     for inst, qa in dialogues:
@@ -202,9 +202,10 @@ def converse(run: Path, dialogues: list) -> dict:
 def system_mass(run: Path, dialogues: list) -> list[float]:
     """Mean attention mass the reply tokens put on the system message's tokens, by turn, over
     layers and heads, on the consistent transcripts of dialogues cut to the model's context."""
-    from tbp import lookinside, runfiles
-    from tbp.chat import render
-    model, tok, _ = runfiles.load_model(run)
+    from tbp.look import inside
+    from tbp.runs import disk
+    from tbp.data.chat import render
+    model, tok, _ = disk.load_model(run)
     n_ctx = model.config.n_ctx
     total, count = np.zeros(TRAIN_TURNS), np.zeros(TRAIN_TURNS)
     for inst, qa in dialogues:
@@ -212,7 +213,7 @@ def system_mass(run: Path, dialogues: list) -> list[float]:
         ends = [len(render(tok, msgs[:i + 1], "all")[0]) for i in range(len(msgs))]
         msgs = msgs[:max(i + 1 for i, e in enumerate(ends) if e <= n_ctx)]
         ids = render(tok, msgs, "all")[0].tolist()
-        weights = lookinside.self_attention(model, ids)          # each (H, T, T)
+        weights = inside.self_attention(model, ids)          # each (H, T, T)
         w = np.mean([lw.mean(axis=0) for lw in weights], axis=0)  # (T, T): mean over layers, heads
         system = ends[0]
         for turn in range(min(TRAIN_TURNS, (len(msgs) - 1) // 2)):

@@ -55,6 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records                                            # noqa: E402
 import runner                                             # noqa: E402
+from tbp.nn.decode import Inference
 
 NAME, SPEED, UP = "gqa_quality", "gqa_speed", "gqa_uptrain"
 WORK = Path("bench-gqa")            # the prepared corpus the runs share (the runs themselves are temporary)
@@ -89,7 +90,7 @@ def train_once(kv: int, lr: float, seed: int, threads: int, data: str, keep: Pat
     return {"n_kv_head": kv, "lr": lr, "seed": seed, "threads": threads, "steps": final["step"],
             "val_split_loss": final["val_split_loss"], "val_split_tokens": final["val_split_tokens"],
             "params": int(sum(p.size for p in model.params.values())),
-            "cache_bytes_per_token": model.inference(1).cache_bytes // config["model"]["n_ctx"],
+            "cache_bytes_per_token": Inference(model, 1).cache_bytes // config["model"]["n_ctx"],
             "elapsed_s": state["elapsed_s"], "model": config["model"], "margin": MARGIN, "commit": commit}
 
 
@@ -141,11 +142,11 @@ def pooled_loss(source: Path, kv: int, data: str) -> tuple[float, int]:
     """(loss, tokens) over the whole validation split -- `tbp eval`'s figure -- of ``source``'s
     full-head model with its key/value heads mean-pooled to ``kv``, as converted: what
     `tbp train --init-from` starts from."""
-    from tbp import runfiles
-    from tbp.data import Dataset
-    from tbp.evaluate import split_loss
-    from tbp.nn import pool_kv_heads
-    return split_loss(pool_kv_heads(runfiles.load_model(source)[0], kv), Dataset.load(data))
+    from tbp.runs import disk
+    from tbp.data.datasets import Dataset
+    from tbp.train.evaluate import split_loss
+    from tbp.nn.designs.gqa.gqa import pool_kv_heads
+    return split_loss(pool_kv_heads(disk.load_model(source)[0], kv), Dataset.load(data))
 
 
 def uptrain(seeds: int, jobs: int) -> None:
@@ -224,7 +225,7 @@ def speed(rounds: int, tokens: int) -> None:
         for kv in ARMS:
             arch = {} if kv == 4 else {"attention": "gqa", "n_kv_head": kv}
             model = GPT(ModelConfig(vocab_size=103, **arch, **{"n_ctx": 128, **extra}), seed=0)
-            engines[kv] = (model, model.inference(1))
+            engines[kv] = (model, Inference(model, 1))
         n = engines[4][0].config.n_ctx
         prompt = np.random.default_rng(0).integers(0, 103, (1, n - tokens))
         times = {kv: [] for kv in ARMS}

@@ -16,7 +16,7 @@ not speeds to compare with anything but each other. The table is `report.py`'s `
 `products` times each training product of a model alone, one BLAS thread, on a quiet machine:
 NumPy's sgemm, MKL's sgemm, MKL's bf16 product with its operands converted first (what a bf16
 step pays) and without (the product alone), the conversion alone, and oneDNN's bf16 product
-with its own conversion (tbp.onednn, where the onednn extra is installed); medians of paired
+with its own conversion (tbp.machine.onednn, where the onednn extra is installed); medians of paired
 rounds, as GFLOP/s beside the machine's measured float32 peak. Records:
 results/precision_products.jsonl; the table `precision_products`.
 
@@ -68,8 +68,8 @@ def library(products: str) -> str:
 
 
 def quality(seeds: list[int], jobs: int, extra: list[str]) -> None:
-    from tbp import blas
-    now = blas.choose(blas.products(128, 128), None, "bf16").name.removesuffix("-bf16")   # this machine's bf16
+    from tbp.machine import libraries
+    now = libraries.choose(libraries.products(128, 128), None, "bf16").name.removesuffix("-bf16")   # this machine's bf16
     done = {(r["precision"], r["seed"], tuple(r.get("extra", [])), library(r["products"])) for r in records.read(NAME)
             if r["precision"] == "fp32" or r.get("evaluated_with") == "fp32"}      # fp32's never changed
     todo = [(p, s) for s in seeds for p in ("fp32", "bf16")
@@ -93,34 +93,35 @@ def products(shapes: list[str], rounds: int) -> None:
 
     import numpy as np
 
-    from tbp import blas
-    from tbp.bench import machine, matmul_peak_gflops
-    from tbp.parallel import blas_threads
-    lib = blas.mkl()
+    from tbp.machine import libraries
+    from tbp.check.bench import matmul_peak_gflops
+    from tbp.machine.cores import machine
+    from tbp.machine.cores import blas_threads
+    lib = libraries.mkl()
     if lib is None or not lib.has_bf16:
         sys.exit("products: needs MKL with its bf16 product (pip install -e '.[mkl]')")
-    bf16 = blas.MKLBF16(lib)
-    from tbp import onednn
+    bf16 = libraries.MKLBF16(lib)
+    from tbp.machine import onednn
     dnnl = onednn.onednn()
     dnnl_bf16 = onednn.OneDNNBF16(dnnl) if dnnl is not None else None
     with blas_threads(1):
         peak = matmul_peak_gflops()
         for name in shapes:
             C, N, V = SHAPES[name]
-            cases = [*blas.products(C, N), (N, C, V, False, True), (V, N, C, True, False), (N, V, C, False, False)]
+            cases = [*libraries.products(C, N), (N, C, V, False, True), (V, N, C, True, False), (N, V, C, False, False)]
             rng = np.random.default_rng(0)
             for shape in cases:
                 m, k, n = shape[:3]
-                a, b = blas._operands(shape, rng)
-                ab, bb = blas.bf16_bits(a), blas.bf16_bits(b)
+                a, b = libraries._operands(shape, rng)
+                ab, bb = libraries.bf16_bits(a), libraries.bf16_bits(b)
                 out = np.empty((m, n), np.float32)
-                la, lb = blas._layout(ab), blas._layout(bb)
+                la, lb = libraries._layout(ab), libraries._layout(bb)
                 arms = {"numpy sgemm": lambda: np.dot(a, b), "mkl sgemm": lambda: lib.matmul(a, b),
                         "mkl bf16 with conversion": lambda: bf16.matmul(a, b),
-                        "mkl bf16 product alone": lambda: lib._bf16(blas.ROW_MAJOR, la[0], lb[0], m, n, k, 1.0,
+                        "mkl bf16 product alone": lambda: lib._bf16(libraries.ROW_MAJOR, la[0], lb[0], m, n, k, 1.0,
                                                                     ab.ctypes.data, la[1], bb.ctypes.data, lb[1],
                                                                     0.0, out.ctypes.data, n),
-                        "conversion alone": lambda: (blas.bf16_bits(a), blas.bf16_bits(b))}
+                        "conversion alone": lambda: (libraries.bf16_bits(a), libraries.bf16_bits(b))}
                 if dnnl_bf16 is not None:
                     arms["onednn bf16 with conversion"] = lambda: dnnl_bf16.matmul(a, b)
                 times = {arm: [] for arm in arms}

@@ -66,10 +66,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 from stats import binomial_ci
-from tbp import GPT, ModelConfig, checkpoint, runfiles
-from tbp.nn.designs.sparse import SELECTIONS, SparseRule
-from tbp.optim import AdamW, clip_grads
-from tbp.tokenizer import train_char
+from tbp import GPT, ModelConfig
+from tbp.runs import commit, disk
+from tbp.nn.designs.sparse.sparse import SELECTIONS, SparseRule
+from tbp.train.optim import AdamW, clip_grads
+from tbp.data.tokenizer import train_char
+from tbp.nn.decode import Inference
 
 LETTERS = "abcdef"                                     # a key is two of these
 VALUES = "ABCDEFGHIJKLMNOP"
@@ -202,7 +204,7 @@ def train(args) -> None:
         raise SystemExit(f"no stage to train: --first {args.first} is past --stages {args.stages}")
     log, step, wall = [], 0, 0.0
     if args.init_from:                       # go on from a run of this study: its stages come first
-        model, _, prior = runfiles.load_model(args.init_from, dtype=np.float32)
+        model, _, prior = disk.load_model(args.init_from, dtype=np.float32)
         cfg, log = model.config, prior["study"]["stages"]
         step, wall = sum(s["steps"] for s in log), log[-1]["wall_s"]
     else:
@@ -252,7 +254,7 @@ def train(args) -> None:
                   "study": study, "step": step}
         # saved after every stage, so that a run stopped between stages goes on from the last
         # one (--init-from RUN --first NEXT); later saves replace this run's own earlier one
-        checkpoint.save_plain(Path(args.out), model, tok, record, force=args.force or s > 0)
+        commit.save_plain(Path(args.out), model, tok, record, force=args.force or s > 0)
         if gave_up:
             break
     records.append("retrieval_train", {"commit": records.commit(), "run": args.out, "n_layer": cfg.n_layer,
@@ -281,7 +283,7 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
     t = time.time()
     for b0 in range(0, S, batch):
         rows = ids[b0:b0 + batch]
-        dec = model.inference(len(rows))
+        dec = Inference(model, len(rows))
         dec.forward(rows[:, :prompt - 1])                                 # dense, once
         for i, rule in enumerate(rules):
             dec.rewind(prompt - 1)                                        # back to the prefill
@@ -338,7 +340,7 @@ def fact_ranks(model, ids: np.ndarray, tok, budgets: list[int], lines: int = 64)
 
 
 def evaluate(args) -> None:
-    model, tok, cfg = runfiles.load_model(args.run)
+    model, tok, cfg = disk.load_model(args.run)
     study = cfg.get("study") or {}
     form = study.get("form", "record")
     ids = heldout(tok, args.sequences, args.length, args.facts, markov=study.get("filler", "uniform") == "markov",

@@ -23,9 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp import runfiles
-from tbp.data import Dataset
-from tbp.nn.designs.sparse import SELECTIONS, SparseRule
+from tbp.runs import disk
+from tbp.data.datasets import Dataset
+from tbp.nn.designs.sparse.sparse import SELECTIONS, SparseRule
+from tbp.nn.decode import Inference
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -42,7 +43,7 @@ def last_steps(model, inputs: np.ndarray, m: int, rules: list, batch: int) -> li
     out = [np.empty((W, m, model.config.vocab_size)) for _ in rules]
     for b0 in range(0, W, batch):
         rows = inputs[b0:b0 + batch]
-        dec = model.inference(len(rows))
+        dec = Inference(model, len(rows))
         dec.forward(rows[:, :n - m])
         for i, rule in enumerate(rules):
             dec.rewind(n - m)                                             # back to the prefill
@@ -62,10 +63,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="the trained model's seed (for the record)")
     a = p.parse_args()
-    model = runfiles.load_model(a.run, dtype=np.float32)[0]
-    step = runfiles.read_state(Path(a.run))["step"]                   # the checkpoint's training step
+    model = disk.load_model(a.run, dtype=np.float32)[0]
+    step = disk.read_state(Path(a.run))["step"]                   # the checkpoint's training step
     n = a.n or model.config.n_ctx
-    val = np.asarray(Dataset.load(runfiles.read_config(a.run)["data"]).val, dtype=np.int64)
+    val = np.asarray(Dataset.load(disk.read_config(a.run)["data"]).val, dtype=np.int64)
     W = min(a.windows, (len(val) - 1) // n)
     # each window carries one more token: the successor of its last position
     windows = np.stack([val[w * n:(w + 1) * n + 1] for w in range(W)])

@@ -15,10 +15,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp import runfiles
-from tbp.batches import batches_for
-from tbp.data import Dataset
-from tbp.evaluate import split_loss
+from tbp.runs import disk
+from tbp.data.batches import batches_for
+from tbp.data.datasets import Dataset
+from tbp.train.evaluate import split_loss
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
     p.add_argument("run", type=Path)
     p.add_argument("--draws", type=int, default=8)
     args = p.parse_args()
-    model, tok, cfg = runfiles.load_model(args.run)
+    model, tok, cfg = disk.load_model(args.run)
     ds = Dataset.load(cfg["data"])
     train = cfg["train"]
     whole, tokens = split_loss(model, ds)

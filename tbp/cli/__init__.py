@@ -1,4 +1,2 @@
-"""The command line: the only place that talks to the terminal (click, rich, tqdm)."""
-from .main import main
-
-__all__ = ["main"]
+"""The command line: the only place that talks to the terminal (click, rich, tqdm). One module
+per command; ``main`` (main.py) is the group they join, the ``tbp`` program."""

@@ -6,9 +6,10 @@ import json
 
 import click
 
-from ..bench import (bench_generate, bench_precisions, bench_sparse_decode, bench_train, machine, matmul_peak_gflops,
-                     memory_bandwidth_gbs, train_flops_per_token)
-from ..config import ModelConfig
+from ..check.bench import (bench_generate, bench_precisions, bench_sparse_decode, bench_train, matmul_peak_gflops,
+                           memory_bandwidth_gbs, train_flops_per_token)
+from ..machine.cores import machine
+from ..nn.config import ModelConfig
 from ..nn import build
 from .common import console, fmt_count, kv_table
 from .options import check_sparse, config_options, sparse_options, sparse_rule

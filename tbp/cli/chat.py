@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import runfiles
-from ..chat import read_conversations
-from ..conversation import Conversation
+from ..runs import disk
+from ..data.chat import read_conversations
+from ..generate.conversation import Conversation
 from ..errors import TbpError
-from ..generate import Sampling
+from ..generate.sampling import Sampling
 from .common import console, the_run
 from .options import FiniteFloat
 
@@ -48,7 +48,7 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
       tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
     """
     run = the_run(run, ("chat",))
-    model, tok, _ = runfiles.load_model(run, best=best)
+    model, tok, _ = disk.load_model(run, best=best)
     sampling = Sampling(temperature, top_k, top_p)
     if messages_file is not None:
         _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens)

@@ -10,19 +10,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .. import distributed
+from ..train import distributed
 from ..errors import ConfigError, TbpError
 
 console = Console(stderr=True, highlight=False)
 
 def the_run(run, kinds: tuple[str, ...] | None = None, lora: bool = False):
-    """The run a command reads: ``run`` as given, or the default (runlist.default_run: the run
+    """The run a command reads: ``run`` as given, or the default (listing.default_run: the run
     TBP_CHECKPOINT names, else the newest usable run of ``kinds``), named on stderr either way,
     first, so that no output comes from a run the user did not mean."""
-    from .. import runlist               # the console is needed before the engine is loaded
+    from ..runs import listing               # the console is needed before the engine is loaded
     if run is None:
-        run, why = runlist.default_run(kinds, lora=lora)
-        console.print(f"[dim]run: {run} ({why}; pass --checkpoint or set {runlist.ENV} to choose)[/]")
+        run, why = listing.default_run(kinds, lora=lora)
+        console.print(f"[dim]run: {run} ({why}; pass --checkpoint or set {listing.ENV} to choose)[/]")
     else:
         console.print(f"[dim]run: {run}[/]")
     return run

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from .. import runfiles
-from ..data import Dataset
+from ..runs import disk
+from ..data.datasets import Dataset
 from ..errors import TbpError
-from ..evaluate import evaluate
+from ..train.evaluate import evaluate
 from .common import console, fmt_loss, kv_table, the_run
 from .options import refuse_unused
 
@@ -41,7 +41,7 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
       tbp eval --checkpoint checkpoints/reverse --zero-encoder --json
     """
     run = the_run(run)
-    model, tok, cfg = runfiles.load_model(run, best=best)
+    model, tok, cfg = disk.load_model(run, best=best)
     if data_dir is None:
         if not cfg.get("data"):
             raise TbpError(f"{run / 'config.json'}: names no dataset; pass --data")

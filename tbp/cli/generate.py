@@ -8,11 +8,14 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .. import dataprep, jsonio, memory, runfiles
+from ..data import prepare
+from ..files import jsonio
+from ..machine import memory
+from ..runs import disk
 from ..errors import TbpError
-from ..generate import Sampling, Stats, generate_text
+from ..generate.sampling import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
-from ..tokenizer import END
+from ..data.tokenizer import END
 from .options import FiniteFloat, check_sparse, sparse_options, sparse_rule, stop_strings
 
 
@@ -24,9 +27,9 @@ def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
     if prompt is not None:
         return prompt, False
     if prompt_file is not None:
-        return dataprep.read_file(prompt_file, what="prompt file")[0], True
+        return prepare.read_file(prompt_file, what="prompt file")[0], True
     if not sys.stdin.isatty():
-        return dataprep.read_file("-")[0], True
+        return prepare.read_file("-")[0], True
     return "", False
 
 
@@ -39,7 +42,7 @@ def read_prompts(path: str) -> list[str]:
 
 def read_prompts_at(path: str) -> tuple[str, list[tuple[int, str]]]:
     """(how the file is named, [(line number, prompt)]): :func:`read_prompts` with each prompt's line."""
-    text, where, _ = dataprep.read_file(path, what="file of prompts")
+    text, where, _ = prepare.read_file(path, what="file of prompts")
     numbered = [(n, line) for n, line in jsonio.lines(text) if line.strip()]
     if not numbered:
         raise TbpError(f"{where}: no prompts (one a line, or JSON lines)")
@@ -172,7 +175,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
     where, numbered = read_prompts_at(prompts_file) if prompts_file is not None else (None, [])
     texts = [(t, False) for _, t in numbered] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]
-    model, tok, cfg = runfiles.load_model(run, best=best)    # checks shapes and the weights' memory
+    model, tok, cfg = disk.load_model(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"

@@ -7,7 +7,7 @@ import time
 import click
 from rich.markup import escape
 
-from .. import gradcheck as gc
+from ..check import gradcheck as gc
 from .common import console
 from .options import FiniteFloat
 

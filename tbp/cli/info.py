@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .. import runfiles
-from ..config import ModelConfig
-from ..fsutil import from_recorded
+from ..runs import disk
+from ..nn.config import ModelConfig
+from ..files.atomic import from_recorded
 from ..errors import TbpError
-from ..layerstats import groups
+from ..train.layerstats import groups
 from ..nn import build
 from .common import console, fmt_bytes, fmt_loss, kv_table, split_figure, the_run
 from .prepare import summary
@@ -43,8 +43,8 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
     rows = []
     for run in runs:
         try:
-            cfg = runfiles.read_config(run)
-            state = runfiles.read_state(run)
+            cfg = disk.read_config(run)
+            state = disk.read_state(run)
         except TbpError:
             continue
         m = cfg.get("model") or {}
@@ -64,12 +64,12 @@ def _list_runs(root: Path, runs: list[Path], as_json: bool) -> None:
 
 
 def run_info(run: Path) -> dict:
-    cfg = runfiles.read_config(run)
+    cfg = disk.read_config(run)
     lora = cfg.get("lora")
-    header = runfiles.read_header(runfiles.weights_path(run))
+    header = disk.read_header(disk.weights_path(run))
     shapes = {k: list(shape) for k, (shape, _) in header.items()}
-    state = runfiles.read_state(run)
-    metrics = runfiles.read_metrics(run)
+    state = disk.read_state(run)
+    metrics = disk.read_metrics(run)
     files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
     return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
             "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
@@ -105,7 +105,7 @@ def info(path, run, as_json):
         _list_runs(path, runs, as_json)
         return
     if (path / "meta.json").is_file() and not (path / "config.json").is_file():
-        from ..data import Dataset
+        from ..data.datasets import Dataset
         meta = Dataset.load(path).meta        # what training would refuse, info refuses alike
         if as_json:
             click.echo(json.dumps(meta, indent=2))
@@ -126,7 +126,7 @@ def info(path, run, as_json):
         layers = f"encoder-decoder: {m['n_enc_layer']} encoder + {m['n_layer']} decoder layers"
     t.add_row("model", f"{layers} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
-    cfg = runfiles.read_model_config(Path(d["path"]))
+    cfg = disk.read_model_config(Path(d["path"]))
     t.add_row("attention", f"{cfg.attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
                            f"{cfg.positions} positions")
     for variant in build.active(cfg):                  # each variant's own row (nn/variant.py)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .. import gguf, hf, runfiles
+from ..interop import gguf, hf
+from ..runs import disk
 from ..errors import TbpError
 from .common import console, one_run
 
@@ -44,18 +45,18 @@ def export(run, run_opt, fmt, out, kind, force, best):
     if fmt == "hf" and kind != "f32":
         raise click.UsageError("--type is for --format gguf (a Hugging Face folder holds float32)")
     run = one_run(run, run_opt)
-    if runfiles.read_config(run).get("lora"):
+    if disk.read_config(run).get("lora"):
         raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
     if fmt == "gguf":
         gguf.claim(out, force, inputs=(run,))
-        model, tok, _ = runfiles.load_model(run, best=best)
+        model, tok, _ = disk.load_model(run, best=best)
         info = gguf.export_gguf(model, tok, out, kind, name=Path(run).resolve().name, force=force, inputs=(run,))
         console.print(f"exported {run} ({model.num_params():,} parameters) to {out}: llama.cpp architecture "
                       f"{info['architecture']}, {kind}, tokenizer {info['tokenizer']}, "
                       f"{info['bytes'] / 2**20:.1f} MiB")
         return
     hf.claim_export_output(out, force, inputs=(run,))
-    model, tok, _ = runfiles.load_model(run, best=best)
+    model, tok, _ = disk.load_model(run, best=best)
     hf.export_hf(model, tok, out, force, inputs=(run,))
     console.print(f"exported {run} ({model.num_params():,} parameters) to {out} as GPT-2")
 

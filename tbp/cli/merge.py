@@ -5,10 +5,10 @@ from pathlib import Path
 
 import click
 
-from .. import checkpoint, runfiles
+from ..runs import commit, disk
 from ..errors import TbpError
-from ..fsutil import from_recorded
-from ..nn import merge_lora
+from ..files.atomic import from_recorded
+from ..nn.lora import merge_lora
 from .common import console, one_run
 
 
@@ -32,20 +32,20 @@ def merge(run, run_opt, out, force, best):
       tbp merge --checkpoint checkpoints/notes-lora --best --out checkpoints/notes-best
     """
     run = one_run(run, run_opt, lora=True)
-    cfg = runfiles.read_config(run)
+    cfg = disk.read_config(run)
     if not cfg.get("lora"):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
     inputs = (run, from_recorded(run, cfg["base"]["path"]) if cfg.get("base") else None)   # the adapter run, its base
-    checkpoint.claim_run_output(out, force, inputs)
-    model, tok, cfg = runfiles.load_model(run, best=best)
+    commit.claim_run_output(out, force, inputs)
+    model, tok, cfg = disk.load_model(run, best=best)
     merge_lora(model)
-    state = runfiles.read_state(run)
+    state = disk.read_state(run)
     step = state.get("best_step") if best and state.get("best_step") is not None else state.get("step", 0)
     record = {"model": model.config.to_dict(), "train": cfg.get("train"),
               # what it was trained on, and how (a pairs run completes sources): the merged model's too
-              **{k: cfg.get(k) for k in runfiles.DATA_FIELDS}, "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
+              **{k: cfg.get(k) for k in disk.DATA_FIELDS}, "lora": None, "base": None, "merged_from": {"run": str(run.resolve()), "lora": cfg["lora"],
                                                           "base": {**cfg["base"], "path": str(inputs[1].resolve())}},
               "step": step}
-    checkpoint.save_plain(out, model, tok, record, force, inputs)
+    commit.save_plain(out, model, tok, record, force, inputs)
     console.print(f"merged {run} (rank {cfg['lora']['rank']}, {', '.join(cfg['lora']['targets'])}) "
                   f"into {out}; generate with: tbp generate --checkpoint {out}")

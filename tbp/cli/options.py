@@ -15,10 +15,10 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from .. import jsonio
-from ..config import ModelConfig
+from ..files import jsonio
+from ..nn.config import ModelConfig
 from ..nn import build
-from ..nn.designs.sparse import SELECTIONS, SparseRule
+from ..nn.designs.sparse.sparse import SELECTIONS, SparseRule
 from ..errors import TbpError
 
 

@@ -9,8 +9,9 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .. import lookinside, plot, runfiles
-from ..nn.designs.attnres import depth_map
+from ..look import inside, plot
+from ..runs import disk
+from ..nn.designs.attnres.attnres import depth_map
 from ..errors import TbpError
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
@@ -18,8 +19,8 @@ from .options import check_sparse, sparse_options, sparse_rule
 
 
 def _run_curves(run: Path) -> dict:
-    cfg = runfiles.read_config(run)
-    metrics = runfiles.read_metrics(run)
+    cfg = disk.read_config(run)
+    metrics = disk.read_metrics(run)
     if not metrics:
         raise TbpError(f"{run}: no metrics.jsonl lines to plot yet")
     train, model = cfg.get("train") or {}, cfg.get("model") or {}
@@ -131,7 +132,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
         raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
                                "give one of them")
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = runfiles.load_model(run, best=best)
+    model, tok, _ = disk.load_model(run, best=best)
     if rule is not None:
         check_sparse(model.config, rule)
     if model.reads_source:
@@ -145,7 +146,7 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
                                    "sublayers into one residual sum (trained without --residual attention)")
         _show_depth(model, ids, out, as_json, run)
         return
-    maps = lookinside.self_attention(model, ids)                      # L x (H, T, T)
+    maps = inside.self_attention(model, ids)                      # L x (H, T, T)
     L = len(maps)
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
@@ -192,9 +193,9 @@ def _show_depth(model, ids, out, as_json, run) -> None:
 
 
 def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
-    """An encoder-decoder's cross-attention (lookinside.cross)."""
+    """An encoder-decoder's cross-attention (look/inside.cross)."""
     ids, _ = source_tokens(tok, prompt, model.config.n_ctx, seq2seq=True)
-    c = lookinside.cross(model, tok, ids)
+    c = inside.cross(model, tok, ids)
     maps, source, rows = c["maps"], c["source"], c["target"]
     L = len(maps)
     if layer is not None and layer >= L:
@@ -221,7 +222,7 @@ def _show_cross(model, tok, prompt, layer, out, as_json, run) -> None:
 
 
 def _show_kept(model, ids, tokens, rule, out, as_json, run) -> None:
-    kept = lookinside.kept_positions(model, ids, rule)
+    kept = inside.kept_positions(model, ids, rule)
     if as_json:
         click.echo(json.dumps({"run": str(run), "tokens": tokens, "ids": ids, "rule": rule.kind,
                                "budget": rule.budget, "kept": kept.round(6).tolist()}))

@@ -7,19 +7,19 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from .. import data
-from ..chat import LOSSES, prepare_chat, read_conversations
-from ..pairs import MAX_TASK_EXAMPLES, MAX_TASK_LEN, TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task, \
-    prepare_pairs, read_pairs
-from ..tokenizer import TOKENIZERS, Tokenizer
+from ..data import datasets
+from ..data.chat import LOSSES, prepare_chat, read_conversations
+from ..data.pairs import (MAX_TASK_EXAMPLES, MAX_TASK_LEN, TASK_EXAMPLES, TASK_VAL_FRACTION, TASKS, make_task,
+                          prepare_pairs, read_pairs)
+from ..data.tokenizer import TOKENIZERS, Tokenizer
 from .common import console, fmt_bytes, fmt_count, kv_table
 from click.core import ParameterSource
 
-from ..textprep import DEFAULT_SAMPLE
+from ..data.texts import DEFAULT_SAMPLE
 from .options import ByteSize, FiniteFloat, refuse_unused, text_encoding
 
 
-class PrepareBar(data.PrepareReport):
+class PrepareBar(datasets.PrepareReport):
     """A tqdm bar for each pass over the input (bytes, with rate and ETA), then the summary."""
 
     def __init__(self):
@@ -219,5 +219,5 @@ def prepare(path, fmt, loss, ghost_attention, max_tokens, task, examples, min_le
         return
     if tokenizer_kind != "bpe":
         refuse_unused(ctx, ("tokenizer_sample",), "--tokenizer bpe")
-    data.prepare_corpus(path, out, tokenizer_kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
+    datasets.prepare_corpus(path, out, tokenizer_kind, vocab_size, val_fraction, force, encoding, report=PrepareBar(),
                         text_field=text_field, tokenizer_sample=tokenizer_sample or DEFAULT_SAMPLE)

@@ -8,13 +8,13 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .. import runlist
+from ..runs import listing
 from ..errors import TbpError
 from .common import console, fmt_bytes, fmt_loss
 
 
 @click.group(invoke_without_command=True)
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=runlist.ROOT, show_default=True,
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=listing.ROOT, show_default=True,
               help="The folder of runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON on stdout.")
 @click.pass_context
@@ -35,12 +35,12 @@ def runs(ctx, root, as_json):
     """
     if ctx.invoked_subcommand is not None:
         return
-    found = runlist.runs(root)
+    found = listing.runs(root)
     if not found:
         raise TbpError(f"no runs under {root}/ (train one with tbp train)")
-    rows = [runlist.describe(r) for r in found]
+    rows = [listing.describe(r) for r in found]
     try:
-        default = str(runlist.default_run(None, root)[0])
+        default = str(listing.default_run(None, root)[0])
     except TbpError:
         default = None
     for r in rows:
@@ -77,7 +77,7 @@ def rm(ctx, names, yes):
     for t in targets:                   # every one checked before any is removed
         if not t.is_dir():
             raise TbpError(f"{t}: no such run; nothing removed")
-        runlist.check_removable(t)
+        listing.check_removable(t)
     if not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("removing runs asks first: pass --yes where there is no terminal to ask in")
@@ -85,5 +85,5 @@ def rm(ctx, names, yes):
         if not click.confirm(f"remove {listed}?", default=False, err=True):
             raise TbpError("nothing removed")
     for t in targets:
-        freed = runlist.remove(t)
+        freed = listing.remove(t)
         console.print(f"removed {t} ({fmt_bytes(freed)})")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .. import runfiles
+from ..runs import disk
 from ..errors import TbpError
 from .common import console, the_run
 
@@ -49,10 +49,10 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
         import starlette  # noqa: F401
     except ImportError:
         raise TbpError("tbp serve needs Starlette and uvicorn: pip install 'tbp[serve]'") from None
-    from ..serve import app
-    from ..served import Served
+    from ..generate.server import app
+    from ..generate.requests import Served
     run = the_run(run)
-    model, tok, _ = runfiles.load_model(run, best=best)
+    model, tok, _ = disk.load_model(run, best=best)
     served = Served(model, tok, name or Path(run).resolve().name)
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_ids else "")
     where = f"[{host}]" if ":" in host else host                # an IPv6 address goes in brackets

@@ -10,15 +10,16 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from .. import distributed, ranksetup, runs
-from ..runfiles import read_metrics
-from ..config import ModelConfig, TrainConfig
-from ..nn import LORA_TARGETS
-from ..pieces import UNKNOWN
-from ..tokenizer import TOKENIZERS
-from ..tensorboard import TensorBoard
-from ..tensorboard import inside as tensorboard_inside
-from ..train import Callbacks, Several
+from ..train import distributed, ranks, launch
+from ..runs.disk import read_metrics
+from ..nn.config import ModelConfig
+from ..train.config import TrainConfig
+from ..nn.lora import LORA_TARGETS
+from ..data.pieces import UNKNOWN
+from ..data.tokenizer import TOKENIZERS
+from ..train.tensorboard import TensorBoard
+from ..train.tensorboard import inside as tensorboard_inside
+from ..train.loop import Callbacks, Several
 from .common import console, fmt_count, fmt_duration, fmt_loss, kv_table, split_figure
 from .options import FiniteFloat, config_options, given, load_config_file
 from .prepare import PrepareBar
@@ -252,8 +253,8 @@ def train(ctx, data, tokenizer, vocab_size, out, resume, init_from, force, unkno
     """
     lora = None
     if lora_rank is not None:
-        lora = runs.LoraSpec(lora_rank, lora_alpha or float(lora_rank), runs.lora_targets(lora_targets))
-    request = runs.RunRequest(out=out, data=data, tokenizer=tokenizer, vocab_size=vocab_size, resume=resume,
+        lora = launch.LoraSpec(lora_rank, lora_alpha or float(lora_rank), launch.lora_targets(lora_targets))
+    request = launch.RunRequest(out=out, data=data, tokenizer=tokenizer, vocab_size=vocab_size, resume=resume,
                               init_from=init_from, force=force, lora=lora, unknown_chars=unknown_chars,
                               model=given(ctx, ModelConfig), train=given(ctx, TrainConfig))
     if tensorboard is not None and out is not None and tensorboard_inside(tensorboard, out):
@@ -267,8 +268,8 @@ def train(ctx, data, tokenizer, vocab_size, out, resume, init_from, force, unkno
     progress = Progress(quiet) if world.is_root else _Silent()     # rank 0 speaks for the job
     board = TensorBoard(tensorboard) if tensorboard is not None and world.is_root else None
     callbacks = Several(progress, board)
-    trainer = ranksetup.start_ranks(request, callbacks, PrepareBar(), world) if world.size > 1 \
-        else runs.start(request, callbacks, PrepareBar())
+    trainer = ranks.start_ranks(request, callbacks, PrepareBar(), world) if world.size > 1 \
+        else launch.start(request, callbacks, PrepareBar())
     stopper = Stopper(trainer, announce=world.is_root)
     try:
         state = trainer.run_loop()

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import click
 
-from .. import runfiles
+from ..runs import disk
 from ..errors import TbpError
-from ..fsutil import atomic_write_text
+from ..files.atomic import atomic_write_text
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
 from .options import check_sparse, sparse_options, sparse_rule
@@ -18,7 +18,7 @@ def _runs(main: Path, more: tuple) -> list[dict]:
     shows the prompt alone); a --compare run is there for its curves, so it must have some."""
     runs = []
     for run in (main, *more):
-        metrics = runfiles.read_metrics(run)
+        metrics = disk.read_metrics(run)
         if not metrics and run != main:
             raise TbpError(f"{run}: no metrics.jsonl lines to compare: the run has not logged a step")
         runs.append({"label": Path(run).name, "metrics": metrics})
@@ -31,7 +31,7 @@ def _runs(main: Path, more: tuple) -> list[dict]:
 def _claim(out: Path, force: bool) -> None:
     """Refuse a folder, an existing file without --force, and with --force a file tbp view did
     not write (--force never deletes what tbp did not write)."""
-    from ..view import MARKER
+    from ..look.view import MARKER
     if out.is_dir():
         raise TbpError(f"{out}: is a folder; --out names the HTML file to write")
     if not out.exists():
@@ -79,7 +79,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, spars
     rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
     _claim(out, force)
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = runfiles.load_model(run, best=best)        # first: it names what is not a run
+    model, tok, _ = disk.load_model(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
     if rule is not None:
         check_sparse(model.config, rule)
@@ -90,7 +90,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, spars
         if len(ids) > model.config.n_ctx:
             raise click.BadParameter(f"the prompt is {len(ids):,} tokens; this model's context is "
                                      f"{model.config.n_ctx:,}", param_hint="--prompt")
-    from ..view import page
+    from ..look.view import page
     src = _library_beside(out) if plotly_mode == "beside" else None
     text = page(runs, model, tok, ids, rule, title=f"tbp view · {Path(run).name}", plotly_src=src)
     atomic_write_text(out, text)
@@ -100,7 +100,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, spars
 def _library_beside(out: Path) -> str:
     """Plotly's bundle written next to ``out`` unless that file is already there and the same;
     a file of that name with other contents is not tbp's to replace. Returns its name."""
-    from ..view import plotly_file
+    from ..look.view import plotly_file
     name, js = plotly_file()
     lib = out.parent / name
     if lib.exists():

@@ -14,7 +14,7 @@ target <|endoftext|>`` as one sequence, ``idx``/``targets`` shifted by one, ``we
 the target and its end token only -- completion-only training. An architecture of the
 designs wing brings its own (the encoder-decoder's ``SourceApart``, designs/encdec). Every
 collation pads to the batch's longest example with <|pad|>; examples are never cut. This module is a
-leaf: the data layer (tbp/batches.py) uses it without loading a layer of the engine.
+leaf: the data layer (tbp/data/batches.py) uses it without loading a layer of the engine.
 """
 from __future__ import annotations
 

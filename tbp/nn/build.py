@@ -1,13 +1,13 @@
 """The builder: which class each config value stands for, every variant's declaration, and
-the one way a model is built. The model's parts that several layers share (its positions
-object, from the registry's ``positions`` axis) are made here once and handed in.
+the one way a model is built. The model's parts (parts.py: its positions object, its residual
+scheme, how each block's attention is made) are made here once and handed to its constructor.
 
 A config value maps to a class through the registry (registry.py), where each class enters
 with a decorator; the class builds itself from the config (``from_config``), and what the
 rest of tbp asks of a variant it asks through ``active``, ``refusal`` and the declarations
 (variant.py), not by testing config strings. The architectures build their blocks from this
-module: the GPT (gpt.py) registers when tbp.nn first gives a model out, the encoder-decoder
-with the designs wing (designs/encdec).
+module: the GPT (gpt.py) and the encoder-decoder with the designs wing (designs/encdec), which
+this module imports; the model modules import neither this module nor the decoder.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import numpy as np
 # the modules that register a choice, in the order each axis lists its choices (the command
 # line's order); then the designs wing
 from . import positions as _positions, residual as _residual, attention as _attention  # noqa: F401
-from . import config, designs, dropout, recompute, registry  # noqa: F401
+from . import config, gpt, designs, dropout, recompute, registry  # noqa: F401
 from .config import ConfigError, ModelConfig
+from .parts import parts
 from .variant import USES, Variant
 
 ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
@@ -28,24 +29,8 @@ ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH
 VARIANTS: list[Variant] = registry.VARIANTS
 
 
-def positions(cfg: ModelConfig):
-    """The positions object ``cfg.positions`` names (positions.py; registered in registry.py)."""
-    return registry.POSITIONS[cfg.positions](cfg)
-
-
-def attention(cfg: ModelConfig, rng: np.random.Generator, dtype, layer: int, proj_std: float, pos=None):
-    """Layer ``layer``'s self-attention, of the kind ``cfg.attention`` names, with the model's
-    positions object ``pos`` (made from ``cfg`` when not given)."""
-    return ATTENTION[cfg.attention].from_config(cfg, rng, dtype, layer, proj_std, pos or positions(cfg))
-
-
 def attention_class(cfg: ModelConfig) -> type:
     return ATTENTION[cfg.attention]
-
-
-def residual(cfg: ModelConfig, dtype):
-    """The residual scheme ``cfg.residual`` names (residual.py)."""
-    return RESIDUAL[cfg.residual].from_config(cfg, dtype)
 
 
 def model_class(cfg: ModelConfig) -> type:
@@ -54,8 +39,8 @@ def model_class(cfg: ModelConfig) -> type:
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, dtype=np.float32):
-    """A GPT or an EncoderDecoder, as ``cfg.arch`` says."""
-    return model_class(cfg)(cfg, seed=seed, dtype=dtype)
+    """The model ``cfg.arch`` names (a GPT, an EncoderDecoder), its parts made here and handed in."""
+    return model_class(cfg)(cfg, seed=seed, dtype=dtype, parts=parts(cfg, np.dtype(dtype)))
 
 
 def kv_cache_bytes(cfg: ModelConfig, batch: int, dtype) -> int:

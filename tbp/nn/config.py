@@ -207,9 +207,7 @@ class ModelConfig(DictConfig):
     KIND = "model config"
 
     def __post_init__(self) -> None:
-        if not CHECKS:      # the builder installs the checks, and the designs their choices, when imported
-            raise RuntimeError("model configs are checked by tbp.nn.build, which is not imported "
-                               "(import ModelConfig from tbp or tbp.nn)")
+        registry.complete()     # every choice registered, and the builder's checks installed
         super().__post_init__()
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")

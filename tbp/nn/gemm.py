@@ -15,7 +15,7 @@ chosen without touching a layer:
 By default they are NumPy's (``np.dot``, ``np.matmul``: whatever BLAS NumPy was built with).
 A program can install another library with ``use``: any object with these three methods.
 tbp's front end installs MKL's sgemm when the optional ``mkl`` extra is present and measures
-faster on the machine (``tbp/blas.py``). Whatever is installed must equal NumPy's products to
+faster on the machine (``tbp/machine/libraries.py``). Whatever is installed must equal NumPy's products to
 float32 rounding; the engine imports nothing but NumPy either way.
 
 Callers write ``gemm.matmul(...)``, never ``from .gemm import matmul``: the name is looked up

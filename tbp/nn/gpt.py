@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import build, gemm, init, registry
+from . import gemm, init, registry
 from .batch import Batch, OneSequence
 from .config import ModelConfig
 from .embedding import Embedding
@@ -14,6 +14,7 @@ from .loss import CrossEntropy
 from .mlp import MLP
 from .dropout import Dropout, Noise
 from .module import Module, Stack, _join
+from .parts import Parts, parts as _parts
 from .residual import Sum, SumGrad, SumStream
 
 
@@ -45,21 +46,20 @@ class Block(Module):
     x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)):  ``forward``/``backward``, a block alone.
     In a model the residual scheme forms each sublayer's input (residual.py): the sum above,
     or Attention Residuals, whose per-block operations ``attn_res`` and ``mlp_res`` this block
-    owns and hands to the scheme (None under the sum). The attention is the kind the config
-    names (build.py).
+    owns and hands to the scheme (None under the sum). ``attention(rng, dtype, layer, proj_std)``
+    makes its self-attention (parts.py: the kind the config names, as the builder hands it in).
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0,
-                 residual=None, additions: int | None = None, positions=None):
+                 residual=None, additions: int | None = None, attention=None):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
         # residual projections by 1/sqrt(2L) (--proj-init scaled); on nanoGPT's 4-layer recipe
         # that measured worse (val 1.904 vs 1.876 after 2000 steps), so it is not the default.
         # additions: the sums into this block's residual stream (default 2 per block).
-        # positions: the model's positions object (build.py makes it once; from cfg if not given).
         proj_std = init.residual_proj_std(cfg, additions or 2 * cfg.n_layer)
         self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        self.attn = build.attention(cfg, rng, dtype, layer, proj_std, positions)
+        self.attn = (attention or _parts(cfg, dtype).attention)(rng, dtype, layer, proj_std)
         self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
         self.attn_res, self.mlp_res = (residual or Sum()).block_ops(layer)
@@ -224,12 +224,7 @@ class LanguageModel(Module):
             dlogits *= dlogits.dtype.type(scale)
         self.backward(dlogits)
 
-    # --- inference path (KV cache) ----------------------------------------------------------
-    def inference(self, batch: int = 1, sparse=None):
-        """``Inference(self, batch, sparse)``: this model prepared for sampling with a KV cache."""
-        from .decode import Inference      # the inference engine builds on this module, not the reverse
-        return Inference(self, batch, sparse)
-
+    # --- inference path (KV cache: decode.Inference) ---------------------------------------
     def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
         """An encoder-decoder's decoding reads its source into ``states`` (designs/encdec); a GPT has none."""
         raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
@@ -258,18 +253,19 @@ class GPT(LanguageModel):
     the backward runs each block's forward again just before its backward.
     """
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32, parts: Parts | None = None):
         super().__init__()
         if cfg.arch != "gpt":
             raise ValueError(f"GPT builds arch 'gpt', the config says {cfg.arch!r} (use build_model)")
         self._setup(cfg, dtype)
         self._block_inputs = self._noise = None            # recompute.py: what the last forward kept
         rng = np.random.default_rng(seed)
-        positions = build.positions(cfg)
+        parts = parts or _parts(cfg, self.dtype)          # the builder's, or the registry's choices
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
-                               learned_positions=positions.embeds)
-        residual = build.residual(cfg, self.dtype)
-        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual, positions=positions) for i in range(cfg.n_layer))
+                               learned_positions=parts.positions.embeds)
+        residual = parts.residual
+        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual, attention=parts.attention)
+                            for i in range(cfg.n_layer))
         self.residual = residual            # after the blocks: its parameters follow theirs (res_f)
         self._head_and_pack(cfg, rng)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import (attention_backward, attention_forward, layernorm_backward, layernorm_forward, linear_backward, linear_forward, mlp_backward,
-                        mlp_forward, softmax)
+from .reference import (attention_backward, attention_forward, layernorm_backward, layernorm_forward,
+                        linear_backward, linear_forward, mlp_backward, mlp_forward, softmax)
 
 
 # --- dropout (Srivastava et al. 2014; GPT-2's placement) --------------------------------------

@@ -3,7 +3,8 @@
 A leaf: it imports no layer and no design. Designs register themselves into it when their
 module is imported (``tbp/nn/designs/``; the builder, build.py, imports them), and the config's
 checks and the command line's choices read it, so a new choice is its own module and one
-registration, with no edit of the modules that read the axis.
+registration, with no edit of the modules that read the axis. :func:`complete` loads them all
+where a reader needs every choice (a config being checked) and may not have imported the builder.
 
     ARCH        ``arch``: name -> the model class (GPT, EncoderDecoder)
     ATTENTION   ``attention``: name -> the self-attention class, built by its ``from_config``
@@ -19,6 +20,7 @@ registration, with no edit of the modules that read the axis.
 """
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Callable
 
 ARCH: dict[str, type] = {}
@@ -30,6 +32,13 @@ KERNEL: dict[str, Callable] = {}
 KERNEL_FROM: dict[str, int] = {}
 KERNEL_ONE_THREAD: set[str] = set()
 VARIANTS: list = []
+
+
+def complete() -> None:
+    """Make every axis list every choice: import the builder's module, which imports each module
+    that registers one -- the core's and the designs wing (build.py). By name, because the
+    registry is the leaf those modules import; once imported, this costs a dictionary look-up."""
+    import_module(".build", __package__)
 
 
 def _register(axis: dict, what: str, name: str) -> Callable:

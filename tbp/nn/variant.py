@@ -13,7 +13,7 @@ first), and ``build.VARIANTS`` is that list. From those declarations:
 - ``build.refusal(cfg, use)`` answers the uses outside the model (``USES``: sparse decoding,
   LoRA, chat, tbp bench) for the CLI, the runs and the decoder alike; the GPT-2 export
   (hf.py) gives every active variant's "export" reason, the GGUF export (gguf.py) its "gguf" one;
-- ``tbp info`` shows each active variant's ``describe`` row; ``tbp.memory`` adds its
+- ``tbp info`` shows each active variant's ``describe`` row; ``tbp.machine.memory`` adds its
   ``activations`` and ``step_work``; ``tbp gradcheck`` runs its ``layer_cases``,
   ``memory_cases`` and ``model_cases``.
 

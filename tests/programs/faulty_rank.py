@@ -9,11 +9,11 @@ import os
 import signal
 import sys
 
-from tbp import train
-from tbp.cli import main
+from tbp.train import loop
+from tbp.cli.main import main
 
 rank, step, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-unguarded = train.Trainer._step_unguarded
+unguarded = loop.Trainer._step_unguarded
 
 
 def failing_step(self, lr, *rest):
@@ -24,6 +24,6 @@ def failing_step(self, lr, *rest):
     return unguarded(self, lr, *rest)
 
 
-train.Trainer._step_unguarded = failing_step
+loop.Trainer._step_unguarded = failing_step
 sys.argv = ["tbp", *sys.argv[4:]]
 main()

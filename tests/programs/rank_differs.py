@@ -9,20 +9,21 @@ dataset path (another machine's copy).
 import os
 import sys
 
-from tbp import runs, version
-from tbp.cli import main
+from tbp.train import launch
+from tbp import version
+from tbp.cli.main import main
 
 how = sys.argv[1]
 if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":
     if how == "version":
         version.__version__ = "0.0.1+elsewhere"
     else:
-        load = runs.Dataset.load
+        load = launch.Dataset.load
 
         def other_copy(path):
             ds = load(path)
             ds.meta["source_sha256"] = "0" * 64
             return ds
-        runs.Dataset.load = other_copy
+        launch.Dataset.load = other_copy
 sys.argv = ["tbp", *sys.argv[2:]]
 main()

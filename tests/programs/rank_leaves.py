@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from tbp import ranksetup, runs
-from tbp.cli import main
+from tbp.train import ranks, launch
+from tbp.cli.main import main
 
 how = sys.argv[1]
-follow, start = ranksetup.follow, runs.start
+follow, start = ranks.follow, launch.start
 
 
 def leaving(setup, callbacks, world):
@@ -37,6 +37,6 @@ def stalling(*args, **kwargs):
 
 rank = next(os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK") if v in os.environ)
 Path(f"rank{rank}.pid").write_text(str(os.getpid()))
-ranksetup.follow, runs.start = leaving, stalling
+ranks.follow, launch.start = leaving, stalling
 sys.argv = ["tbp", *sys.argv[2:]]
 main()

@@ -4,7 +4,4 @@ Its parts: ``depth.py`` (the depth attention: one operation's softmax over the s
 backward), ``attnres.py`` (the residual scheme registered as ``--residual attention``, its
 declaration, and what tbp view shows of it: the depth map) and ``twin.py`` (the whole model the
 plain way, forward and backward)."""
-from .attnres import VARIANT, DepthResidual, depth_map
-from .depth import DepthAttention, rms_inverse
-
-__all__ = ["DepthAttention", "DepthResidual", "VARIANT", "depth_map", "rms_inverse"]
+from . import attnres  # noqa: F401  (registers --residual attention and its declaration)

@@ -4,7 +4,4 @@ whose blocks also cross-attend to the encoder's output.
 Its parts: ``seq2seq.py`` (the Encoder, the DecoderBlock, the EncoderDecoder registered as
 ``--arch encoder-decoder``, its collation of pairs and its declaration), ``cross.py`` (the
 cross-attention layer) and ``twin.py`` (the whole model written the plain way)."""
-from .cross import CrossAttention
-from .seq2seq import VARIANT, DecoderBlock, Encoder, EncoderDecoder, SourceApart
-
-__all__ = ["CrossAttention", "DecoderBlock", "Encoder", "EncoderDecoder", "SourceApart", "VARIANT"]
+from . import seq2seq  # noqa: F401  (registers --arch encoder-decoder and its declaration)

@@ -21,6 +21,7 @@ from ...gpt import Block, LanguageModel
 from ...kernels import padding_mask
 from ...layernorm import LayerNorm
 from ...module import Module, Stack
+from ...parts import Parts
 from ...residual import Sum
 from ...variant import Variant
 
@@ -31,8 +32,8 @@ class DecoderBlock(Block):
     h = x + attn(ln_1(x));  c = h + cross(ln_cross(h), m);  y = c + mlp(ln_2(c)).
     """
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32):
-        super().__init__(cfg, rng, dtype, additions=3 * cfg.n_layer)
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, attention=None):
+        super().__init__(cfg, rng, dtype, additions=3 * cfg.n_layer, attention=attention)
         self.ln_cross = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
         self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
                                     init.residual_proj_std(cfg, 3 * cfg.n_layer))
@@ -151,7 +152,7 @@ class EncoderDecoder(LanguageModel):
     reads_source = True
     collation = SourceApart
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32, parts: Parts | None = None):
         super().__init__()
         if cfg.arch != "encoder-decoder":
             raise ValueError(f"EncoderDecoder builds arch 'encoder-decoder', the config says {cfg.arch!r}")
@@ -159,7 +160,8 @@ class EncoderDecoder(LanguageModel):
         rng = np.random.default_rng(seed)
         self.encoder = Encoder(cfg, rng, self.dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
-        self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype) for _ in range(cfg.n_layer))
+        attention = parts.attention if parts is not None else None       # the builder's, or the registry's
+        self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype, attention) for _ in range(cfg.n_layer))
         self.residual = Sum()        # the residual stream (Attention Residuals refuse this architecture)
         self.source_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
         self._head_and_pack(cfg, rng)

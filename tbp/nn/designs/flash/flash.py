@@ -25,8 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from ... import registry
+from ...attention import CausalSelfAttention
 from ...kernels import causal_mask
 from ...positions import add_bias
+from ...variant import Variant
 
 BLOCK_Q = 128      # query rows per tile   (measured on 2 cores: benchmarks/speed/long_context.py)
 BLOCK_K = 128      # key rows per tile
@@ -189,3 +191,20 @@ class Flash:
 @registry.kernel("flash", auto_from=FLASH_FROM_T, one_thread=True)
 def _flash(causal: bool, window, rows: int, tiles: tuple | None, bias):
     return Flash(causal, window, tiles or (BLOCK_Q, BLOCK_K), bias)
+
+
+def _tiled(C: int, H: int, causal: bool, rng, dtype):
+    """An attention layer on the flash kernel in tiles of 2 query x 3 key rows (a gradcheck case)."""
+    return CausalSelfAttention(C, H, 4, C // H, rng, dtype, True, causal, impl="flash", tiles=(2, 3))
+
+
+VARIANT = registry.declare(Variant(
+    key="flash", name="the flash kernel", active=lambda cfg: cfg.attn_kernel == "flash", axis="attn_impl",
+    # one log-sum-exp per head and row instead of a T-long row of probabilities, and one
+    # tile of scores and probabilities at a time
+    activations=lambda cfg: cfg.n_layer * 2 * cfg.n_head * (1 - cfg.n_ctx) + 2 * cfg.n_head * BLOCK_K,
+    # tiles of 2 query x 3 key rows over T = 5: several tiles, a partial one, the diagonal
+    layer_cases=(("attention [flash]", lambda C, H, rng, dtype: _tiled(C, H, True, rng, dtype)),
+                 ("attention [flash, non-causal]", lambda C, H, rng, dtype: _tiled(C, H, False, rng, dtype))),
+    model_cases=(("gpt [flash]", {"attn_impl": "flash"}),),
+))

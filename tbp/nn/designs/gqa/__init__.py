@@ -3,6 +3,4 @@
 Its parts: ``gqa.py`` (the layer, registered as ``--attention gqa``, its declaration, and the
 conversion of a full-head model by mean-pooling its key/value heads) and
 ``twin.py`` (the plain loop the layer must equal)."""
-from .gqa import VARIANT, GroupedQueryAttention, pool_kv_heads
-
-__all__ = ["GroupedQueryAttention", "VARIANT", "pool_kv_heads"]
+from . import gqa  # noqa: F401  (registers --attention gqa and its declaration)

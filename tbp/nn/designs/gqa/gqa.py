@@ -32,7 +32,7 @@ from ... import registry
 from ...attention import CausalSelfAttention
 from ...config import ConfigError
 from ...positions import LEARNED, Positions
-from ..rope import Rotary
+from ..rope.rope import Rotary
 from ...variant import Variant
 
 
@@ -112,7 +112,6 @@ def pool_kv_heads(model, n_kv_head: int):
     A projection is linear, so the pooled head's keys are the mean of the heads' keys -- before
     any rotary rotation, which is the same for every head. Hkv = Hs copies the model exactly.
     """
-    from ...build import build_model                                      # build imports the designs
     cfg = model.config
     why = _unpoolable(cfg, n_kv_head)
     if why:
@@ -120,7 +119,7 @@ def pool_kv_heads(model, n_kv_head: int):
     H, Hs, Dk, Dv = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk, cfg.d_v
     R = Hs // n_kv_head
     first = next(iter(model.params.values()))
-    pooled = build_model(dataclasses.replace(cfg, attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
+    pooled = type(model)(dataclasses.replace(cfg, attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
     if set(pooled.params) != set(model.params):
         raise ValueError("pooling key/value heads needs plain weights (merge a LoRA run first)")
     for name, p in pooled.params.items():

@@ -3,7 +3,4 @@
 Its parts: ``mta.py`` (the layer, registered as ``--attention mta``, its decoding, its
 declaration and what ``tbp view`` shows of it), ``map.py`` (the steps between the scores and
 the output, with their backward) and ``twin.py`` (the plain loops the layer must equal)."""
-from .map import MTAParams, conv_map, conv_map_backward, depth_scale
-from .mta import VARIANT, MultiTokenAttention
-
-__all__ = ["MTAParams", "MultiTokenAttention", "VARIANT", "conv_map", "conv_map_backward", "depth_scale"]
+from . import mta  # noqa: F401  (registers --attention mta and its declaration)

@@ -5,6 +5,4 @@ Its parts: ``rope.py`` (the positions object, registered as ``--positions rope``
 declaration and its gradcheck cases) and ``twin.py`` (the rotation written the plain way; the
 core's GPT twin takes it as ``rotate``, and grouped-query attention's and sparse decoding's twins
 call it)."""
-from .rope import VARIANT, Rotary
-
-__all__ = ["Rotary", "VARIANT"]
+from . import rope  # noqa: F401  (registers --positions rope and its declaration)

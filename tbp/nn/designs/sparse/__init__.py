@@ -5,6 +5,4 @@ Its parts: ``sparse.py`` (the rule, :class:`SparseRule`, and the selections regi
 registry's ``sparse`` axis: lessismore, topk, window, layer-topk) and ``twin.py`` (the
 selections one position at a time, and a decoding step as a masked training forward). The
 decoder asks a rule what to keep (decode.py, attention.py); it never asks its name."""
-from .sparse import SELECTIONS, Selection, SparseRule, merge_rank_major, select
-
-__all__ = ["SELECTIONS", "Selection", "SparseRule", "merge_rank_major", "select"]
+from . import sparse  # noqa: F401  (registers the sparse decoding rules)

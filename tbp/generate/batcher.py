@@ -1,0 +1,144 @@
+"""Several requests decoded together: tbp serve's batcher.
+
+A request (tbp.generate.requests.Request: its prompt ids, sampling settings, seed, stop strings, end
+tokens, max_tokens) becomes a :class:`Job` in a slot of one batched Inference; one thread steps
+every active job at once (Inference.step_rows, each row at its own position) and hands each its
+items -- (text piece, finish reason or None, tokens so far) -- through a queue. :class:`Ending`
+turns a request's tokens into those items, for the batcher and for a request decoded alone.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from ..errors import TbpError
+from .sampling import TextStream, sample
+from ..data.tokenizer import Tokenizer
+from ..nn.decode import Inference
+
+
+class Ending:
+    """One request's tokens -> (text piece, finish reason or None, tokens so far): the end at an
+    end token, a stop string or max_tokens."""
+
+    def __init__(self, tok: Tokenizer, req):
+        self.req, self.stream, self.n = req, TextStream(tok, req.stop), 0
+
+    def push(self, t: int) -> tuple[str, str | None, int]:
+        self.n += 1
+        if t in self.req.ends:
+            return self.stream.flush(), "stop", self.n
+        piece = self.stream.push(t)
+        if self.stream.done:
+            return piece, "stop", self.n
+        if self.n == self.req.max_tokens:
+            return piece + self.stream.flush(), "length", self.n
+        return piece, None, self.n
+
+
+class Job:
+    """A request inside the Batcher: its slot, sampler, where its next token goes, its items out."""
+
+    def __init__(self, tok: Tokenizer, req):
+        self.req, self.ending = req, Ending(tok, req)
+        self.rng = np.random.default_rng(req.seed)
+        self.items: queue.Queue = queue.Queue()
+        self.slot = self.position = self.last = None
+        self.cancelled = self.done = False
+
+    def advance(self, logits: np.ndarray) -> None:
+        """Sample the next token from this request's logits (V,) with its own generator."""
+        try:
+            t = int(sample(logits[None], self.req.sampling, self.rng)[0])
+        except TbpError as e:
+            self.finish(e)
+            return
+        item = self.ending.push(t)
+        self.items.put(item)
+        self.last = t
+        if item[1] is not None:
+            self.done = True
+
+    def finish(self, error: Exception) -> None:
+        self.items.put(error)
+        self.done = True
+
+
+class Batcher:
+    """Decodes every admitted request together: one thread, one batched Inference of ``slots``
+    sequences, each at its own position (Inference.step_rows). A new request is prefilled alone
+    (one batched forward of its prompt) and its cache copied into a free slot; then every step
+    feeds each active request its last token and samples each one's next token with its own
+    generator and settings. Eight streams cost about one step of eight rows instead of eight
+    steps of one. The logits equal each request's own to float rounding (the products run over
+    several rows), so a sampled token can differ from the request made alone only where two
+    tokens' probabilities tie to the last bits."""
+
+    def __init__(self, model, tok: Tokenizer, slots: int):
+        self.tok, self.slots = tok, slots
+        self.decoder = Inference(model, slots)
+        self.prefill = Inference(model, 1)
+        self.incoming: queue.Queue = queue.Queue()
+        self.active: dict[int, Job] = {}
+        threading.Thread(target=self._run, daemon=True, name="tbp-batcher").start()
+
+    def follow(self, req):
+        """Submit ``req`` and yield its items as the batcher makes them (blocking: run it in a
+        worker thread); closing the generator cancels the request."""
+        job = Job(self.tok, req)
+        self.incoming.put(job)
+        try:
+            while True:
+                item = job.items.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item[1] is not None:
+                    return
+        finally:
+            job.cancelled = True
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._once()
+            except Exception as e:           # a bug: every waiting request hears of it, the server goes on
+                for job in list(self.active.values()):
+                    job.finish(e)
+                self.active.clear()
+
+    def _once(self) -> None:
+        free = [s for s in range(self.slots) if s not in self.active]
+        while free:
+            try:
+                job = self.incoming.get(block=not self.active)
+            except queue.Empty:
+                break
+            if job.cancelled:
+                continue
+            self._start(job, free.pop(0))
+        for slot, job in list(self.active.items()):
+            if job.done or job.cancelled:
+                del self.active[slot]
+        if not self.active:
+            return
+        idx = np.zeros(self.slots, np.int64)
+        pos = np.zeros(self.slots, np.int64)          # a free slot decodes a dummy token at 0: overwritten later
+        for slot, job in self.active.items():
+            idx[slot], pos[slot] = job.last, job.position
+        logits = self.decoder.step_rows(idx, pos)
+        for slot, job in self.active.items():
+            job.position += 1
+            job.advance(logits[slot])
+
+    def _start(self, job: Job, slot: int) -> None:
+        ids = job.req.ids
+        self.prefill.reset()
+        logits = self.prefill.forward(np.asarray([ids], dtype=np.int64))[0, -1]
+        self.decoder.load_row(slot, self.prefill)
+        job.slot, job.position = slot, len(ids)
+        job.advance(logits)
+        if not job.done:
+            self.active[slot] = job

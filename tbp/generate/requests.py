@@ -1,0 +1,263 @@
+"""What ``tbp serve`` answers, without HTTP: a loaded run, OpenAI's requests read and checked
+against it (completions and chat completions), the reply decoded token by token, and the
+response bodies shaped as OpenAI's (whole or as stream chunks). server.py puts it behind HTTP.
+
+Text. Prompts and message contents are encoded as text with reserved-token matching off (the
+tokenizer's rule), so no request can forge a role, an end of message or an end of text: the
+chat template's tokens enter only by id. A chat reply never holds a role token or padding (they
+are masked out of sampling, as ``tbp chat`` does); it ends at ``<|end|>`` or ``<|endoftext|>``.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data import chat as chatfmt
+from .batcher import Batcher, Ending
+from ..errors import TbpError
+from .sampling import Sampling, generate_ids
+from ..nn import build
+from ..data.tokenizer import Tokenizer
+
+MAX_STOP = 4                     # OpenAI's limit on stop sequences
+COMPLETION_DEFAULT = 16          # OpenAI's default max_tokens for /v1/completions
+# fields a client may send at their neutral value only: anything else would be silently ignored
+NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (None, False), "echo": False,
+           "best_of": (None, 1), "suffix": None, "logit_bias": (None, {}), "top_logprobs": (None, 0),
+           "parallel_tool_calls": None, "tools": (None, []), "tool_choice": (None, "none"),
+           "response_format": (None, {"type": "text"})}
+IGNORED = ("user", "stream_options", "metadata", "store", "service_tier")
+
+
+class BadRequest(Exception):
+    """A request the API refuses: HTTP status, OpenAI's error type and code, the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Request:
+    """One checked request: the prompt's ids and how to sample the continuation."""
+    ids: list[int]
+    max_tokens: int
+    sampling: Sampling
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ends: tuple[int, ...]                       # tokens that end the reply (finish_reason "stop")
+    chat: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class Served:
+    """A loaded run and the rules for reading requests against it (no HTTP here)."""
+
+    def __init__(self, model, tok: Tokenizer, name: str):
+        self.model, self.tok, self.name = model, tok, name
+        self.batcher = None
+        self.n_ctx = model.config.n_ctx
+        self.created = int(time.time())
+        try:
+            self.chat_ids = chatfmt.chat_ids(tok) if build.refusal(model.config, "chat") is None else None
+        except TbpError:
+            self.chat_ids = None
+
+    # --- reading a request ------------------------------------------------------------------
+    def completion(self, body) -> Request:
+        body = self._object(body)
+        self._fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "stream"})
+        prompt = body.get("prompt", None)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string (one prompt per request)", "prompt")
+        ids = self._encode(prompt, "prompt")
+        if not ids:
+            if self.tok.eot_id is None:
+                raise BadRequest("prompt is empty, and this model has no end-of-text token to start from",
+                                 "prompt")
+            ids = [self.tok.eot_id]
+        banned = tuple(i for i in (self.tok.sep_id, self.tok.pad_id) if i is not None)
+        ends = tuple(i for i in (self.tok.eot_id,) if i is not None)
+        return self._request(body, ids, banned, ends, chat=False, default_max=COMPLETION_DEFAULT)
+
+    def chat(self, body) -> Request:
+        body = self._object(body)
+        if self.chat_ids is None:
+            raise BadRequest(f"{self.name} was not trained on conversations (tbp prepare --format chat): "
+                             f"use /v1/completions", "messages")
+        self._fields(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                            "stop", "seed", "stream"})
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest("messages must be a non-empty array", "messages")
+        messages = []
+        for i, m in enumerate(raw):
+            if not isinstance(m, dict):
+                raise BadRequest(f"messages[{i}] must be an object", "messages")
+            role = m.get("role")
+            role = "system" if role == "developer" else role        # OpenAI's newer name for it
+            content = m.get("content")
+            if isinstance(content, list):            # content parts: text only
+                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise BadRequest(f"messages[{i}].content: only text parts are supported", "messages")
+                content = "".join(p["text"] for p in content)
+            messages.append({"role": role, "content": content})
+        try:
+            messages = chatfmt.check_messages(messages, "messages", need_reply=False)
+        except TbpError as e:
+            raise BadRequest(str(e), "messages") from None
+        if messages[-1]["role"] != "user":
+            raise BadRequest("the last message must be the user's: the reply is the assistant's", "messages")
+        try:
+            ids = chatfmt.prompt_ids(self.tok, messages)
+        except TbpError as e:
+            raise BadRequest(str(e), "messages") from None
+        sp = self.chat_ids
+        banned = (sp["system"], sp["user"], sp["assistant"], sp["pad"])
+        if "max_completion_tokens" in body and "max_tokens" not in body:
+            body = {**body, "max_tokens": body["max_completion_tokens"]}
+        return self._request(body, ids, banned, (sp["end"], sp["eot"]), chat=True, default_max=None)
+
+    def _object(self, body) -> dict:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    def _fields(self, body: dict, known: set) -> None:
+        for k, v in body.items():
+            if k in known or k in IGNORED:
+                continue
+            if k in NEUTRAL:
+                ok = NEUTRAL[k] if isinstance(NEUTRAL[k], tuple) else (NEUTRAL[k],)
+                if v in ok:
+                    continue
+                raise BadRequest(f"{k} = {json.dumps(v)[:40]} is not supported by tbp serve", k)
+            raise BadRequest(f"unrecognized request argument: {k}", k)
+
+    def _encode(self, text: str, param: str) -> list[int]:
+        try:
+            return self.tok.encode(text, param)
+        except TbpError as e:
+            raise BadRequest(str(e), param) from None
+
+    def _request(self, body: dict, ids: list[int], banned: tuple, ends: tuple, chat: bool,
+                 default_max: int | None) -> Request:
+        def number(key, default, lo, hi, integer=False):
+            v = body.get(key, default)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or not lo <= v <= hi:
+                kind = "an integer" if integer else "a number"
+                raise BadRequest(f"{key} must be {kind} in [{lo}, {hi}], got {json.dumps(v)[:40]}", key)
+            return v
+
+        temperature = number("temperature", 1.0, 0, 2)
+        top_p = number("top_p", 1.0, 0, 1)
+        if top_p == 0:
+            raise BadRequest("top_p must be above 0", "top_p")
+        seed = number("seed", None, 0, 2 ** 63 - 1, integer=True)
+        stop = body.get("stop")
+        stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+            raise BadRequest(f"stop must be a string or up to {MAX_STOP} strings", "stop")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("stream must be true or false", "stream")
+        options = body.get("stream_options") or {}
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        reads_source = self.model.reads_source
+        room = self.n_ctx - 1 if reads_source else self.n_ctx - len(ids)
+        if len(ids) > self.n_ctx or room < 1:
+            raise BadRequest(f"This model's maximum context length is {self.n_ctx} tokens; the prompt has "
+                             f"{len(ids)} tokens, leaving no room for a reply", "messages" if chat else "prompt",
+                             code="context_length_exceeded")
+        max_tokens = number("max_tokens", None, 1, 2 ** 31, integer=True)
+        if max_tokens is None:
+            max_tokens = room if default_max is None else min(default_max, room)
+        elif max_tokens > room:
+            raise BadRequest(f"This model's maximum context length is {self.n_ctx} tokens; the prompt has "
+                             f"{len(ids)} tokens and max_tokens asks for {max_tokens} more (at most {room})",
+                             "max_tokens", code="context_length_exceeded")
+        sampling = Sampling(temperature=float(temperature), top_p=None if top_p == 1 else float(top_p),
+                            banned=banned)
+        return Request(ids, max_tokens, sampling, seed, tuple(stop), stream, include_usage, ends, chat)
+
+    # --- answering ----------------------------------------------------------------------------
+    def steps(self, req: Request):
+        """A generator of (text piece, finish reason or None, completion tokens): one item per
+        sampled token, the last one with the finish reason ("stop" or "length"). With a batcher
+        (``batch``), the tokens come from its one decoding step for every request at once;
+        otherwise this request is decoded on its own."""
+        if self.batcher is not None:
+            yield from self.batcher.follow(req)
+            return
+        rng = np.random.default_rng(req.seed)
+        ending = Ending(self.tok, req)
+        gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)
+        try:
+            for nxt in gen:
+                item = ending.push(int(nxt[0]))
+                yield item
+                if item[1] is not None:
+                    return
+            yield ending.stream.flush(), "length", ending.n      # an encoder-decoder's target ran out of positions
+        finally:
+            gen.close()
+
+    def batch(self, slots: int) -> None:
+        """Decode up to ``slots`` requests together from now on (Batcher), where the model allows
+        sequences at their own positions (no MTA, no encoder-decoder); else they stay one by one."""
+        if slots > 1 and build.refusal(self.model.config, "rows") is None:
+            self.batcher = Batcher(self.model, self.tok, slots)
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
+                                            "owned_by": "tbp"}]}
+
+    def chunk(self, req: Request, piece: str | None, finish: str | None, first: bool = False) -> dict:
+        if req.chat:
+            delta = {} if piece is None else {"content": piece}
+            if first:
+                delta = {"role": "assistant", "content": ""}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return {"id": self._id(req), "object": kind, "created": req.created, "model": self.name,
+                "choices": [choice]}
+
+    def whole(self, req: Request, text: str, finish: str, n: int) -> dict:
+        if req.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return {"id": self._id(req), "object": kind, "created": req.created, "model": self.name,
+                "choices": [choice], "usage": self.usage(req, n)}
+
+    def usage_chunk(self, req: Request, n: int) -> dict:
+        """The last chunk of a stream that asked for usage: no choices, the counts."""
+        return {**self.chunk(req, None, None), "choices": [], "usage": self.usage(req, n)}
+
+    def usage(self, req: Request, n: int) -> dict:
+        return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n}
+
+    def _id(self, req: Request) -> str:
+        return ("chatcmpl-" if req.chat else "cmpl-") + req.id

@@ -1,0 +1,126 @@
+"""Memory estimates made before anything is allocated, and a clear refusal when they cannot fit.
+
+A size inside every option's range can still be far beyond the machine (96 layers of width
+16384), and a hand-edited config.json can ask for 100,000 layers. Building such a model would
+allocate until the system kills the process; instead, the parameter count comes from
+``GPT.shapes`` (no allocation) and the estimate is compared with the memory available now.
+The estimates are deliberately rough (within a factor of about 1.5 of the measured peak):
+they exist to refuse the impossible, not to predict the peak.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import os
+
+import numpy as np
+
+from ..errors import TbpError
+from ..nn.config import ModelConfig
+from ..nn import build
+from ..nn.build import model_class
+from .cores import available_cores
+
+GiB = 1 << 30
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give this process now (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s, dtype=np.int64)) for s in model_class(cfg).shapes(cfg).values())
+
+
+def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
+    """The weights alone."""
+    return parameter_count(cfg) * np.dtype(dtype).itemsize
+
+
+def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
+    """The bytes of a training step under ``tcfg`` (a TrainConfig), by what holds them: the
+    weights; their gradients, one buffer per worker (data_parallel's threads); AdamW's two
+    moments; and the activations the backward keeps: per token and layer about 26 C numbers plus
+    two rows of H x T attention scores and weights, plus the logits (made the probabilities, then
+    the gradient, in place), plus what
+    each active variant keeps beyond that (its declared ``activations``: flash and recomputation
+    keep fewer, Multi-Token Attention and Attention Residuals more)."""
+    C, T, H, V, L = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size, cfg.n_layer
+    blocks = L * (26 * C + 2 * H * T) + sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
+    if cfg.recompute:                  # recompute.py: one block's share at a time, and every block's input
+        blocks = blocks // L + L * C
+    per_token = blocks + V + 4 * C                                     # the logits: one (N, V) array (loss.py)
+    workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
+    weights = model_bytes(cfg, tcfg.dtype)
+    return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,
+            "activations": tcfg.batch_size * T * per_token * np.dtype(tcfg.dtype).itemsize}
+
+
+def train_bytes(cfg: ModelConfig, tcfg) -> int:
+    """A training step's bytes: the sum of :func:`train_parts`."""
+    return sum(train_parts(cfg, tcfg).values())
+
+
+def check_train_fits(cfg: ModelConfig, tcfg, what: str) -> None:
+    """Refuse a training step the memory available cannot hold, naming what takes the memory
+    and the options that would make it fit."""
+    parts = train_parts(cfg, tcfg)
+    needed, free = sum(parts.values()), available_bytes()
+    if free is None or needed <= free:
+        return
+    held = ", ".join(f"{k} {v / GiB:.1f}" for k, v in parts.items())
+    fixed = needed - parts["activations"]
+    ways = []
+    if fixed < free:                       # the activations are what does not fit
+        if not cfg.recompute and build.refusal(cfg, "recompute") is None:
+            less = train_parts(dataclasses.replace(cfg, recompute=True), tcfg)["activations"]
+            ways.append(f"--recompute (activations {less / GiB:.1f} GiB)")
+        ways.append("a smaller --batch-size or --n-ctx")
+    else:
+        ways.append(f"a smaller model (the weights, their gradients and AdamW's moments alone need "
+                    f"{fixed / GiB:.1f} GiB)")
+    if parts["weights"] < free:
+        ways.append("--lora-rank R (adapters only)")
+    raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB of memory ({held} GiB; batch {tcfg.batch_size} x "
+                   f"context {cfg.n_ctx}) and this machine has {free / GiB:.1f} GiB available; try "
+                   f"{', or '.join(ways)}")
+
+
+STEP_WORK_LIMIT = 3 * 10 ** 10       # multiply-adds of one step's heaviest variant: about 10 s on 2 cores
+
+
+def check_step_work(cfg: ModelConfig, batch_size: int) -> None:
+    """Refuse a configuration whose step would run for minutes (a 64 x 255 MTA kernel at T 512):
+    a step that long cannot stop in time when a scheduler sends SIGTERM."""
+    for v in build.active(cfg):
+        if v.step_work is None:
+            continue
+        work, what, remedy = v.step_work(cfg, batch_size)
+        if work > STEP_WORK_LIMIT:
+            raise TbpError(f"{what} makes {work:.1e} multiply-adds a step ({STEP_WORK_LIMIT:.0e} at most: minutes "
+                           f"per step on a CPU); {remedy}")
+
+
+def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
+    """An Inference beside the loaded weights: the folded copies of the matrices that read a layer
+    norm (about as much as the weights) and the KV cache."""
+    return model_bytes(cfg, dtype) + build.kv_cache_bytes(cfg, batch, dtype)
+
+
+def check_fits(needed: int, what: str) -> None:
+    """Raise TbpError naming ``what`` when ``needed`` bytes exceed the memory available now."""
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise TbpError(f"{what} needs about {needed / GiB:.1f} GiB of memory and this machine has "
+                       f"{free / GiB:.1f} GiB available; use a smaller model, batch or context")

@@ -1,0 +1,34 @@
+"""Checkpoints of the previous release load unchanged: one committed run per design, each with
+its options off their defaults, gives the logits that release computed (tests/data/release4_runs)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tbp
+
+RUNS = Path(__file__).parent / "data" / "release4_runs"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
+def test_a_run_of_the_previous_release_gives_its_logits(name):
+    model = tbp.load(RUNS / name)
+    rng = np.random.default_rng(0)
+    V = model.config.vocab_size
+    if model.config.arch == "encoder-decoder":
+        src, tgt = rng.integers(1, V, (1, 6)), rng.integers(1, V, (1, 5))
+        logits = model.forward(src, tgt)
+    else:
+        logits = model.forward(rng.integers(0, V, (1, 10)))
+    np.testing.assert_allclose(logits, np.load(RUNS / name / "logits.npy"), rtol=1e-5, atol=1e-6)
+
+
+def test_the_fixtures_cover_every_design_with_options():
+    """Each run switches its design on with options away from their defaults (what must survive)."""
+    import json
+    models = {p.name: json.loads((p / "config.json").read_text())["model"] for p in RUNS.iterdir() if p.is_dir()}
+    assert models["mta"]["mta_ck"] == 3 and models["mta"]["mta_post"] and models["mta"]["mta_layers"] == "1"
+    assert models["gqa"]["n_kv_head"] == 2 and models["rope"]["rope_base"] == 500.0
+    assert models["attnres"]["residual_blocks"] == 2 and models["attnres"]["residual_query_scale"] == 0.5
+    assert models["encdec"]["n_enc_layer"] == 1 and models["encdec"]["pad_id"] is not None
+    assert models["alibi"]["positions"] == "alibi" and models["flash"]["attn_impl"] == "flash"
