@@ -29,7 +29,7 @@ def ops(model):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("blocks", [0, 2, 3])
 def test_with_zero_queries_each_input_is_exactly_the_mean_of_its_sources(rng, dtype, blocks):
-    model = GPT(ModelConfig(**BASE, residual_blocks=blocks), seed=1, dtype=dtype)
+    model = GPT(ModelConfig.from_dict(dict(**BASE, residual_blocks=blocks)), seed=1, dtype=dtype)
     for name, p in model.params.items():              # everything random but the queries (zero)
         if not name.endswith("query"):
             p += (rng.standard_normal(p.shape) * 0.3).astype(dtype)
@@ -42,8 +42,8 @@ def test_with_zero_queries_each_input_is_exactly_the_mean_of_its_sources(rng, dt
 
 
 def test_one_block_per_sublayer_is_the_full_form(rng):
-    full = GPT(ModelConfig(**BASE), seed=1, dtype=np.float64)
-    block = GPT(ModelConfig(**BASE, residual_blocks=6), seed=1, dtype=np.float64)
+    full = GPT(ModelConfig.from_dict(dict(**BASE)), seed=1, dtype=np.float64)
+    block = GPT(ModelConfig.from_dict(dict(**BASE, residual_blocks=6)), seed=1, dtype=np.float64)
     randomize(full, rng)
     for k, p in block.params.items():
         p[...] = full.params[k]
@@ -55,7 +55,7 @@ def test_one_block_per_sublayer_is_the_full_form(rng):
 
 def test_blocks_read_the_embedding_the_finished_blocks_and_the_partial_sum(rng):
     # 3 layers = 6 sublayers in 2 blocks of 3: sources per operation, then the final one
-    model = GPT(ModelConfig(**BASE, residual_blocks=2), seed=1, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**BASE, residual_blocks=2)), seed=1, dtype=np.float64)
     randomize(model, rng)
     weights = model.depth_weights(rng.integers(0, 11, (2, 12)))
     assert [w.shape[0] for w in weights] == [2, 2, 2, 3, 3, 3]         # the first attention reads x0 alone
@@ -79,7 +79,7 @@ def test_the_sources_rms_norm_is_scale_free_and_the_values_are_not(rng):
 
 
 def test_every_operation_gets_a_query_gradient(rng):
-    model = GPT(ModelConfig(**BASE), seed=1, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**BASE)), seed=1, dtype=np.float64)
     randomize(model, rng)
     idx, y = rng.integers(0, 11, (2, 12)), rng.integers(0, 11, (2, 12))
     model.loss_and_backward(idx, y)
@@ -89,7 +89,7 @@ def test_every_operation_gets_a_query_gradient(rng):
 @pytest.mark.parametrize("changes", [{}, dict(residual_blocks=2), dict(residual_blocks=3, positions="rope"),
                                      dict(attention="mta", mta_ck=3, residual_blocks=3)])
 def test_cached_decoding_equals_the_full_forward_at_every_step(rng, changes):
-    model = GPT(ModelConfig(**{**BASE, **changes}), seed=2, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**{**BASE, **changes})), seed=2, dtype=np.float64)
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
@@ -99,7 +99,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, changes):
 
 
 def test_threads_and_lora_give_the_one_thread_gradients(rng):
-    model = GPT(ModelConfig(**BASE, residual_blocks=3), seed=0, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**BASE, residual_blocks=3)), seed=0, dtype=np.float64)
     randomize(model, rng)
     x, y = rng.integers(0, 11, (5, 12)), rng.integers(0, 11, (5, 12))
     loss = model.loss_and_backward(x, y)
@@ -116,9 +116,9 @@ def test_threads_and_lora_give_the_one_thread_gradients(rng):
 
 
 def test_the_sum_model_is_untouched():
-    model = GPT(ModelConfig(**{**BASE, "residual": "sum"}))
+    model = GPT(ModelConfig.from_dict(dict(**{**BASE, "residual": "sum"})))
     assert model.residual.ops(model.blocks) == [] and not any("res" in k for k in model.params)
-    names = set(GPT(ModelConfig(**BASE)).params)
+    names = set(GPT(ModelConfig.from_dict(dict(**BASE))).params)
     assert {"h.0.mlp_res.query", "h.0.mlp_res.gain", "h.1.attn_res.query", "h.2.mlp_res.query", "res_f.query",
             "res_f.gain"} <= names
     assert "h.0.attn_res.query" not in names                  # it would read one source: nothing to learn
@@ -131,7 +131,7 @@ def test_the_sum_model_is_untouched():
 ])
 def test_config_refuses_what_it_cannot_build(changes, message):
     with pytest.raises(ConfigError, match=message):
-        ModelConfig(**{**BASE, **changes})
+        ModelConfig.from_dict(dict(**{**BASE, **changes}))
 
 
 def test_attention_residuals_run_through_the_command_line(tmp_path, corpus_file, monkeypatch):

@@ -32,3 +32,20 @@ def test_the_fixtures_cover_every_design_with_options():
     assert models["attnres"]["residual_blocks"] == 2 and models["attnres"]["residual_query_scale"] == 0.5
     assert models["encdec"]["n_enc_layer"] == 1 and models["encdec"]["pad_id"] is not None
     assert models["alibi"]["positions"] == "alibi" and models["flash"]["attn_impl"] == "flash"
+
+
+@pytest.mark.parametrize("old, key, new", [({"attention": "gqa", "n_kv_head": 2}, "gqa", {"n_kv_head": 2}),
+                                           ({"attention": "mta", "mta_ck": 3, "mta_post": True}, "mta",
+                                            {"ck": 3, "post": True}),
+                                           ({"positions": "rope", "rope_base": 500.0}, "rope", {"base": 500.0}),
+                                           ({"residual": "attention", "residual_blocks": 2}, "attnres", {"blocks": 2}),
+                                           ({"arch": "encoder-decoder", "n_enc_layer": 1, "pad_id": 3},
+                                            "encoder-decoder", {"n_enc_layer": 1, "pad_id": 3})])
+def test_a_designs_option_as_a_model_config_keyword_is_mapped_with_a_warning_naming_the_new_spelling(old, key, new):
+    from tbp.nn.config import ModelConfig
+    with pytest.warns(FutureWarning, match=r"live with the design now; pass designs=") as said:
+        cfg = ModelConfig(vocab_size=11, **old)
+    assert repr({key: new}) in str(said[0].message)
+    spelled = ModelConfig(vocab_size=11, **{k: v for k, v in old.items() if k in ("attention", "positions", "residual",
+                                                                                  "arch")}, designs={key: new})
+    assert cfg == spelled and all(getattr(cfg.designs[key], k) == v for k, v in new.items())

@@ -17,7 +17,7 @@ SCHEMES = sorted(registry.POSITIONS)
 def model(positions: str, **kw) -> GPT:
     cfg = dict(vocab_size=13, n_ctx=12, n_layer=2, n_head=2, d_model=8, positions=positions)
     cfg.update(kw)
-    return GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+    return GPT(ModelConfig.from_dict(dict(**cfg)), seed=1, dtype=np.float64)
 
 
 def test_the_registry_knows_the_built_in_schemes_and_the_config_reads_it():
@@ -87,7 +87,7 @@ def test_every_declared_model_case_builds_with_its_variant_on_and_decodes_as_it_
     for label, fields in variant.model_cases:
         cfg = dict(vocab_size=11, n_ctx=6, n_layer=2, n_head=2, d_model=8)
         cfg.update(fields)
-        m = build.build_model(ModelConfig(**cfg), seed=0, dtype=np.float64)
+        m = build.build_model(ModelConfig.from_dict(dict(**cfg)), seed=0, dtype=np.float64)
         assert any(v is variant for v in build.active(m.config)), label
         if m.config.arch != "gpt":
             continue
@@ -116,8 +116,8 @@ def test_a_kernel_registered_from_outside_is_a_choice_of_attn_impl():
         assert "test-dense" in ATTN_IMPLS and "test-dense" in list(ATTN_IMPLS)
         base = dict(vocab_size=13, n_ctx=16, n_layer=1, n_head=2, d_model=8)
         idx = np.random.default_rng(0).integers(0, 13, (2, 16))
-        want = GPT(ModelConfig(**base, attn_impl="dense"), seed=3, dtype=np.float64).forward(idx)
-        got = GPT(ModelConfig(**base, attn_impl="test-dense"), seed=3, dtype=np.float64).forward(idx)
+        want = GPT(ModelConfig.from_dict(dict(**base, attn_impl="dense")), seed=3, dtype=np.float64).forward(idx)
+        got = GPT(ModelConfig.from_dict(dict(**base, attn_impl="test-dense")), seed=3, dtype=np.float64).forward(idx)
         np.testing.assert_array_equal(got, want)
     finally:
         del registry.KERNEL["test-dense"]

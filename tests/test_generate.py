@@ -12,7 +12,7 @@ CFG = dict(vocab_size=17, n_ctx=12, n_layer=2, n_head=2, d_model=16)
 
 
 def randomized(dtype, seed=0, **kw):
-    model = GPT(ModelConfig(**{**CFG, **kw}), seed=seed, dtype=dtype)
+    model = GPT(ModelConfig.from_dict(dict(**{**CFG, **kw})), seed=seed, dtype=dtype)
     rng = np.random.default_rng(seed)
     for p in model.params.values():          # O(1) weights: sharp, varied attention patterns
         p += (rng.standard_normal(p.shape) * 0.3).astype(dtype)
@@ -96,7 +96,7 @@ def test_decoder_refuses_wrong_batch_and_non_causal_models():
     with pytest.raises(ValueError, match="holds 2 sequences, got 1"):
         Inference(model, 2).forward(np.zeros((1, 3), dtype=np.int64))
     with pytest.raises(ValueError, match="causal"):
-        Inference(GPT(ModelConfig(**CFG, causal=False)))
+        Inference(GPT(ModelConfig.from_dict(dict(**CFG, causal=False))))
 
 
 @pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5),
@@ -178,7 +178,7 @@ def test_generate_text_stops_at_end_of_text():
 
 
 def test_cache_size_matches_what_the_decoder_allocates():
-    model = GPT(ModelConfig(**CFG, d_qk=3), seed=0)
+    model = GPT(ModelConfig.from_dict(dict(**CFG, d_qk=3)), seed=0)
     # L * B * n_ctx * H * (Dk + Dv + 1) float32 numbers: 2 * 3 * 12 * 2 * (3 + 8 + 1) * 4 bytes
     assert Inference.cache_size(model, 3) == Inference(model, 3).cache_bytes == 6912
 
@@ -191,7 +191,7 @@ def test_sequences_at_their_own_positions_decode_together_as_alone(kw):
     one batched decoder, then stepped together: each row's logits are its own decoder's."""
     from tbp.nn.gpt import GPT
     from tbp.nn.config import ModelConfig
-    model = GPT(ModelConfig(vocab_size=30, n_ctx=32, n_layer=2, n_head=2, d_model=16, **kw), seed=3)
+    model = GPT(ModelConfig.from_dict(dict(vocab_size=30, n_ctx=32, n_layer=2, n_head=2, d_model=16, **kw)), seed=3)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 30, n).tolist() for n in (3, 7, 1)]
     together, one = Inference(model, 3), Inference(model, 1)

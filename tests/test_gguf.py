@@ -27,7 +27,7 @@ def tok():
 
 
 def make_run(path, tok, seed=1, **kw):
-    model = GPT(ModelConfig(vocab_size=tok.vocab_size, **{**CFG, **kw}), seed=seed)
+    model = GPT(ModelConfig.from_dict(dict(vocab_size=tok.vocab_size, **{**CFG, **kw})), seed=seed)
     rng = np.random.default_rng(seed)
     for p in model.params.values():
         p += rng.standard_normal(p.shape).astype(np.float32) * 0.1
@@ -151,7 +151,7 @@ def test_models_llama_cpp_cannot_compute_are_refused(tmp_path, tok, kw, why):
 
 def test_the_encoder_decoder_is_refused():
     from tbp.interop import gguf as tg
-    cfg = ModelConfig(vocab_size=8, n_ctx=16, n_layer=1, n_head=2, d_model=16, arch="encoder-decoder", pad_id=7)
+    cfg = ModelConfig.from_dict(dict(vocab_size=8, n_ctx=16, n_layer=1, n_head=2, d_model=16, arch="encoder-decoder", pad_id=7))
     with pytest.raises(Exception, match="encoder-decoder"):
         tg.architecture(cfg)
 

@@ -61,7 +61,7 @@ def test_with_a_key_value_head_per_query_head_it_is_standard_attention(rng):
 def gqa_model(n_kv_head=2, **kw):
     cfg = dict(vocab_size=13, n_ctx=48, n_layer=3, n_head=4, d_model=16, attention="gqa", n_kv_head=n_kv_head)
     cfg.update(kw)
-    m = GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+    m = GPT(ModelConfig.from_dict(dict(**cfg)), seed=1, dtype=np.float64)
     randomize(m, np.random.default_rng(2), 0.3)
     return m
 
@@ -131,14 +131,14 @@ def test_the_config_refusals(changes, message):
     cfg = dict(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa", n_kv_head=2)
     cfg.update(changes)
     with pytest.raises(ConfigError, match=message):
-        ModelConfig(**cfg)
+        ModelConfig.from_dict(dict(**cfg))
 
 
 def test_export_to_gpt2_is_refused_with_the_reason():
     from tbp.interop.hf import exportable
     with pytest.raises(TbpError, match="attention = gqa .*a key and a value head for every query head"):
-        exportable(ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa",
-                               n_kv_head=2))
+        exportable(ModelConfig.from_dict(dict(vocab_size=13, n_ctx=8, n_layer=1, n_head=4, d_model=16, attention="gqa",
+                               n_kv_head=2)))
 
 
 def test_train_info_and_generate_from_the_cli(tmp_path, corpus_file):
@@ -161,14 +161,14 @@ def test_train_info_and_generate_from_the_cli(tmp_path, corpus_file):
 def full_head_model(**kw):
     cfg = dict(vocab_size=13, n_ctx=16, n_layer=2, n_head=4, d_model=16)
     cfg.update(kw)
-    m = GPT(ModelConfig(**cfg), seed=1, dtype=np.float64)
+    m = GPT(ModelConfig.from_dict(dict(**cfg)), seed=1, dtype=np.float64)
     randomize(m, np.random.default_rng(2), 0.3)
     return m
 
 
 def kv_columns(cfg, weight, head, which):
     """The columns of c_attn holding key (which=0) or value (1) head ``head``."""
-    H, Hs, D = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk
+    H, Hs, D = cfg.n_head, cfg.designs["gqa"].n_kv_head or cfg.n_head, cfg.d_qk
     start = H * D + which * Hs * D + head * D
     return weight[..., start:start + D]
 
@@ -177,7 +177,7 @@ def test_pooled_heads_are_the_means_of_their_groups():
     from tbp.nn.designs.gqa.gqa import pool_kv_heads
     src = full_head_model()
     pooled = pool_kv_heads(src, 2)
-    assert (pooled.config.attention, pooled.config.n_kv_head) == ("gqa", 2)
+    assert (pooled.config.attention, pooled.config.designs["gqa"].n_kv_head) == ("gqa", 2)
     for name in ("h.1.attn.c_attn.weight", "h.1.attn.c_attn.bias"):
         w, p = src.params[name], pooled.params[name]
         q = src.config.n_head * src.config.d_qk
@@ -199,7 +199,7 @@ def test_a_model_whose_grouped_heads_agree_computes_the_same_after_pooling(sourc
     from tbp.nn.designs.gqa.gqa import pool_kv_heads
     src = full_head_model(**source)
     idx = np.random.default_rng(3).integers(0, 13, (2, 16))
-    Hs = src.config.n_kv_head or src.config.n_head
+    Hs = src.config.designs["gqa"].n_kv_head or src.config.n_head
     R = Hs // n_kv_head
     if R > 1:
         np.testing.assert_raises(AssertionError, np.testing.assert_allclose,

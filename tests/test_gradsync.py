@@ -45,7 +45,7 @@ class Recorder:
 
 
 def _model(kind, lora=False):
-    model = GPT(ModelConfig(**{**BASE, **MODELS[kind]}), seed=1, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**{**BASE, **MODELS[kind]})), seed=1, dtype=np.float64)
     if lora:
         add_lora(model, 2, 4.0, LORA_TARGETS[:4])
         for k, p in model.params.items():
@@ -129,8 +129,8 @@ def test_buckets_cover_the_layout_once():
 
 def test_a_model_whose_backward_reports_no_blocks_is_one_bucket():
     from tbp.nn.build import build_model
-    model = build_model(ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=8, n_layer=2, n_head=2,
-                                    d_model=8, pad_id=0))
+    model = build_model(ModelConfig.from_dict(dict(arch="encoder-decoder", vocab_size=13, n_ctx=8, n_layer=2, n_head=2,
+                                    d_model=8, pad_id=0)))
     b = Buckets.of(model)
     assert b.n_blocks == 0 and b.rest == [(0, model.layout.size)]
 
@@ -162,7 +162,7 @@ def test_shards_are_contiguous_and_cover_everything(n, size):
 
 @pytest.mark.parametrize("cut", [[0, 40, 97], [0, 300, 301, 1400]])
 def test_adamw_slices_update_their_entries_as_the_whole_does(cut):
-    model = GPT(ModelConfig(**BASE), seed=0)
+    model = GPT(ModelConfig.from_dict(dict(**BASE)), seed=0)
     rng = np.random.default_rng(0)
     whole = AdamW(model.layout, weight_decay=0.1)
     start = model.layout.params.copy()

@@ -18,8 +18,8 @@ def randomize(model, rng, scale=0.2):
 
 
 def test_a_fresh_mta_model_is_the_standard_model(rng):
-    std = GPT(ModelConfig(**BASE), seed=3, dtype=np.float64)
-    mta = GPT(ModelConfig(**BASE, **ALL), seed=3, dtype=np.float64)
+    std = GPT(ModelConfig.from_dict(dict(**BASE)), seed=3, dtype=np.float64)
+    mta = GPT(ModelConfig.from_dict(dict(**BASE, **ALL)), seed=3, dtype=np.float64)
     for k in std.params:                 # the same draws: MTA's own parameters start as identities
         np.testing.assert_array_equal(mta.params[k], std.params[k])
     idx, y = rng.integers(0, 11, (2, 12)), rng.integers(0, 11, (2, 12))
@@ -44,7 +44,7 @@ def test_the_vectorised_convolution_equals_four_loops(rng, cq, ck):
 @pytest.mark.parametrize("changes", [dict(mta_ck=9), dict(mta_ck=9, mta_cq=3, mta_post=True, mta_mix=True,
                                                           mta_group=4, mta_norm=True)])
 def test_no_output_reads_a_later_token(rng, changes):
-    model = GPT(ModelConfig(**BASE, attention="mta", **changes), seed=1, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**BASE, attention="mta", **changes)), seed=1, dtype=np.float64)
     randomize(model, rng, 0.5)
     idx = rng.integers(0, 11, (1, 12))
     before = model.forward(idx).copy()
@@ -58,7 +58,7 @@ def test_no_output_reads_a_later_token(rng, changes):
 
 @pytest.mark.parametrize("max_scores,scaled", [(1 << 22, False), (40, False), (1 << 22, True)])
 def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores, scaled):
-    model = GPT(ModelConfig(**BASE, **ALL, mta_norm=True, mta_depth_scale=scaled), seed=2, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**BASE, **ALL, mta_norm=True, mta_depth_scale=scaled)), seed=2, dtype=np.float64)
     randomize(model, rng)
     idx = rng.integers(0, 11, (3, 12))
     full = model.forward(idx)
@@ -82,7 +82,7 @@ def test_cached_decoding_equals_the_full_forward_at_every_step(rng, max_scores, 
 ])
 def test_config_refuses_what_mta_cannot_do(changes, message):
     with pytest.raises(ConfigError, match=message):
-        ModelConfig(**{**BASE, **changes})
+        ModelConfig.from_dict(dict(**{**BASE, **changes}))
 
 
 def test_mta_runs_through_the_command_line(tmp_path, corpus_file, monkeypatch):
@@ -104,11 +104,11 @@ def test_mta_runs_through_the_command_line(tmp_path, corpus_file, monkeypatch):
 
 
 def test_only_the_chosen_layers_carry_the_convolution():
-    model = GPT(ModelConfig(**BASE, attention="mta", mta_layers="1", mta_mix=True))
+    model = GPT(ModelConfig.from_dict(dict(**BASE, attention="mta", mta_layers="1", mta_mix=True)))
     names = set(model.params)
     assert "h.1.attn.mta.theta" in names and "h.0.attn.mta.theta" not in names
     assert {"h.0.attn.mta.mix", "h.1.attn.mta.mix"} <= names
-    assert ModelConfig(**BASE, attention="mta").attn_kernel == "dense"
+    assert ModelConfig.from_dict(dict(**BASE, attention="mta")).attn_kernel == "dense"
 
 
 def test_depth_scaling_multiplies_each_layers_normed_output_by_its_factor(rng):
@@ -118,7 +118,7 @@ def test_depth_scaling_multiplies_each_layers_normed_output_by_its_factor(rng):
     x = rng.standard_normal((2, 6, 16))
     cfg = dict(**BASE, attention="mta", mta_norm=True)
     for layer in (0, 1):
-        plain, scaled = (GPT(ModelConfig(**cfg, mta_depth_scale=on), seed=3, dtype=np.float64).blocks[layer].attn
+        plain, scaled = (GPT(ModelConfig.from_dict(dict(**cfg, mta_depth_scale=on)), seed=3, dtype=np.float64).blocks[layer].attn
                          for on in (False, True))
         for a in (plain, scaled):
             a.params["c_proj.bias"][...] = 0            # the bias is added after the scaling

@@ -39,7 +39,7 @@ def test_public_api_shapes_and_names():
 
 
 def test_loss_and_backward_zeroes_before_filling():
-    model = GPT(ModelConfig(**TINY), dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**TINY)), dtype=np.float64)
     idx = np.random.default_rng(1).integers(0, 13, (2, 6))
     model.loss_and_backward(idx, idx)
     first = {k: g.copy() for k, g in model.grads.items()}
@@ -49,7 +49,7 @@ def test_loss_and_backward_zeroes_before_filling():
 
 
 def test_untied_head_has_lm_head_with_bias():
-    model = GPT(ModelConfig(**TINY, tie_head=False), dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**TINY, tie_head=False)), dtype=np.float64)
     assert model.params["lm_head.weight"].shape == (8, 13)
     assert model.params["lm_head.bias"].shape == (13,)
 
@@ -125,7 +125,7 @@ def test_cross_entropy_is_stable_for_huge_logits():
 
 
 def test_changing_a_future_token_changes_no_earlier_logit(rng):
-    model = GPT(ModelConfig(**TINY), dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**TINY)), dtype=np.float64)
     idx = rng.integers(0, 13, (2, 10))
     base = model.forward(idx)
     for t in (3, 9):
@@ -147,7 +147,7 @@ def test_non_causal_attention_is_permutation_equivariant(rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dtype_is_kept_end_to_end(rng, dtype):
-    model = GPT(ModelConfig(**TINY, tie_head=False, activation="relu"), dtype=dtype)
+    model = GPT(ModelConfig.from_dict(dict(**TINY, tie_head=False, activation="relu")), dtype=dtype)
     assert all(p.dtype == dtype for p in model.params.values())
     idx = rng.integers(0, 13, (2, 6))
     assert model.forward(idx).dtype == dtype
@@ -159,8 +159,8 @@ def test_dtype_is_kept_end_to_end(rng, dtype):
 
 
 def test_same_seed_same_model_across_dtypes():
-    a = GPT(ModelConfig(**TINY), seed=7, dtype=np.float32)
-    b = GPT(ModelConfig(**TINY), seed=7, dtype=np.float64)
+    a = GPT(ModelConfig.from_dict(dict(**TINY)), seed=7, dtype=np.float32)
+    b = GPT(ModelConfig.from_dict(dict(**TINY)), seed=7, dtype=np.float64)
     for k in a.params:
         np.testing.assert_allclose(a.params[k], b.params[k], rtol=1e-6)
 
@@ -173,7 +173,7 @@ def test_same_seed_same_model_across_dtypes():
     (np.zeros((1, 2, 3), dtype=int), r"shape \(B, T\)"),
 ])
 def test_bad_tokens_raise_clear_value_errors(idx, match):
-    model = GPT(ModelConfig(**TINY))
+    model = GPT(ModelConfig.from_dict(dict(**TINY)))
     with pytest.raises(ValueError, match=match):
         model.forward(idx)
 
@@ -187,18 +187,18 @@ def test_bad_tokens_raise_clear_value_errors(idx, match):
 ])
 def test_config_rejects_nonsense(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**{**TINY, **kwargs})
+        ModelConfig.from_dict(dict(**{**TINY, **kwargs}))
 
 
 def test_config_json_round_trip():
-    cfg = ModelConfig(**TINY, d_qk=3, bias=False)
+    cfg = ModelConfig.from_dict(dict(**TINY, d_qk=3, bias=False))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown model config keys: colour"):
         ModelConfig.from_dict({**cfg.to_dict(), "colour": "red"})
 
 
 def test_lora_starts_equal_to_base_and_merges_exactly(rng):
-    model = GPT(ModelConfig(**TINY, tie_head=False), seed=3, dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**TINY, tie_head=False)), seed=3, dtype=np.float64)
     idx = rng.integers(0, 13, (2, 9))
     before = model.forward(idx)
     add_lora(model, rank=2, alpha=4.0, targets=("attn.c_attn", "mlp.c_proj", "lm_head"), seed=1)
@@ -221,7 +221,7 @@ def test_lora_rank_out_of_range(rng, rank):
 
 
 def test_lora_frozen_base_gets_no_gradient(rng):
-    model = GPT(ModelConfig(**TINY), dtype=np.float64)
+    model = GPT(ModelConfig.from_dict(dict(**TINY)), dtype=np.float64)
     base = {k: v.copy() for k, v in model.params.items()}
     add_lora(model, rank=2, alpha=2.0, seed=0)
     idx = rng.integers(0, 13, (2, 6))
@@ -266,8 +266,8 @@ def test_scaled_proj_init_shrinks_only_the_residual_projections(arch, per_block)
     if arch == "encoder-decoder":
         kw.update(n_enc_layer=2, pad_id=0)
     from tbp.nn.build import build_model
-    flat = build_model(ModelConfig(**kw), seed=0, dtype=np.float64).params
-    scaled = build_model(ModelConfig(**kw, proj_init="scaled"), seed=0, dtype=np.float64).params
+    flat = build_model(ModelConfig.from_dict(dict(**kw)), seed=0, dtype=np.float64).params
+    scaled = build_model(ModelConfig.from_dict(dict(**kw, proj_init="scaled")), seed=0, dtype=np.float64).params
     assert flat.keys() == scaled.keys()
     shrunk = 0
     for name, w in flat.items():

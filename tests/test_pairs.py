@@ -70,7 +70,7 @@ def test_gpt_batches_put_the_loss_on_the_target_and_its_end_only(tmp_path):
 
 def test_encoder_decoder_batches_shift_the_target_behind_a_start_token(tmp_path):
     ds, _ = prepared(tmp_path)
-    cfg = ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=16, pad_id=ds.meta["pad_id"])
+    cfg = ModelConfig.from_dict(dict(arch="encoder-decoder", vocab_size=13, n_ctx=16, pad_id=ds.meta["pad_id"]))
     b = batches_for(ds, cfg, SourceApart)
     batch = b.collate("val", [0, 5])
     for r, (s, t) in enumerate(b.examples("val", [0, 5])):
@@ -92,7 +92,7 @@ def test_a_context_too_short_for_the_longest_example_is_named(tmp_path):
 
 
 def test_cached_and_uncached_targets_are_the_same_tokens(rng):
-    cfg = ModelConfig(arch="encoder-decoder", vocab_size=13, n_ctx=10, n_layer=2, n_head=2, d_model=16, pad_id=12)
+    cfg = ModelConfig.from_dict(dict(arch="encoder-decoder", vocab_size=13, n_ctx=10, n_layer=2, n_head=2, d_model=16, pad_id=12))
     model = build_model(cfg, seed=0, dtype=np.float64)
     for p in model.params.values():
         p += rng.standard_normal(p.shape) * 0.3
@@ -140,7 +140,7 @@ def test_train_generate_and_eval_a_pairs_run(tmp_path, monkeypatch, arch):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data_kind"] == "pairs" and config["model"]["arch"] == arch
     if arch == "encoder-decoder":
-        assert config["model"]["pad_id"] == 12 and config["model"]["n_enc_layer"] == 1
+        assert config["model"]["designs"]["encoder-decoder"] == {"n_enc_layer": 1, "pad_id": 12}
     r = run(["generate", "--checkpoint", "run", "--prompt", "1234", "--temperature", "0"])
     assert r.exit_code == 0, r.output
     completion = r.stdout.splitlines()[0]

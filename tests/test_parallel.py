@@ -49,7 +49,7 @@ def test_split_batch_gives_the_one_thread_loss_and_gradients(B, workers, lora):
 def test_weighted_batches_split_by_their_share_of_the_weight(arch):
     """Rows with unequal weights: each worker's share is its weight, not its row count."""
     rng = np.random.default_rng(4)
-    cfg = ModelConfig(**CFG, arch=arch, pad_id=0 if arch != "gpt" else None)
+    cfg = ModelConfig.from_dict(dict(**CFG, arch=arch, pad_id=0 if arch != "gpt" else None))
     model = build_model(cfg, seed=0, dtype=np.float64)
     weights = (rng.random((5, 8)) < 0.5) * 1.0
     weights[:, 0] = 1.0

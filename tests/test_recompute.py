@@ -17,7 +17,7 @@ CASES = [dict(), dict(dropout=0.1), dict(positions="rope"), dict(attention="gqa"
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_recomputed_gradients_are_the_stored_ones_bit_for_bit(kw, dtype):
-    cfg = ModelConfig(vocab_size=20, n_ctx=16, n_layer=3, n_head=2, d_model=16, **kw)
+    cfg = ModelConfig.from_dict(dict(vocab_size=20, n_ctx=16, n_layer=3, n_head=2, d_model=16, **kw))
     stored, again = GPT(cfg, seed=1, dtype=dtype), GPT(dataclasses.replace(cfg, recompute=True), seed=1, dtype=dtype)
     rng = np.random.default_rng(0)
     idx, tgt = rng.integers(0, 20, (3, 16)), rng.integers(0, 20, (3, 16))
@@ -39,7 +39,7 @@ def test_what_cannot_recompute_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match="Attention Residuals"):
         ModelConfig(residual="attention", recompute=True)
     with pytest.raises(ConfigError, match="GPT's one stack"):
-        ModelConfig(arch="encoder-decoder", recompute=True, pad_id=0)
+        ModelConfig.from_dict(dict(arch="encoder-decoder", recompute=True, pad_id=0))
 
 
 def test_the_memory_estimate_counts_one_block_and_the_inputs():
@@ -51,7 +51,7 @@ def test_the_memory_estimate_counts_one_block_and_the_inputs():
     assert full - kept == 4 * 1024 * 4 * (12 * per_block - (per_block + 12 * 768))
     assert kept < weights * 4 + 4 * 2 ** 30 and full > 10 * 2 ** 30       # 4 GiB of activations at most
     for kw in (dict(attn_impl="flash"), dict(attention="mta"), dict(dropout=0.1), dict(attn_impl="flash", n_layer=1)):
-        small = ModelConfig(vocab_size=65, n_ctx=1024, **kw)
+        small = ModelConfig.from_dict(dict(vocab_size=65, n_ctx=1024, **kw))
         parts = memory.train_parts(dataclasses.replace(small, recompute=True), tcfg)
         plain = memory.train_parts(small, tcfg)["activations"]
         assert parts["activations"] > 0 and (parts["activations"] < plain or small.n_layer == 1), kw

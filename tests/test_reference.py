@@ -170,7 +170,7 @@ def test_the_whole_model(rng, options):
     randomize(model, rng)
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
     loss = model.loss_and_backward(idx, targets)
-    rotate = rope_twin.rotation(cfg.rope_base) if cfg.positions == "rope" else None
+    rotate = rope_twin.rotation(cfg.designs["rope"].base) if cfg.positions == "rope" else None
     loss_ref, grads_ref = ref.gpt_loss_and_grads(model.params, cfg, idx, targets, rotate)
     assert loss == pytest.approx(loss_ref, rel=1e-12)
     assert set(grads_ref) == set(model.grads)

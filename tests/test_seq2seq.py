@@ -17,7 +17,7 @@ F64 = np.float64
 
 def s2s_cfg(**changes):
     base = dict(arch="encoder-decoder", vocab_size=13, n_ctx=12, n_layer=2, n_head=2, d_model=16, pad_id=0)
-    return ModelConfig(**{**base, **changes})
+    return ModelConfig.from_dict(dict(**{**base, **changes}))
 
 
 def randomize(model, rng, scale=0.3):

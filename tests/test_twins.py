@@ -55,8 +55,8 @@ def test_the_whole_mta_layer_equals_its_plain_twin(rng, options):
 def test_the_attention_residuals_stack_equals_its_plain_twin(rng, blocks, options):
     """Forward and every gradient: the deferred per-source bookkeeping (DepthGrad, Reads)
     against each source's readers summed one by one."""
-    cfg = ModelConfig(vocab_size=11, n_ctx=8, n_layer=3, n_head=2, d_model=C, residual="attention",
-                      residual_blocks=blocks, **options)
+    cfg = ModelConfig.from_dict(dict(vocab_size=11, n_ctx=8, n_layer=3, n_head=2, d_model=C, residual="attention",
+                      residual_blocks=blocks, **options))
     model = GPT(cfg, seed=2, dtype=np.float64)
     randomize(model, rng, 0.3)
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
@@ -72,7 +72,7 @@ def test_attention_residuals_with_frozen_zero_queries_compute_the_sums_function(
     gradient reaches the pseudo-queries."""
     shape = dict(vocab_size=11, n_ctx=8, n_layer=3, n_head=2, d_model=C, ln_eps=0.0)
     summed = GPT(ModelConfig(**shape), seed=2, dtype=np.float64)
-    frozen = GPT(ModelConfig(**shape, residual="attention", residual_query_scale=0.0), seed=2, dtype=np.float64)
+    frozen = GPT(ModelConfig.from_dict(dict(**shape, residual="attention", residual_query_scale=0.0)), seed=2, dtype=np.float64)
     randomize(summed, rng, 0.3)
     for k, p in frozen.params.items():
         if k in summed.params:
@@ -88,8 +88,8 @@ def test_attention_residuals_with_frozen_zero_queries_compute_the_sums_function(
 
 @pytest.mark.parametrize("options", [{}, {"tie_head": False, "n_enc_layer": 1}, {"bias": False, "d_qk": 2}], ids=str)
 def test_the_encoder_decoder_equals_its_plain_twin(rng, options):
-    cfg = ModelConfig(arch="encoder-decoder", vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=C, pad_id=0,
-                      **options)
+    cfg = ModelConfig.from_dict(dict(arch="encoder-decoder", vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=C, pad_id=0,
+                      **options))
     model = EncoderDecoder(cfg, seed=2, dtype=np.float64)
     randomize(model, rng, 0.3)
     src = rng.integers(1, 11, (B, 7))

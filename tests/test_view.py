@@ -221,8 +221,8 @@ def test_the_page_shows_each_design_it_has():
     from tbp.look import inside, view
     from tbp.nn.designs.attnres.attnres import depth_map
     from tbp.nn.designs.sparse.sparse import SparseRule
-    model = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
-                            attention="mta", mta_ck=3), seed=0)
+    model = GPT(ModelConfig.from_dict(dict(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16, residual="attention",
+                            attention="mta", mta_ck=3)), seed=0)
     ids = list(range(20))
     data = view.data_for_prompt(model, _CharTok(), ids)
     assert data["depth"]["mean"] == np.asarray(depth_map(model, ids)["mean"]).round(6).tolist()

@@ -47,7 +47,7 @@ def main():
         theirs = np.load(Path(d) / "hf.npy")
     diff, largest = float(np.abs(ours - theirs).max()), float(np.abs(ours).max())
     print(f"max |logits tbp - logits transformers| = {diff:.2e} (largest logit {largest:.2f})")
-    records.append("check_transformers", {"commit": records.commit(), "run": a.run, "config": model.config.to_dict(),
+    records.append("check_transformers", {"commit": records.commit(), "run": a.run, "config": model.config.flat(),
                                           "max_abs_diff": diff, "largest_logit": largest})
 
 

@@ -106,7 +106,7 @@ def agree(args) -> None:
                     same += 1
                 else:
                     first.append(next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b))
-            rec = {"type": kind, "checkpoint": run.name, "model": model.config.to_dict(), "tokenizer": tok.kind,
+            rec = {"type": kind, "checkpoint": run.name, "model": model.config.flat(), "tokenizer": tok.kind,
                    "bytes": path.stat().st_size, "windows": len(rows), "tokens": count,
                    "logits_vs_exact": worst_exact, "logits_vs_gelu_table": worst_table,
                    "loss_tbp_float64": tbp_sum / count, "loss_llama_cpp": ll_sum / count,
@@ -144,7 +144,7 @@ def speed(args) -> None:
                     last = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
                 times[k].append(time.perf_counter() - t0)
         tps = {k: new / statistics.median(v) for k, v in times.items()}
-        rec = {"checkpoint": run.name, "model": model.config.to_dict(), "threads": threads, "prompt": len(prompt),
+        rec = {"checkpoint": run.name, "model": model.config.flat(), "threads": threads, "prompt": len(prompt),
                "new_tokens": new, "rounds": args.rounds, "tokens_per_s": tps, "seconds": times,
                "tbp_products": "numpy",              # generation's products: NumPy's own BLAS
                "llama_cpp_python": _version("llama_cpp_python"), "numpy": np.__version__, "commit": records.commit()}

@@ -83,7 +83,7 @@ def steps(lib, cfg: ModelConfig, batch: int, n: int, about: dict) -> None:
     print(f"achieved {flops / a / 1e9:.0f} / {flops / b / 1e9:.0f} GFLOP/s = {100 * flops / a / 1e9 / peak:.0f} % / "
           f"{100 * flops / b / 1e9 / peak:.0f} % of the measured matmul peak ({peak:.0f} GFLOP/s, NumPy, "
           f"1024^3, all cores)")
-    records.append("gemm_step", {**about, "what": "step", "config": cfg.to_dict(), "batch": batch,
+    records.append("gemm_step", {**about, "what": "step", "config": cfg.flat(), "batch": batch,
                                  "threads": workers.workers, "steps": n, "numpy_s": a, "mkl_s": b,
                                  "pair_ratio": pairs, "numpy_all": times["A"], "mkl_all": times["B"],
                                  "peak_gflops": peak, "flops_per_step": flops})

@@ -64,7 +64,7 @@ def main():
     med = float(np.median(times))
     print(f"LoRA rank 8 step (batch 1 x {a.train_ctx} tokens, {trainable:,} trainable): {med:.2f}s = "
           f"{a.train_ctx / med:.0f} tokens/s, peak RSS {rss_mib():.0f} MiB")
-    records.append("gpt2_124m", {"commit": records.commit(), "config": cfg.to_dict(), "base_params": base_params,
+    records.append("gpt2_124m", {"commit": records.commit(), "config": cfg.flat(), "base_params": base_params,
                                  "built_rss_mib": built_rss, "generate_tokens": n, "generate_s": dt,
                                  "kv_cache_bytes": cache, "generate_rss_mib": gen_rss, "lora_rank": 8,
                                  "trainable": trainable, "train_ctx": a.train_ctx, "lora_step_s": med,

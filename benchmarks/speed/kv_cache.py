@@ -49,7 +49,7 @@ def main():
             uncached.append(seconds(model, n, False))
         c, u = statistics.median(cached), statistics.median(uncached)
         print(f"{n:7d} {c:9.3f} {n / c:7.0f} {u:11.3f} {n / u:7.0f}")
-        records.append("kv_cache", {"commit": records.commit(), "config": cfg.to_dict(), "tokens": n,
+        records.append("kv_cache", {"commit": records.commit(), "config": cfg.flat(), "tokens": n,
                                     "rounds": a.rounds, "cached_s": c, "uncached_s": u,
                                     "cached_all": cached, "uncached_all": uncached})
 

@@ -43,7 +43,7 @@ def child(T: int, B: int, recompute: bool, steps: int) -> None:
         loss = model.loss_and_backward(idx, tgt)
         opt.step(1e-4)
         times.append(time.perf_counter() - t0)
-    estimate = memory.train_parts(ModelConfig(**{**cfg.to_dict(), "n_ctx": T}), TrainConfig(batch_size=B, threads=1))
+    estimate = memory.train_parts(cfg.replace(n_ctx=T), TrainConfig(batch_size=B, threads=1))
     print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "step_s": times, "loss": float(loss), "estimate": estimate}))
 

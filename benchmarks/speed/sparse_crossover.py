@@ -58,7 +58,7 @@ def sweep(a, layers: tuple[int, ...], tag: dict) -> None:
             for kind in SELECTIONS:
                 res = bench_sparse_decode(cfg, SparseRule(kind, max(8, n // 16), layers), repeats=a.rounds)
                 records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
-                                                    "n_ctx": n, "blas_threads": threads, "config": cfg.to_dict(), **tag,
+                                                    "n_ctx": n, "blas_threads": threads, "config": cfg.flat(), **tag,
                                                     **res})
                 print(f"{n_layer} layers, n {n:5d} {kind:10s} K {n // 16:4d}: dense "
                       f"{res['decode_dense_tokens_per_s']:6.0f}  sparse {res['decode_sparse_tokens_per_s']:6.0f} "

@@ -58,7 +58,7 @@ def read_windows(model, tokens: np.ndarray, L: int, batch: int = 8) -> tuple[flo
 
 
 def evaluate(run: Path) -> dict:
-    from tbp import GPT, ModelConfig
+    from tbp import GPT
     from tbp.runs import disk
     from tbp.data.datasets import Dataset
     model, _, cfg = disk.load_model(run)
@@ -69,7 +69,7 @@ def evaluate(run: Path) -> dict:
             continue
         modes = {"window": model}
         if L > model.config.n_ctx:                 # the same weights with a context of L: no window
-            wide = GPT(ModelConfig(**{**model.config.to_dict(), "n_ctx": L}), dtype=model.dtype)
+            wide = GPT(model.config.replace(n_ctx=L), dtype=model.dtype)
             for k, p in wide.params.items():
                 p[...] = model.params[k]
             modes["full"] = wide

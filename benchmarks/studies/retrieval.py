@@ -208,8 +208,8 @@ def train(args) -> None:
         cfg, log = model.config, prior["study"]["stages"]
         step, wall = sum(s["steps"] for s in log), log[-1]["wall_s"]
     else:
-        cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=STAGES[-1][0], n_layer=args.n_layer,
-                          n_head=args.n_head, d_model=args.d_model, positions="rope", rope_base=ROPE_BASE)
+        cfg = ModelConfig.from_dict(dict(vocab_size=tok.vocab_size, n_ctx=STAGES[-1][0], n_layer=args.n_layer,
+                          n_head=args.n_head, d_model=args.d_model, positions="rope", rope_base=ROPE_BASE))
         model = GPT(cfg, seed=args.seed)
     opt = AdamW(model.layout, weight_decay=0.1)
     # fresh lines per start: a run that goes on from its own stages (the next one, or one again)
@@ -258,7 +258,7 @@ def train(args) -> None:
         if gave_up:
             break
     records.append("retrieval_train", {"commit": records.commit(), "run": args.out, "n_layer": cfg.n_layer,
-                                       "config": cfg.to_dict(), "steps": step,
+                                       "config": cfg.flat(), "steps": step,
                                        "wall_s": round(time.time() - t0, 1), **study})
     print(f"saved {args.out} after {step} steps, {time.time() - t0:.0f} s")
 
@@ -365,7 +365,7 @@ def evaluate(args) -> None:
     for rule, hit, line_hits in zip(rules, hits, right):
         lo, hi = binomial_ci(hit, S)
         rec = {"commit": records.commit(), "seed": seed, "run": str(args.run), "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "facts": args.facts,
+               "config": model.config.flat(), "n_cache": n, "facts": args.facts,
                "filler": study.get("filler", "uniform"), "form": form, "kind": rule.kind if rule else "dense",
                "sequences": S, "hits": hit, "exact_match": hit / S, "ci95": [lo, hi], "readers": reference,
                "hit_lines": "".join("01"[int(h)] for h in line_hits)}   # line by line: paired against dense

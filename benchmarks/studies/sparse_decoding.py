@@ -86,7 +86,7 @@ def main() -> None:
         delta = float(per_window.mean())
         half = 1.959964 * statistics.stdev(per_window) / math.sqrt(W)
         rec = {"commit": records.commit(), "seed": a.seed, "run": str(a.run), "step": step, "n_layer": model.config.n_layer,
-               "config": model.config.to_dict(), "n_cache": n, "last": a.last, "windows": W,
+               "config": model.config.flat(), "n_cache": n, "last": a.last, "windows": W,
                "kind": rule.kind, "budget": rule.budget, "layers": list(rule.layers),
                "dense_loss": float(loss_dense.mean()), "delta_loss": delta, "ci95": [delta - half, delta + half],
                "top1_agree": float((lp.argmax(-1) == dense.argmax(-1)).mean()),

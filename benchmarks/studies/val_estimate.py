@@ -47,7 +47,7 @@ def main():
         draws.append(float(np.mean([model.batch_loss(batches.sample("val", train["batch_size"], rng))
                                     for _ in range(train["eval_batches"])])))
     rec = {"run": str(args.run), "commit": records.commit(), "seed": train["seed"], "n_layer": model.config.n_layer,
-           "config": model.config.to_dict(), "eval_batches": train["eval_batches"], "batch_size": train["batch_size"],
+           "config": model.config.flat(), "eval_batches": train["eval_batches"], "batch_size": train["batch_size"],
            "whole_split": whole, "tokens": tokens, "tilings": tilings, "training_estimate": estimate,
            "redrawn_estimates": draws}
     records.append("val_estimate", rec)

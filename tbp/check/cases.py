@@ -249,7 +249,7 @@ def _pairs_case(layer: str, cfg: ModelConfig, rng) -> Case:
     sep, eot = cfg.vocab_size - 2, cfg.vocab_size - 1          # any ids: the collation only places them
     lengths = ((S_SRC, T - 1), (S_SRC - 2, T - 2))             # row 1 shorter: padded source and target
     pairs = [(rng.integers(1, sep, s), rng.integers(1, sep, t)) for s, t in lengths]
-    batch = model.collation.collate(pairs, sep, eot, cfg.pad_id)
+    batch = model.collation.collate(pairs, sep, eot, model.pad_id)
     _randomize_away_from_kinks(model, rng, lambda: model.batch_loss(batch))
 
     def f():
@@ -367,13 +367,13 @@ def cases(rng: np.random.Generator) -> list[Case]:
                          ("relu, ln eps 0", {"activation": "relu", "ln_eps": 0.0}),
                          ("no biases", {"bias": False}),
                          ("d_qk=2 != d_v=4", {"d_qk": 2})):
-        out.append(_model_case(f"gpt [{label}]", ModelConfig(**base, **extra), rng))
+        out.append(_model_case(f"gpt [{label}]", ModelConfig.from_dict({**base, **extra}), rng))
     out.append(_model_case("gpt + lora [r=2, up != 0]", ModelConfig(**base, tie_head=False), rng,
                            lora_rank=2))
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
     for variant in VARIANTS:
         for label, fields in variant.model_cases:
-            cfg = ModelConfig(**dict(base, **fields))
+            cfg = ModelConfig.from_dict(dict(base, **fields))
             pairs_only = build_model_class(cfg).collation.refuses is not None
             out.append((_pairs_case if pairs_only else _model_case)(label, cfg, own(label)))
     return out

@@ -51,7 +51,7 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
       tbp bench --n-ctx 1024 --iters 3 --json
       tbp bench --positions rope --n-ctx 8192 --iters 1 --gen-tokens 0 --sparse window --budget 512
     """
-    cfg = ModelConfig(vocab_size=vocab_size, **model_opts)
+    cfg = ModelConfig.from_dict({"vocab_size": vocab_size, **model_opts})
     why = build.refusal(cfg, "bench")
     if why is not None:
         raise click.UsageError(why)

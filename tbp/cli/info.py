@@ -121,21 +121,22 @@ def info(path, run, as_json):
     m = d["model"]
     shape = ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")
     t = kv_table(f"{d['path']} ({'LoRA adapter run' if d['lora'] else 'model'})")
+    cfg = disk.read_model_config(Path(d["path"]))
     layers = f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)}"
-    if m.get("arch") == "encoder-decoder":
-        layers = f"encoder-decoder: {m['n_enc_layer']} encoder + {m['n_layer']} decoder layers"
+    if cfg.arch != ModelConfig.defaults()["arch"]:            # its own row (its declaration) says the rest
+        layers = f"{cfg.arch}: {layers}"
     t.add_row("model", f"{layers} · {m['n_head']} heads · d_model {m['d_model']} · "
                        f"context {m['n_ctx']} · vocabulary {m['vocab_size']}")
-    cfg = disk.read_model_config(Path(d["path"]))
     t.add_row("attention", f"{cfg.attention} · {cfg.attn_kernel} kernel{' (auto)' * (cfg.attn_impl == 'auto')} · "
                            f"{cfg.positions} positions")
     for variant in build.active(cfg):                  # each variant's own row (nn/variant.py)
         if variant.describe is not None:
             t.add_row(*variant.describe(cfg))
     defaults = ModelConfig.defaults()
-    shown = set(shape) | {"d_qk", "pad_id", "arch", "attention", "attn_impl", "positions", "residual", "rope_base"}
-    shown |= {name for v in build.VARIANTS for name in v.options}
-    changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()
+    # the shape and the axes have rows above; a design's options, its own row
+    shown = set(shape) | {"d_qk", "arch", "attention", "attn_impl", "positions", "residual"}
+    shown |= {f.name for v in build.VARIANTS if v.options is not None for f in v.options.flags()}
+    changed = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in cfg.flat().items()
                if k not in shown and v != defaults.get(k)]
     if cfg.d_qk != cfg.d_v:
         changed.insert(0, f"d_qk {cfg.d_qk}")

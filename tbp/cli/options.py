@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import typing
-from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -47,11 +46,9 @@ def config_options(cls, defaults: dict | None = None):
     """A decorator adding one click option per user-facing field of ``cls`` (in declaration
     order), named --field-name, typed and ranged from the field's metadata. ``defaults``
     overrides a field's default for this command."""
-    hints = typing.get_type_hints(cls)
     opts = []
     for f in cls.options():
-        kind = hints[f.name]
-        base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        base = next((a for a in typing.get_args(f.kind) if a is not type(None)), f.kind)
         default = (defaults or {}).get(f.name, f.default)
         flag = "--" + f.name.replace("_", "-")
         if base is bool:
@@ -181,7 +178,9 @@ def load_config_file(ctx, param, value):
     sections = [obj.get("model") or {}, obj.get("train") or {}]
     if not all(isinstance(s, dict) for s in sections):
         raise click.BadParameter(f"{value}: \"model\" and \"train\" must be JSON objects", ctx, param)
-    derived = {f.name for f in fields(ModelConfig)} - {f.name for f in ModelConfig.options()}
+    derived = {f.name for f in ModelConfig.flags()} - {f.name for f in ModelConfig.options()} | {"designs"}
+    # a run's config.json keeps a design's options under its key: read back by their flat names
+    sections[0] = {**sections[0], **_flat_designs(sections[0].get("designs"), value, ctx, param)}
     values = {} if "format" in obj else {k: v for k, v in obj.items() if k not in ("model", "train")}
     values.update({k: v for s in sections for k, v in s.items() if k not in derived})
     names = {p.name for p in ctx.command.params}
@@ -195,6 +194,19 @@ def load_config_file(ctx, param, value):
             raise click.BadParameter(f"{value}: {k} must be {want}, got {json.dumps(v)[:40]}", ctx, param)
     ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in values.items()}}
     return value
+
+
+def _flat_designs(designs, value, ctx, param) -> dict:
+    """A config.json's ``designs`` object ({key: {field: value}}) by the options' flat names."""
+    if designs is None:
+        return {}
+    if not isinstance(designs, dict) or not all(isinstance(d, dict) for d in designs.values()):
+        raise click.BadParameter(f"{value}: \"designs\" must be a JSON object of JSON objects", ctx, param)
+    prefixes = {v.key: v.options.PREFIX for v in build.VARIANTS if v.options is not None}
+    unknown = sorted(set(designs) - set(prefixes))
+    if unknown:
+        raise click.BadParameter(f"{value}: no design called {', '.join(unknown)} has options", ctx, param)
+    return {prefixes[key] + name: v for key, d in designs.items() for name, v in d.items()}
 
 
 # --- sparse decoding: the options and checks tbp generate, attention and bench share ----------

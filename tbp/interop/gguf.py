@@ -8,7 +8,7 @@ computes exactly tbp's function. Two do:
   MLP), a final LayerNorm and the head -- tied to the embedding when ``output.weight`` is absent.
 - ``gptneox`` with ``use_parallel_residual`` false for rotary positions: the same block with
   queries and keys rotated in NeoX's pairing (i, i + Dk/2), which is tbp's (nn/designs/rope), over all
-  Dk channels, at base ``rope_base``. Its head is always a separate tensor: a tied model writes the
+  Dk channels, at the rotation's base. Its head is always a separate tensor: a tied model writes the
   embedding twice.
 
 Both read n_head_kv, and split a fused row as q | k | v with query head h reading key/value head
@@ -43,6 +43,7 @@ from ..files.atomic import atomic_file, refuse_inputs
 from ..nn.gpt import GPT
 from ..nn.config import ModelConfig
 from ..nn import build
+from ..nn.parts import parts
 from ..data.tokenizer import ASSISTANT, END, EOT, Tokenizer
 
 TYPES = ("f32", "f16", "q8_0")
@@ -251,11 +252,11 @@ def export_gguf(model: GPT, tok: Tokenizer, out: Path, kind: str = "f32", name: 
         w.add_block_count(cfg.n_layer)
         w.add_feed_forward_length(4 * cfg.d_model)
         w.add_head_count(cfg.n_head)
-        w.add_head_count_kv(cfg.n_kv_head or cfg.n_head)
+        w.add_head_count_kv(build.attention_class(cfg).key_value_heads(cfg))
         w.add_layer_norm_eps(cfg.ln_eps)
         if arch == "gptneox":
             w.add_rope_dimension_count(cfg.d_qk)
-            w.add_rope_freq_base(cfg.rope_base)
+            w.add_rope_freq_base(parts(cfg, np.float32).positions.base)      # the rotation's base
             w.add_parallel_residual(False)
         w.add_tokenizer_model(voc["model"])
         if voc["pre"]:

@@ -194,13 +194,12 @@ NOTES = {   # one line under each chart: what to look for in it
 def run_table(model, metrics: list[dict]) -> list[list[str]]:
     """(what, value) rows of the run's configuration: the model's shape, every setting that is
     not its default, its size, and where training stopped."""
-    import dataclasses
     cfg = model.config
     rows = [["parameters", f"{sum(int(p.size) for p in model.params.values()):,}"]]
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size") or value != f.default:
-            rows.append([f.name, str(value)])
+    defaults = type(cfg).defaults()
+    for name, value in cfg.flat().items():
+        if name in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size") or value != defaults.get(name):
+            rows.append([name, str(value)])
     evals = [m for m in metrics if "val_loss" in m]
     if metrics:
         rows.append(["steps", f"{metrics[-1]['step']:,}"])

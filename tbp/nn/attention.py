@@ -142,9 +142,14 @@ class CausalSelfAttention(Module):
         return qkv, weight_of(self.c_proj), self.c_proj.params.get("bias")
 
     @classmethod
+    def key_value_heads(cls, cfg) -> int:
+        """Hkv of this kind of attention in a model of ``cfg``: one per query head."""
+        return cfg.n_head
+
+    @classmethod
     def cache_numbers(cls, cfg) -> int:
         """Numbers of KV cache per sequence and layer: keys Hkv Dk and values Hkv (Dv + 1) per position."""
-        return cfg.n_ctx * cfg.n_head * (cfg.d_qk + cfg.d_v + 1)
+        return cfg.n_ctx * cls.key_value_heads(cfg) * (cfg.d_qk + cfg.d_v + 1)
 
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """What this layer keeps between decoding steps: its weights folded with ``ln``; keys

@@ -79,11 +79,12 @@ def conversion(base: ModelConfig, cfg: ModelConfig):
     it raises ConfigError for a base it cannot take); None where no variant does, or nothing
     changes."""
     was, now = base.to_dict(), cfg.to_dict()
-    changed = {k for k in now if was.get(k) != now[k]}
+    changed = {k for k in now if k != "designs" and was.get(k) != now[k]}
+    changed |= {key for key in cfg.designs if base.designs.get(key) != cfg.designs[key]}
     if not changed:
         return None
     for v in VARIANTS:
-        if v.convert is not None and v.active(cfg) and changed <= {v.axis, *v.options}:
+        if v.convert is not None and v.active(cfg) and changed <= {v.axis, v.key}:
             return v.convert(base, cfg)
     return None
 
@@ -94,9 +95,11 @@ def check(cfg: ModelConfig) -> None:
     order of VARIANTS); each active one's own check."""
     on = active(cfg)
     for v in VARIANTS:
-        if v in on:
+        if v in on or v.options is None or v.options.KEPT_WHEN_OFF:
             continue
-        changed = [name for name in v.options if getattr(cfg, name) != ModelConfig.defaults()[name]]
+        given, default = cfg.designs[v.key], v.options()
+        changed = [f.name for f in v.options.flags() if getattr(given, f.name[len(v.options.PREFIX):])
+                   != getattr(default, f.name[len(v.options.PREFIX):])]
         if changed:
             article = "an" if v.name[0].lower() in "aeiou" else "a"
             raise ConfigError(f"{changed[0]} is {article} {v.name} option (pass {v.switch})")

@@ -1,17 +1,25 @@
-"""ModelConfig: the shape and options of a GPT, each declared once.
+"""ModelConfig: the shape and options every model has, each declared once, and a design's own
+options beside them.
 
 Every field is declared with :func:`option`: its default, a line of help, its range or its
 choices. Validation here, the ``tbp train`` flags, ``--config`` files and ``tbp info`` are all
 derived from those declarations, so a new model option is one field (plus the layer code and
-its gradcheck row). What a field means for a variant -- which options belong to it, which
-combinations it refuses -- is declared by the variant itself (variant.py, build.py): the
-registry installs those checks in ``CHECKS`` when the engine is imported.
+its gradcheck row). A design's own options live in its folder, as a small frozen dataclass of
+:class:`Options` declared with its variant (variant.py); a config holds one of each in
+``designs``, and what a design refuses or checks is declared by the design (build.py installs
+those checks in ``CHECKS``).
+
+Each option has one flat name, its ``tbp train`` flag and ``--config`` key: a core field's own,
+or a design's ``PREFIX`` + field (``mta_ck``, ``n_kv_head``). A run's config.json keeps a
+design's options under its key (``"designs": {"mta": {"ck": 9, ...}}``); one written with the
+flat names before designs kept their options reads the same.
 """
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+import warnings
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 from . import registry
 
@@ -56,13 +64,49 @@ class DictConfig:
         return cls(**d)
 
     @classmethod
-    def options(cls) -> list:
-        """The fields a user sets (the ``tbp train`` flags), in declaration order."""
-        return [f for f in fields(cls) if f.metadata.get("cli", False)]
+    def options(cls) -> list[Flag]:
+        """The options a user sets (the ``tbp train`` flags), in declaration order."""
+        return [f for f in cls.flags() if f.metadata.get("cli", False)]
+
+    @classmethod
+    def flags(cls, prefix: str = "") -> list[Flag]:
+        """Every declared field as a :class:`Flag` named ``prefix`` + its name."""
+        hints = typing.get_type_hints(cls)
+        return [Flag(prefix + f.name, hints[f.name], f.default, f.metadata) for f in fields(cls) if f.metadata]
 
     @classmethod
     def defaults(cls) -> dict:
-        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        return {f.name: f.default for f in cls.flags() if f.default is not MISSING}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option as the command line and ``--config`` files see it: its flat name, its type
+    hint, its default and its declaration (:func:`option`'s metadata)."""
+    name: str
+    kind: object
+    default: object
+    metadata: typing.Mapping
+
+
+class Options(DictConfig):
+    """A design's own options: subclass it as a frozen dataclass in the design's folder, with
+    :func:`option` fields, and declare it with the design's variant (``Variant(options=...)``).
+    ``PREFIX`` + a field's name is its flat name (the flag, the ``--config`` key; ``mta_`` +
+    ``ck``); a value out of range is refused under that name. ``KEPT_WHEN_OFF``: the options may
+    differ from their defaults while the design is off (otherwise that is refused)."""
+    PREFIX = ""
+    KEPT_WHEN_OFF = False
+    KIND = "design options"
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            _check(self.PREFIX + f.name, getattr(self, f.name), hints[f.name], f.metadata)
+
+    @classmethod
+    def flags(cls, prefix: str | None = None) -> list[Flag]:
+        return super().flags(cls.PREFIX if prefix is None else prefix)
 
 
 def _check(name: str, value, kind, meta) -> None:
@@ -122,18 +166,29 @@ CHECKS: list = []
 REFUSALS: list = []
 
 
-@dataclass
+def _designs() -> dict[str, type]:
+    """Each registered design that has options of its own: its key -> its Options class."""
+    registry.complete()
+    return {v.key: v.options for v in registry.VARIANTS if v.options is not None}
+
+
+def _flat_names() -> dict[str, tuple[str, str]]:
+    """A design option's flat name -> (its design's key, its field): ``mta_ck`` -> ("mta", "ck")."""
+    return {flag.name: (key, flag.name[len(cls.PREFIX):]) for key, cls in _designs().items() for flag in cls.flags()}
+
+
+@dataclass(init=False)
 class ModelConfig(DictConfig):
-    arch: str = option("gpt", "gpt: a decoder-only language model; encoder-decoder: a non-causal encoder reads "
-                              "the source, the decoder cross-attends to it (paired datasets).",
-                       choices=ARCHS, gpt2="gpt")
+    """A model's shape and options. ``designs``: each registered design's options (its key ->
+    its Options), the defaults unless given: ``ModelConfig(attention="gqa", designs={"gqa":
+    {"n_kv_head": 2}})``, or an Options object (``designs={"gqa": GQAOptions(n_kv_head=2)}``).
+    Read one as ``cfg.designs["gqa"].n_kv_head``."""
+    arch: str = option("gpt", "The architecture: gpt, a decoder-only language model.", choices=ARCHS, gpt2="gpt")
     vocab_size: int = option(65, "V: tokens the model reads and predicts (set by the tokenizer).",
                              min=1, cli=False)
     n_ctx: int = option(128, "Context length: tokens per training sequence (learned positions).",
                         min=2, max=N_CTX_MAX)
     n_layer: int = option(4, "L: transformer blocks.", min=1, max=96)
-    n_enc_layer: int | None = option(None, "Encoder blocks of an encoder-decoder (default: --n-layer, the "
-                                           "decoder's).", min=1, max=96)
     n_head: int = option(4, "H: attention heads per block.", min=1, max=128)
     d_model: int = option(128, "C: width of the residual stream (divisible by --n-head).", min=1, max=16384)
     d_qk: int | None = option(None, "Dk: query/key width per head, the paper's d_rho "
@@ -148,49 +203,15 @@ class ModelConfig(DictConfig):
     causal: bool = option(True, "Causal mask; False gives permutation-equivariant attention.",
                           cli=False, gpt2=True)
     attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "
-                                    "backward; flash computes the same numbers in tiles with O(T) memory; "
-                                    "auto: flash at long contexts, for that memory (tbp info shows the choice).",
-                            choices=ATTN_IMPLS)
-    positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's) or a "
-                                       "scheme without one, which reads past the context as a sliding window "
-                                       "(rope: queries and keys rotated by position; the designs add others).",
+                                    "backward; auto picks, at a long context, a kernel registered to take over "
+                                    "there (tbp info shows the choice).", choices=ATTN_IMPLS)
+    positions: str = option("learned", "Position encoding: learned (a vector per position, GPT-2's); a scheme "
+                                       "without one reads past the context as a sliding window.",
                             choices=POSITIONS, gpt2="learned")
-    rope_base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
-                              min=1.0, min_open=True)
-    attention: str = option("standard", "standard; mta: Multi-Token Attention, a learned convolution over "
-                                        "each head's score map (identity at initialisation); gqa: grouped-query "
-                                        "attention, --n-kv-head key/value heads shared by the query heads.",
+    attention: str = option("standard", "The self-attention: standard (the paper's).",
                             choices=ATTENTIONS, gpt2="standard")
-    n_kv_head: int | None = option(None, "Grouped-query attention: key/value heads, dividing n_head (1: multi-query "
-                                         "attention); the KV cache is n_head / n_kv_head times smaller.",
-                                   min=1, max=128)
-    mta_cq: int = option(2, "MTA: query rows of the key-query kernel (the current and cq - 1 past).", min=1, max=64)
-    mta_ck: int = option(9, "MTA: key columns of the key-query kernel, centred on the key (odd).", min=1, max=255)
-    mta_layers: str = option("all", "MTA: the layers with the key-query convolution, all or e.g. 0,2 (every "
-                                    "layer gets the other MTA steps switched on).")
-    mta_post: bool = option(False, "MTA: a second key-query convolution after the softmax.",
-                            flag="--mta-post/--no-mta-post")
-    mta_mix: bool = option(False, "MTA: mix the heads' scores before the softmax (an H x H matrix).",
-                           flag="--mta-mix/--no-mta-mix")
-    mta_group: int = option(0, "MTA: mix the heads' weights after the softmax in groups of this many (0: off).",
-                            min=0, max=128)
-    mta_norm: bool = option(False, "MTA: RMS-normalise each head's output, then gate it.",
-                            flag="--mta-norm/--no-mta-norm")
-    mta_depth_scale: bool = option(False, "MTA: scale the normed output by 1 - lambda(l), lambda(l) = 0.8 - "
-                                          "0.6 exp(-0.3 l) for layer l (the paper's, off in its released "
-                                          "configs; needs --mta-norm).",
-                                   flag="--mta-depth-scale/--no-mta-depth-scale")
-    residual: str = option("sum", "How each sublayer's input is formed: sum (the residual stream) or attention "
-                                  "(Attention Residuals: a learned per-token softmax over the embedding and every "
-                                  "earlier sublayer's output; the mean of them at initialisation).",
+    residual: str = option("sum", "How each sublayer's input is formed: sum (the residual stream).",
                            choices=RESIDUALS, gpt2="sum")
-    residual_blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
-                                     "blocks, each a source (0: every sublayer its own source, full AttnRes).",
-                                  min=0, max=192)
-    residual_query_scale: float = option(1.0, "Attention Residuals: a factor c on the depth logits, q = c g w. "
-                                              "Under Adam it sets the pseudo-queries' own learning rate (c times "
-                                              "the shared one); 0 freezes them at zero, each input the mean of its "
-                                              "sources (1: the paper's).", min=0.0)
     proj_init: str = option("flat", "Initial spread of the projections that write into the residual stream: flat "
                                     "(N(0, 0.02), as every matrix) or scaled (GPT-2's N(0, 0.02 / sqrt(S)), S the "
                                     "residual additions of the stack: 2 per block, 3 in a decoder block).",
@@ -202,12 +223,34 @@ class ModelConfig(DictConfig):
     dropout: float = option(0.0, "Dropout probability on attention weights and on each sublayer's output, in "
                                  "training only (nanoGPT's Shakespeare recipe uses 0.2; 0: off).",
                             min=0.0, max=1.0, max_open=True)
-    pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
-                                      "targets (set from the tokenizer).", min=0, cli=False)
+    designs: dict = field(default_factory=dict)
     KIND = "model config"
 
+    def __init__(self, designs: dict | None = None, **values) -> None:
+        flat = _flat_names()
+        legacy = {name: values.pop(name) for name in list(values) if name in flat}
+        if legacy:
+            # the one place an old spelling is read: a design's option given as a ModelConfig keyword
+            nested = {}
+            for name, value in legacy.items():
+                nested.setdefault(flat[name][0], {})[flat[name][1]] = value
+            warnings.warn(f"ModelConfig({', '.join(f'{k}=...' for k in legacy)}): a design's options live with the "
+                          f"design now; pass designs={nested!r}", FutureWarning, stacklevel=2)
+        for f in fields(self):
+            if f.name == "designs":
+                continue
+            if f.name in values:
+                setattr(self, f.name, values.pop(f.name))
+            elif f.default is not MISSING:
+                setattr(self, f.name, f.default)
+            else:
+                raise TypeError(f"ModelConfig() is missing {f.name}")
+        if values:
+            raise TypeError(f"ModelConfig() got an unexpected keyword argument {next(iter(values))!r}")
+        self.designs = _options(designs, {flat[k]: v for k, v in legacy.items()})
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        registry.complete()     # every choice registered, and the builder's checks installed
         super().__post_init__()
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
@@ -215,8 +258,65 @@ class ModelConfig(DictConfig):
             self.d_qk = self.d_v
         for check in CHECKS:
             check(self)
-        if self.pad_id is not None and self.pad_id >= self.vocab_size:
-            raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary ({self.vocab_size})")
+
+    # --- the flat names: flags, --config files, a run's record of the previous release ---------
+    @classmethod
+    def flags(cls, prefix: str = "") -> list[Flag]:
+        """The core fields, then each design's options under their flat names; an axis's help
+        ends with what each registered choice on it is (its variant's ``summary``)."""
+        designs = _designs()
+        summaries: dict[str, list[str]] = {}
+        for v in registry.VARIANTS:
+            if v.axis and v.summary:
+                summaries.setdefault(v.axis, []).append(v.summary)
+        core = [Flag(f.name, f.kind, f.default, {**f.metadata, "help": " ".join([f.metadata["help"], *summaries[f.name]])})
+                if f.name in summaries else f for f in super().flags()]
+        return core + [flag for opts in designs.values() for flag in opts.flags()]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """A config from its JSON object: a design's options under ``designs`` (this release's
+        config.json) or by their flat names (the command line, ``--config`` files, the previous
+        release's config.json); unknown keys are an error."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a {cls.KIND} must be a JSON object, got {type(d).__name__}")
+        core = {f.name for f in fields(cls)} - {"designs"}
+        flat = _flat_names()
+        unknown = set(d) - core - set(flat) - {"designs"}
+        if unknown:
+            raise ConfigError(f"unknown {cls.KIND} keys: {', '.join(sorted(unknown))}")
+        nested = d.get("designs") or {}
+        if not isinstance(nested, dict) or not all(isinstance(v, dict) for v in nested.values()):
+            raise ConfigError(f"a {cls.KIND}'s designs must be a JSON object of JSON objects")
+        designs = {key: dict(values) for key, values in nested.items()}
+        for name in set(d) & set(flat):
+            key, attr = flat[name]
+            designs.setdefault(key, {})[attr] = d[name]
+        return cls(designs=designs, **{k: v for k, v in d.items() if k in core})
+
+    def to_dict(self) -> dict:
+        """The JSON object of a run's config.json: the core fields, and under ``designs`` the
+        options of each design this model has switched on."""
+        on = {v.key for v in registry.VARIANTS if v.active(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "designs"}
+        d["designs"] = {key: asdict(opts) for key, opts in self.designs.items() if key in on}
+        return d
+
+    def flat(self) -> dict:
+        """Every option by its flat name: the core fields, then each design's options."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "designs"}
+        for opts in self.designs.values():
+            d.update({opts.PREFIX + k: v for k, v in asdict(opts).items()})
+        return d
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every option's default by its flat name."""
+        return {f.name: f.default for f in cls.flags() if f.default is not MISSING}
+
+    def replace(self, **changes) -> "ModelConfig":
+        """This config with ``changes`` by flat name (``n_kv_head=2``, ``attn_impl="flash"``)."""
+        return type(self).from_dict({**self.flat(), **changes})
 
     @property
     def attn_kernel(self) -> str:
@@ -233,3 +333,27 @@ class ModelConfig(DictConfig):
     def d_v(self) -> int:
         """Dv: value width per head, C / H, so the heads concatenate back to C."""
         return self.d_model // self.n_head
+
+
+def _options(given: dict | None, legacy: dict) -> dict:
+    """Each registered design's Options: ``given`` (key -> an Options or a dict of its fields)
+    over the defaults, then ``legacy`` ((key, field) -> value)."""
+    declared = _designs()
+    out = {key: cls() for key, cls in declared.items()}
+    for key, value in (given or {}).items():
+        cls = declared.get(key)
+        if cls is None:
+            raise ConfigError(f"designs: no design called {key!r} has options "
+                              f"({', '.join(declared) or 'none is registered'})")
+        if isinstance(value, cls):
+            out[key] = value
+        elif isinstance(value, dict):
+            unknown = set(value) - {f.name for f in fields(cls)}
+            if unknown:
+                raise ConfigError(f"designs: {key} has no option {', '.join(sorted(unknown))}")
+            out[key] = cls(**value)
+        else:
+            raise ConfigError(f"designs: {key}'s options must be a {cls.__name__} or an object, got {value!r}")
+    for (key, attr), value in legacy.items():
+        out[key] = replace(out[key], **{attr: value})
+    return out

@@ -118,6 +118,7 @@ class LanguageModel(Module):
 
     CHILD_NAMES = {"embed": "", "blocks": "h", "residual": ""}      # GPT-2's names: wte, wpe, h.0, ...
     reads_source = False            # an encoder-decoder's decoding reads a source first (decode.py)
+    pad_id = None                   # the padding token the model masks, where it reads padded pairs
     collation = OneSequence         # how a (source, target) pair becomes a batch row (batch.py)
     block_done = None               # called with i once the backward has passed block i (gradsync.py)
     reports_blocks = False          # whether backward calls block_done (GPT's does)

@@ -40,8 +40,11 @@ class Variant:
     name: how a reader calls it ("Multi-Token Attention").
     active: whether a config has it switched on.
     axis: the config field whose value switches it on ("attention"), if one does.
-    options: the config fields that belong to it: each must keep its default unless the
-        variant is active (``switch`` says how to turn it on, "--attention mta").
+    summary: what choosing it on that axis means, one sentence that ends the axis's help
+        ("mta: Multi-Token Attention, ...").
+    options: its own options, an ``Options`` dataclass (config.py) in its folder: a config
+        holds one (``cfg.designs[key]``), which must keep its defaults unless the variant is
+        active (``switch`` says how to turn it on, "--attention mta").
     refuses: other variants' keys, or USES, mapped to the reason: "rope": "Multi-Token
         Attention uses learned positions here (...)".
     check: more validation of an active variant's config (raise ConfigError).
@@ -66,7 +69,8 @@ class Variant:
     name: str
     active: Callable
     axis: str = ""
-    options: tuple[str, ...] = ()
+    summary: str = ""
+    options: type | None = None
     switch: str = ""
     refuses: dict[str, str] = field(default_factory=dict)
     check: Callable | None = None

@@ -81,7 +81,7 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
     if req.init_from is not None:
         _check_base(req.init_from, req.lora, req.model)          # before any data is prepared
     elif not req.resume:
-        ModelConfig(**{"vocab_size": 1, **req.model})          # the vocabulary comes with the data
+        ModelConfig.from_dict({"vocab_size": 1, **req.model})   # the vocabulary comes with the data
     if not req.resume and req.out is not None and not req.force:
         _refuse_a_committed_run(Path(req.out))                  # before any data is prepared
     if req.resume:
@@ -106,7 +106,7 @@ def start(req: RunRequest, callbacks: Callbacks | None = None,
     arch = build.ARCH.get(req.model.get("arch", ModelConfig.defaults()["arch"]))   # unknown: ModelConfig says so
     if arch is not None:
         derived.update(arch.collation.derived(ds.kind, ds.meta))     # what the architecture takes from the data
-    mcfg = ModelConfig(**derived, **req.model)
+    mcfg = ModelConfig.from_dict({**derived, **req.model})
     out = req.out or Path("checkpoints") / ds.path.name
     return new_run(out, mcfg, tcfg, ds, req.force, callbacks)
 
@@ -301,7 +301,7 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
         raise TbpError(f"{base_run} is a LoRA adapter run; fold it first with tbp merge {base_run} --out DIR")
     mcfg = disk.read_model_config(base_run, base_cfg)
     shape = {k: v for k, v in model_overrides.items() if k not in COMPUTE_FIELDS}
-    target = dataclasses.replace(mcfg, **shape)               # a ConfigError names a bad combination
+    target = mcfg.replace(**shape)                            # a ConfigError names a bad combination
     if build.conversion(mcfg, target) is None:
         _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
@@ -317,7 +317,7 @@ def _compute(overrides: dict) -> dict:
 
 
 def _refuse_model_changes(cfg: ModelConfig, overrides: dict, what: str) -> None:
-    current = cfg.to_dict()
+    current = cfg.flat()
     for k, v in overrides.items():
         if k not in COMPUTE_FIELDS and current.get(k) != v:
             raise ConfigError(f"--{k.replace('_', '-')} {v} differs from {what} ({current.get(k)}); "

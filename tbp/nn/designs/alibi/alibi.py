@@ -70,6 +70,7 @@ def _alibi(cfg) -> Alibi:
 VARIANT = registry.declare(Variant(
     key="alibi", name="ALiBi positions", active=lambda cfg: cfg.positions == "alibi", axis="positions",
     switch="--positions alibi",
+    summary="alibi: a linear bias on the scores by distance, slopes per head (no vector per position).",
     describe=lambda cfg: ("alibi", f"linear biases, slopes {slopes(cfg.n_head)[0]:g} .. {slopes(cfg.n_head)[-1]:g} "
                                    f"· past the context of {cfg.n_ctx}, a sliding window"),
     refuses={"mta": "Multi-Token Attention uses learned positions here (ALiBi's bias is not wired into its "

@@ -17,10 +17,12 @@ before the sublayer that made it is differentiated.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ... import registry
-from ...config import ConfigError
+from ...config import ConfigError, Options, option
 from ...module import Module
 from ...variant import Variant
 from .depth import DepthAttention, Reads, Sources, StackedSources
@@ -44,7 +46,7 @@ class DepthResidual(Module):
 
     @classmethod
     def from_config(cls, cfg, dtype) -> "DepthResidual":
-        return cls(cfg.d_model, cfg.ln_eps, dtype, block_size(cfg), cfg.residual_query_scale)
+        return cls(cfg.d_model, cfg.ln_eps, dtype, block_size(cfg), cfg.designs["attnres"].query_scale)
 
     def block_ops(self, layer: int) -> tuple["DepthAttention | None", "DepthAttention"]:
         """The first sublayer reads the embedding alone (a softmax over one source is 1 whatever
@@ -163,19 +165,34 @@ class DepthGrad:
 
 
 # --- the variant's declaration (variant.py) --------------------------------------------------
+@dataclass(frozen=True)
+class AttnResOptions(Options):
+    """Attention Residuals' own options (``cfg.designs["attnres"]``), flags ``--residual-*``."""
+    PREFIX = "residual_"
+    blocks: int = option(0, "Attention Residuals over blocks: the 2 x n_layer sublayers summed in this many "
+                            "blocks, each a source (0: every sublayer its own source, full AttnRes).",
+                         min=0, max=192)
+    query_scale: float = option(1.0, "Attention Residuals: a factor c on the depth logits, q = c g w. Under Adam "
+                                     "it sets the pseudo-queries' own learning rate (c times the shared one); 0 "
+                                     "freezes them at zero, each input the mean of its sources (1: the paper's).",
+                                min=0.0)
+
+
 def block_size(cfg) -> int:
     """Sublayers per block (1: full AttnRes)."""
-    return 2 * cfg.n_layer // cfg.residual_blocks if cfg.residual_blocks else 1
+    blocks = cfg.designs["attnres"].blocks
+    return 2 * cfg.n_layer // blocks if blocks else 1
 
 
 def _check(cfg) -> None:
-    if cfg.residual_blocks and (2 * cfg.n_layer) % cfg.residual_blocks:
-        raise ConfigError(f"residual_blocks ({cfg.residual_blocks}) must divide the {2 * cfg.n_layer} "
-                          f"sublayers (2 x n_layer)")
+    blocks = cfg.designs["attnres"].blocks
+    if blocks and (2 * cfg.n_layer) % blocks:
+        raise ConfigError(f"residual_blocks ({blocks}) must divide the {2 * cfg.n_layer} sublayers (2 x n_layer)")
 
 
 def _describe(cfg) -> tuple[str, str]:
-    form = f"blocks: {cfg.residual_blocks} blocks of {block_size(cfg)} sublayers" if block_size(cfg) > 1 else \
+    blocks = cfg.designs["attnres"].blocks
+    form = f"blocks: {blocks} blocks of {block_size(cfg)} sublayers" if block_size(cfg) > 1 else \
         f"full: each of the {2 * cfg.n_layer} sublayers reads the embedding and every earlier output"
     return "residual", f"attention over depth · {form} · final state mixed too"
 
@@ -207,7 +224,9 @@ def _inspect(model, ids: list[int]) -> dict:
 
 VARIANT = registry.declare(Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
-    options=("residual_blocks", "residual_query_scale"), switch="--residual attention",
+    options=AttnResOptions, switch="--residual attention",
+    summary="attention: Attention Residuals, a learned per-token softmax over the embedding and every earlier "
+            "sublayer's output (the mean of them at initialisation).",
     refuses={"encoder-decoder": "Attention Residuals are built for the GPT (not the encoder-decoder)",
              "recompute": "Attention Residuals' blocks read every earlier block's output, so no block's input "
                           "alone recomputes it (drop --recompute)",

@@ -66,9 +66,9 @@ def attnres_gpt_loss_and_grads(P: dict, cfg, idx, targets):
     dP_{n,k'}. Walking the sublayers in reverse, every reader of a source comes before it."""
     B, T = idx.shape
     C, L = cfg.d_model, cfg.n_layer
-    s = 2 * L // cfg.residual_blocks if cfg.residual_blocks else 1
+    blocks, c = cfg.designs["attnres"].blocks, cfg.designs["attnres"].query_scale   # c: q = c g w
+    s = 2 * L // blocks if blocks else 1
     eps = cfg.ln_eps
-    c = cfg.residual_query_scale                                        # the logits' factor: q = c g w
     x0, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
     values = {("S", 0): x0.reshape(-1, C)}                              # source name -> (N, C)
     reads, caches = [], []

@@ -9,11 +9,12 @@ embedding.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from ... import init, registry
-from ...config import ConfigError, ModelConfig
+from ...config import ConfigError, ModelConfig, Options, option
 from .cross import CrossAttention
 from ...embedding import Embedding
 from ...batch import Batch
@@ -79,11 +80,10 @@ class Encoder(Module):
         super().__init__()
         # the encoder-decoder's own kernel ("dense": a padded source needs the key mask), not the one
         # "auto" would pick for a GPT of this context
-        bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", n_enc_layer=None,
-                                            attn_impl=cfg.attn_kernel)
+        bidirectional = dataclasses.replace(cfg, causal=False, arch="gpt", designs={}, attn_impl=cfg.attn_kernel)
+        n_enc_layer = cfg.designs["encoder-decoder"].n_enc_layer
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, dtype)
-        self.blocks = Stack(Block(bidirectional, rng, dtype, additions=2 * cfg.n_enc_layer)
-                            for _ in range(cfg.n_enc_layer))
+        self.blocks = Stack(Block(bidirectional, rng, dtype, additions=2 * n_enc_layer) for _ in range(n_enc_layer))
         self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
 
     def forward(self, src: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
@@ -140,8 +140,9 @@ class EncoderDecoder(LanguageModel):
 
     The decoder is GPT-shaped (``wte``, ``wpe``, ``h.*``, ``ln_f``, tied or untied head) with
     a cross-attention in every block; the encoder's parameters are under ``enc.``. Source and
-    target share the tokenizer but not the embedding tables. ``pad_id`` (config): padded
-    source positions are masked as keys everywhere, and ``tgt_out == pad_id`` carries no loss.
+    target share the tokenizer but not the embedding tables. ``pad_id`` (its options,
+    ``cfg.designs["encoder-decoder"]``): padded source positions are masked as keys everywhere,
+    and ``tgt_out == pad_id`` carries no loss.
 
     >>> cfg = ModelConfig(arch="encoder-decoder", vocab_size=11, n_ctx=8, n_layer=1, n_head=2, d_model=8)
     >>> EncoderDecoder(cfg).forward(np.array([[1, 2, 3, 4]]), np.array([[5, 6]])).shape
@@ -166,11 +167,15 @@ class EncoderDecoder(LanguageModel):
         self.source_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
         self._head_and_pack(cfg, rng)
 
+    @property
+    def pad_id(self) -> int | None:
+        return self.config.designs["encoder-decoder"].pad_id
+
     def source_mask(self, src: np.ndarray) -> np.ndarray | None:
         """(B, 1, 1, S) additive mask of src's padded positions, or None when nothing is padded."""
-        if self.config.pad_id is None:
+        if self.pad_id is None:
             return None
-        pad = src == self.config.pad_id
+        pad = src == self.pad_id
         if pad.all(axis=1).any():
             raise ValueError("a source sequence is all padding: nothing to attend to")
         return padding_mask(pad, self.dtype) if pad.any() else None
@@ -232,8 +237,8 @@ class EncoderDecoder(LanguageModel):
                 "cross": [b.cross.weights() for b in self.blocks]}
 
     def _weights(self, tgt_out: np.ndarray, weights: np.ndarray | None) -> np.ndarray | None:
-        if weights is None and self.config.pad_id is not None:
-            return (tgt_out != self.config.pad_id).astype(self.dtype)
+        if weights is None and self.pad_id is not None:
+            return (tgt_out != self.pad_id).astype(self.dtype)
         return weights
 
     def loss(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray,
@@ -266,16 +271,32 @@ class EncoderDecoder(LanguageModel):
         return self.accumulate(batch.source, batch.idx, batch.targets, scale, batch.weights)
 
 
+@dataclass(frozen=True)
+class EncDecOptions(Options):
+    """The encoder-decoder's own options (``cfg.designs["encoder-decoder"]``)."""
+    n_enc_layer: int | None = option(None, "Encoder blocks of an encoder-decoder (default: --n-layer, the "
+                                           "decoder's).", min=1, max=96)
+    pad_id: int | None = option(None, "The padding token: an encoder-decoder masks padded source keys and "
+                                      "targets (set from the tokenizer).", min=0, cli=False)
+
+
 def _check(cfg: ModelConfig) -> None:
-    if cfg.n_enc_layer is None:
-        cfg.n_enc_layer = cfg.n_layer                  # the default: as deep as the decoder
+    o = cfg.designs["encoder-decoder"]
+    if o.n_enc_layer is None:                          # the default: as deep as the decoder
+        cfg.designs["encoder-decoder"] = o = dataclasses.replace(o, n_enc_layer=cfg.n_layer)
+    if o.pad_id is not None and o.pad_id >= cfg.vocab_size:
+        raise ConfigError(f"pad_id {o.pad_id} is outside the vocabulary ({cfg.vocab_size})")
     if not cfg.causal:
         raise ConfigError("an encoder-decoder's decoder is causal (its encoder never is)")
 
 
 VARIANT = registry.declare(Variant(
     key="encoder-decoder", name="encoder-decoder", active=lambda cfg: cfg.arch == "encoder-decoder", axis="arch",
-    options=("n_enc_layer",), switch="--arch encoder-decoder",
+    options=EncDecOptions, switch="--arch encoder-decoder",
+    summary="encoder-decoder: a non-causal encoder reads the source, the decoder cross-attends to it (paired "
+            "datasets).",
+    describe=lambda cfg: ("encoder", f"{cfg.designs['encoder-decoder'].n_enc_layer} non-causal layers over the "
+                                     f"source; each decoder layer cross-attends to them"),
     refuses={"rope": "an encoder-decoder uses learned positions (rope is for the decoder-only GPT)",
              "flash": "an encoder-decoder's attention is dense: its padding masks are not in the flash kernel "
                       "(attn_impl auto or dense)",
@@ -289,7 +310,8 @@ VARIANT = registry.declare(Variant(
              "chat": "conversations are for a GPT trained on a chat dataset",
              "bench": "tbp bench times the GPT; an encoder-decoder's speed shows in tbp train's tokens/s"},
     # an encoder layer, and each decoder layer's cross-attention, keep what a GPT layer keeps
-    activations=lambda cfg: 2 * cfg.n_enc_layer * (26 * cfg.d_model + 2 * cfg.n_head * cfg.n_ctx),
+    activations=lambda cfg: 2 * cfg.designs["encoder-decoder"].n_enc_layer * (26 * cfg.d_model
+                                                                            + 2 * cfg.n_head * cfg.n_ctx),
     check=_check,
     # cross-attention over a source whose last position in row 0 is padding, as a layer and in a
     # decoder block (its memory's gradient is checked; the padded position's must be zero)

@@ -90,11 +90,12 @@ def encoder_decoder_loss_and_grads(P: dict, cfg, src, tgt_in, tgt_out):
     head. The loss is the mean cross-entropy over targets that are not padding. Every decoder
     layer reads m, so m's gradient is the sum of their cross-attentions' dm. The causal
     attention and the MLPs are Attention Residuals' twin's sublayers (reference_variants)."""
-    pad = src == cfg.pad_id if cfg.pad_id is not None else None
+    pad_id = cfg.designs["encoder-decoder"].pad_id
+    pad = src == pad_id if pad_id is not None else None
     grads: dict = {}
     x, enc_emb = embedding_forward(src, P["enc.wte"], P["enc.wpe"])
     enc = []
-    for i in range(cfg.n_enc_layer):
+    for i in range(cfg.designs["encoder-decoder"].n_enc_layer):
         h = f"enc.h.{i}."
         a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)
         a, attn = _encoder_attention(P, h, a, cfg, pad)
@@ -118,7 +119,7 @@ def encoder_decoder_loss_and_grads(P: dict, cfg, src, tgt_in, tgt_out):
         f, mlp = sublayer_forward(P, h, i, "mlp", y, cfg)
         y = y + f
         dec.append((attn, lnc, cross, mlp))
-    weights = (tgt_out != cfg.pad_id).astype(float) if cfg.pad_id is not None else None
+    weights = (tgt_out != pad_id).astype(float) if pad_id is not None else None
     loss, dy = head_loss_and_backward(P, cfg, y, tgt_out, grads, weights)
 
     dm = np.zeros_like(m)
@@ -137,7 +138,7 @@ def encoder_decoder_loss_and_grads(P: dict, cfg, src, tgt_in, tgt_out):
     dwte, grads["wpe"] = embedding_backward(dy, dec_emb)
     grads["wte"] = grads.get("wte", 0) + dwte
     dx, grads["enc.ln_f.weight"], grads["enc.ln_f.bias"] = layernorm_backward(dm, enc_lnf)
-    for i in reversed(range(cfg.n_enc_layer)):
+    for i in reversed(range(cfg.designs["encoder-decoder"].n_enc_layer)):
         h = f"enc.h.{i}."
         ln1, attn, mlp = enc[i]
         dx = dx + sublayer_backward(dx, mlp, h, "mlp", grads)

@@ -24,16 +24,29 @@ group, the group's query heads together, since a kept position is a cached row o
 """
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from ... import registry
 from ...attention import CausalSelfAttention
-from ...config import ConfigError
+from ...config import ConfigError, Options, option
 from ...positions import LEARNED, Positions
 from ..rope.rope import Rotary
 from ...variant import Variant
+
+
+@dataclass(frozen=True)
+class GQAOptions(Options):
+    """Grouped-query attention's own option (``cfg.designs["gqa"]``)."""
+    n_kv_head: int | None = option(None, "Grouped-query attention: key/value heads, dividing n_head (1: multi-query "
+                                         "attention); the KV cache is n_head / n_kv_head times smaller.",
+                                   min=1, max=128)
+
+
+def kv_heads(cfg) -> int:
+    """Hkv of a model of ``cfg``: its grouped-query key/value heads, or one per query head."""
+    return cfg.designs["gqa"].n_kv_head or cfg.n_head
 
 
 @registry.attention("gqa")
@@ -51,7 +64,7 @@ class GroupedQueryAttention(CausalSelfAttention):
     @classmethod
     def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float,
                     positions: Positions = LEARNED):
-        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.n_kv_head, bias=cfg.bias,
+        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, kv_heads(cfg), bias=cfg.bias,
                    causal=cfg.causal, proj_std=proj_std, impl=cfg.attn_kernel,
                    positions=positions, window=positions.window(cfg.n_ctx))
 
@@ -68,8 +81,8 @@ class GroupedQueryAttention(CausalSelfAttention):
 
     # --- inference (decode.py) --------------------------------------------------------------
     @classmethod
-    def cache_numbers(cls, cfg) -> int:
-        return cfg.n_ctx * cfg.n_kv_head * (cfg.d_qk + cfg.d_v + 1)
+    def key_value_heads(cls, cfg) -> int:
+        return kv_heads(cfg)
 
     def _scratch(self, B: int, Tn: int, n_ctx: int, dtype):
         """The shared scratch, with the query-side arrays grouped (B, Hkv, G, Tn, .): one
@@ -116,10 +129,10 @@ def pool_kv_heads(model, n_kv_head: int):
     why = _unpoolable(cfg, n_kv_head)
     if why:
         raise ValueError(why)
-    H, Hs, Dk, Dv = cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.d_qk, cfg.d_v
+    H, Hs, Dk, Dv = cfg.n_head, kv_heads(cfg), cfg.d_qk, cfg.d_v
     R = Hs // n_kv_head
     first = next(iter(model.params.values()))
-    pooled = type(model)(dataclasses.replace(cfg, attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
+    pooled = type(model)(cfg.replace(attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
     if set(pooled.params) != set(model.params):
         raise ValueError("pooling key/value heads needs plain weights (merge a LoRA run first)")
     for name, p in pooled.params.items():
@@ -138,7 +151,7 @@ def _unpoolable(cfg, n_kv_head: int) -> str | None:
     if cfg.arch != "gpt" or cfg.attention not in ("standard", "gqa"):
         return (f"pooling key/value heads needs a GPT with standard or grouped-query attention, "
                 f"not {cfg.arch} with {cfg.attention} attention")
-    heads = cfg.n_kv_head or cfg.n_head
+    heads = kv_heads(cfg)
     if n_kv_head < 1 or heads % n_kv_head:
         return f"n_kv_head ({n_kv_head}) must divide the model's {heads} key/value heads"
     return None
@@ -148,30 +161,33 @@ def _pooling(base, cfg):
     """A fine-tune into grouped-query attention (``--init-from RUN --attention gqa --n-kv-head
     K``): the base's key/value heads mean-pooled, K dividing them; refused before any weight
     is read."""
-    why = _unpoolable(base, cfg.n_kv_head)
+    want = kv_heads(cfg)
+    why = _unpoolable(base, want)
     if why:
-        raise ConfigError(f"--init-from with --n-kv-head {cfg.n_kv_head}: the base run's key/value heads are "
+        raise ConfigError(f"--init-from with --n-kv-head {want}: the base run's key/value heads are "
                           f"mean-pooled, and {why}")
-    return lambda model: pool_kv_heads(model, cfg.n_kv_head)
+    return lambda model: pool_kv_heads(model, want)
 
 
 def _check(cfg) -> None:
-    if cfg.n_kv_head is None:
+    n_kv_head = cfg.designs["gqa"].n_kv_head
+    if n_kv_head is None:
         raise ConfigError("grouped-query attention needs --n-kv-head, the key/value heads (1: multi-query)")
-    if cfg.n_head % cfg.n_kv_head:
-        raise ConfigError(f"n_kv_head ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
+    if cfg.n_head % n_kv_head:
+        raise ConfigError(f"n_kv_head ({n_kv_head}) must divide n_head ({cfg.n_head})")
 
 
 VARIANT = registry.declare(Variant(
     key="gqa", name="grouped-query attention", active=lambda cfg: cfg.attention == "gqa", axis="attention",
-    options=("n_kv_head",), switch="--attention gqa",
+    summary="gqa: grouped-query attention, --n-kv-head key/value heads shared by the query heads.",
+    options=GQAOptions, switch="--attention gqa",
     refuses={"encoder-decoder": "grouped-query attention is built for the GPT here (the encoder-decoder's "
                                 "cross-attention has no grouped form)",
              "export": "GPT-2 has a key and a value head for every query head"},
     check=_check,
     convert=_pooling,
-    describe=lambda cfg: ("grouped-query", f"{cfg.n_kv_head} key/value head{'s' * (cfg.n_kv_head != 1)} for "
-                                           f"{cfg.n_head} query heads · KV cache {cfg.n_head // cfg.n_kv_head}× "
+    describe=lambda cfg: ("grouped-query", f"{kv_heads(cfg)} key/value head{'s' * (kv_heads(cfg) != 1)} for "
+                                           f"{cfg.n_head} query heads · KV cache {cfg.n_head // kv_heads(cfg)}× "
                                            f"smaller"),
     layer_cases=(
         ("attention [gqa: 4 heads, 2 key/value heads]",

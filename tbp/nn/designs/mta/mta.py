@@ -28,11 +28,13 @@ The flash kernel is refused: the post-softmax steps need whole normalised rows.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ... import registry
 from ...attention import CausalSelfAttention
-from ...config import ConfigError
+from ...config import ConfigError, Options, option
 from ...module import DecodeState
 from ...variant import Variant
 from .map import MTAParams, depth_scale
@@ -62,10 +64,10 @@ class MultiTokenAttention(CausalSelfAttention):
     @classmethod
     def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float, positions=None):
         """(``positions``: learned ones, the only kind Multi-Token Attention takes here.)"""
-        conv = (cfg.mta_cq, cfg.mta_ck) if layer in conv_layers(cfg) else None
+        o = cfg.designs["mta"]
+        conv = (o.cq, o.ck) if layer in conv_layers(cfg) else None
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, proj_std, conv,
-                   cfg.mta_post, cfg.mta_mix, cfg.mta_group, cfg.mta_norm,
-                   scale=depth_scale(layer) if cfg.mta_depth_scale else 1.0)
+                   o.post, o.mix, o.group, o.norm, scale=depth_scale(layer) if o.depth_scale else 1.0)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, x: np.ndarray, key_mask: np.ndarray | None = None, noise=None) -> np.ndarray:
@@ -134,40 +136,62 @@ class MultiTokenAttention(CausalSelfAttention):
 
 
 # --- the variant's declaration (variant.py) --------------------------------------------------
+@dataclass(frozen=True)
+class MTAOptions(Options):
+    """Multi-Token Attention's own options (``cfg.designs["mta"]``), flags ``--mta-*``."""
+    PREFIX = "mta_"
+    cq: int = option(2, "MTA: query rows of the key-query kernel (the current and cq - 1 past).", min=1, max=64)
+    ck: int = option(9, "MTA: key columns of the key-query kernel, centred on the key (odd).", min=1, max=255)
+    layers: str = option("all", "MTA: the layers with the key-query convolution, all or e.g. 0,2 (every layer "
+                                "gets the other MTA steps switched on).")
+    post: bool = option(False, "MTA: a second key-query convolution after the softmax.",
+                        flag="--mta-post/--no-mta-post")
+    mix: bool = option(False, "MTA: mix the heads' scores before the softmax (an H x H matrix).",
+                       flag="--mta-mix/--no-mta-mix")
+    group: int = option(0, "MTA: mix the heads' weights after the softmax in groups of this many (0: off).",
+                        min=0, max=128)
+    norm: bool = option(False, "MTA: RMS-normalise each head's output, then gate it.",
+                        flag="--mta-norm/--no-mta-norm")
+    depth_scale: bool = option(False, "MTA: scale the normed output by 1 - lambda(l), lambda(l) = 0.8 - 0.6 "
+                                      "exp(-0.3 l) for layer l (the paper's, off in its released configs; needs "
+                                      "--mta-norm).", flag="--mta-depth-scale/--no-mta-depth-scale")
+
+
 def conv_layers(cfg) -> tuple[int, ...]:
     """The layers that carry the key-query convolution (``mta_layers`` parsed and checked)."""
-    if cfg.mta_layers.strip() == "all":
+    spec = cfg.designs["mta"].layers
+    if spec.strip() == "all":
         return tuple(range(cfg.n_layer))
     try:
-        layers = tuple(sorted({int(x) for x in cfg.mta_layers.split(",") if x.strip()}))
+        layers = tuple(sorted({int(x) for x in spec.split(",") if x.strip()}))
     except ValueError:
-        raise ConfigError(f"mta_layers must be all or comma-separated layer numbers, got {cfg.mta_layers!r}") \
-            from None
+        raise ConfigError(f"mta_layers must be all or comma-separated layer numbers, got {spec!r}") from None
     if not layers or min(layers) < 0 or max(layers) >= cfg.n_layer:
-        raise ConfigError(f"mta_layers {cfg.mta_layers!r}: the model has layers 0 .. {cfg.n_layer - 1}")
+        raise ConfigError(f"mta_layers {spec!r}: the model has layers 0 .. {cfg.n_layer - 1}")
     return layers
 
 
 def _check(cfg) -> None:
-    if cfg.mta_ck % 2 == 0:
-        raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {cfg.mta_ck}")
+    o = cfg.designs["mta"]
+    if o.ck % 2 == 0:
+        raise ConfigError(f"mta_ck must be odd (the kernel is centred on the key), got {o.ck}")
     # taps past these reach only the zero padding around a T x T map: work for nothing
-    if cfg.mta_cq > cfg.n_ctx or cfg.mta_ck > 2 * cfg.n_ctx - 1:
-        raise ConfigError(f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} is wider than a {cfg.n_ctx} x "
+    if o.cq > cfg.n_ctx or o.ck > 2 * cfg.n_ctx - 1:
+        raise ConfigError(f"an MTA kernel of {o.cq} x {o.ck} is wider than a {cfg.n_ctx} x "
                           f"{cfg.n_ctx} score map can use (mta_cq <= n_ctx, mta_ck <= 2 n_ctx - 1)")
-    if cfg.mta_depth_scale and not cfg.mta_norm:
+    if o.depth_scale and not o.norm:
         raise ConfigError("mta_depth_scale scales the output of the group norm: it needs mta_norm")
-    if cfg.mta_group and cfg.n_head % cfg.mta_group:
-        raise ConfigError(f"mta_group ({cfg.mta_group}) must divide n_head ({cfg.n_head})")
+    if o.group and cfg.n_head % o.group:
+        raise ConfigError(f"mta_group ({o.group}) must divide n_head ({cfg.n_head})")
     conv_layers(cfg)
 
 
 def _describe(cfg) -> tuple[str, str]:
-    steps = [f"{cfg.mta_cq}×{cfg.mta_ck} key-query convolution in layers " + ", ".join(map(str, conv_layers(cfg)))]
-    steps += [what for on, what in ((cfg.mta_post, "post-softmax convolution"), (cfg.mta_mix, "head mixing"),
-                                    (cfg.mta_group, f"head groups of {cfg.mta_group}"),
-                                    (cfg.mta_norm, "norm + gate" + (", scaled by depth" if cfg.mta_depth_scale
-                                                                    else ""))) if on]
+    o = cfg.designs["mta"]
+    steps = [f"{o.cq}×{o.ck} key-query convolution in layers " + ", ".join(map(str, conv_layers(cfg)))]
+    steps += [what for on, what in ((o.post, "post-softmax convolution"), (o.mix, "head mixing"),
+                                    (o.group, f"head groups of {o.group}"),
+                                    (o.norm, "norm + gate" + (", scaled by depth" if o.depth_scale else ""))) if on]
     return "multi-token", " · ".join(steps)
 
 
@@ -176,9 +200,10 @@ def step_work(cfg, batch_size: int) -> tuple[int, str, str]:
     passes over every B x H x T x T score map once forward and twice backward (dX and the
     kernel's gradient), in each convolution layer (twice with mta_post). Returns (work, what
     makes it, what to change)."""
-    maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(conv_layers(cfg)) * (2 if cfg.mta_post else 1)
-    return (3 * cfg.mta_cq * cfg.mta_ck * maps,
-            f"an MTA kernel of {cfg.mta_cq} x {cfg.mta_ck} over {cfg.n_ctx} x {cfg.n_ctx} maps",
+    o = cfg.designs["mta"]
+    maps = batch_size * cfg.n_head * cfg.n_ctx ** 2 * len(conv_layers(cfg)) * (2 if o.post else 1)
+    return (3 * o.cq * o.ck * maps,
+            f"an MTA kernel of {o.cq} x {o.ck} over {cfg.n_ctx} x {cfg.n_ctx} maps",
             "use a smaller kernel (the paper's is 6 x 11), context or batch")
 
 
@@ -195,8 +220,9 @@ def kernels(model) -> dict[int, dict[str, np.ndarray]]:
 
 VARIANT = registry.declare(Variant(
     key="mta", name="Multi-Token Attention", active=lambda cfg: cfg.attention == "mta", axis="attention",
-    options=("mta_cq", "mta_ck", "mta_layers", "mta_post", "mta_mix", "mta_group", "mta_norm", "mta_depth_scale"),
-    switch="--attention mta",
+    options=MTAOptions, switch="--attention mta",
+    summary="mta: Multi-Token Attention, a learned convolution over each head's score map (identity at "
+            "initialisation).",
     refuses={"encoder-decoder": "Multi-Token Attention is for the GPT (its encoder-decoder is not built)",
              "flash": "Multi-Token Attention cannot use the flash kernel: its post-softmax steps need whole "
                       "normalised rows (attn_impl auto or dense)",

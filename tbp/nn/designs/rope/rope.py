@@ -15,10 +15,12 @@ its transpose (the rotation by -t theta):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ... import registry
-from ...config import ConfigError
+from ...config import ConfigError, Options, option
 from ...positions import Positions
 from ...variant import Variant
 
@@ -97,9 +99,19 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> 
     return out
 
 
+@dataclass(frozen=True)
+class RopeOptions(Options):
+    """Rotary positions' own option (``cfg.designs["rope"]``), flag ``--rope-base``. It may be
+    set with other positions (KEPT_WHEN_OFF): runs of earlier releases saved it with learned ones."""
+    PREFIX = "rope_"
+    KEPT_WHEN_OFF = True
+    base: float = option(10000.0, "RoPE frequency base: pair i turns by position * base^(-2i/d_qk).",
+                         min=1.0, min_open=True)
+
+
 @registry.positions("rope")
 def _rotary(cfg) -> Rotary:
-    return Rotary(cfg.d_qk, cfg.rope_base)
+    return Rotary(cfg.d_qk, cfg.designs["rope"].base)
 
 
 def _check(cfg) -> None:
@@ -109,8 +121,10 @@ def _check(cfg) -> None:
 
 VARIANT = registry.declare(Variant(
     key="rope", name="rotary positions", active=lambda cfg: cfg.positions == "rope", axis="positions", check=_check,
-    switch="--positions rope",      # rope_base is not its option: older runs saved it with learned positions
-    describe=lambda cfg: ("rotary", f"base {cfg.rope_base:g} · past the context of {cfg.n_ctx}, a sliding window"),
+    switch="--positions rope", options=RopeOptions,
+    summary="rope: queries and keys rotated by position (no vector per position).",
+    describe=lambda cfg: ("rotary", f"base {cfg.designs['rope'].base:g} · past the context of {cfg.n_ctx}, "
+                                    f"a sliding window"),
     refuses={"export": "GPT-2 learns a vector per position; it has no rotation of queries and keys"},
     # the flash kernel in tiles of 2 query x 3 key rows over T = 5 (several tiles, a partial one,
     # the diagonal), rotating inside its tiles

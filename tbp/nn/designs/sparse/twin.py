@@ -56,8 +56,8 @@ def last_logits(P: dict, cfg, tokens: np.ndarray, kept, layer: int, own_top: int
         qkv = a @ P[h + "attn.c_attn.weight"] + P[h + "attn.c_attn.bias"]
         out = np.zeros((B, T, H * Dv))
         for hd in range(H):
-            q = rope_forward(qkv[..., hd * Dk:(hd + 1) * Dk], cfg.rope_base)
-            k = rope_forward(qkv[..., H * Dk + hd * Dk:H * Dk + (hd + 1) * Dk], cfg.rope_base)
+            q = rope_forward(qkv[..., hd * Dk:(hd + 1) * Dk], cfg.designs["rope"].base)
+            k = rope_forward(qkv[..., H * Dk + hd * Dk:H * Dk + (hd + 1) * Dk], cfg.designs["rope"].base)
             v = qkv[..., 2 * H * Dk + hd * Dv:2 * H * Dk + (hd + 1) * Dv]
             s = q @ k.transpose(0, 2, 1) / np.sqrt(Dk)
             s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
