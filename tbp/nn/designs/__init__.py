@@ -8,3 +8,4 @@ from . import alibi  # noqa: F401,E402
 from . import flash  # noqa: F401,E402
 from . import sparse  # noqa: F401,E402
 from . import encdec  # noqa: F401,E402
+from . import qknorm  # noqa: F401,E402
