@@ -98,7 +98,7 @@ def test_sparse_decoding_export_and_gguf_are_refused_with_the_reason():
     cfg = ModelConfig(vocab_size=13, n_ctx=8, n_layer=1, n_head=2, d_model=8, positions="alibi")
     with pytest.raises(ValueError, match="without their ALiBi bias"):
         Inference(GPT(cfg), 1, SparseRule("topk", budget=4, layers=(0,)))
-    assert "ALiBi" in build.refusal(cfg, "sparse")
+    assert "ALiBi" in build.refusal(cfg, "thin")
     with pytest.raises(TbpError, match="no linear bias on the scores"):
         exportable(cfg)
     with pytest.raises(TbpError, match="neither of which has ALiBi's bias"):

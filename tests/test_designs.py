@@ -102,7 +102,7 @@ def test_every_declared_model_case_builds_with_its_variant_on_and_decodes_as_it_
 def test_every_refusal_is_a_sentence_and_names_a_variant_or_a_use(variant):
     keys = {v.key for v in build.VARIANTS}
     for other, why in variant.refuses.items():
-        assert other in keys or other in build.USES, other
+        assert other in keys or other in registry.USES, other
         assert len(why.split()) >= 4 and not why.endswith("."), why
 
 

@@ -113,12 +113,12 @@ def test_sparse_decoding_chooses_per_key_value_group(rng, kind):
         assert np.isfinite(got).all()
         if t + 1 <= 12:
             continue
-        assert sparse.kept.shape == (2, 2, 12)
-        scores = sparse.kept_scores.reshape(2 * 2, 2, t + 1)              # (B Hkv, G, t)
+        assert sparse.last.keep.shape == (2, 2, 12)
+        scores = sparse.last.scores.reshape(2 * 2, 2, t + 1)              # (B Hkv, G, t)
         if kind == "topk":
             scores = scores.max(axis=1, keepdims=True)
         want = sparse_twin.select_positions(scores, kind, 12)
-        np.testing.assert_array_equal(sparse.kept.reshape(4, -1), np.array(want).reshape(4, -1))
+        np.testing.assert_array_equal(sparse.last.keep.reshape(4, -1), np.array(want).reshape(4, -1))
 
 
 @pytest.mark.parametrize("changes,message", [

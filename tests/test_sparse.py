@@ -63,23 +63,22 @@ def test_the_gathered_attention_equals_dense_attention_with_the_rest_masked(kind
     for t in range(4, 44):
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
         if t + 1 <= 12:
-            assert sparse.kept is None                         # nothing to thin yet
+            assert sparse.last is None                         # nothing to thin yet
             continue
-        want = twin.last_logits(m.params, m.config, tokens[:, :t + 1], sparse.kept, layer=1)
+        want = twin.last_logits(m.params, m.config, tokens[:, :t + 1], sparse.last.keep, layer=1)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
 
 
 def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
-    """The sparse axis of the registry: a kind registered by a design (here, the last K
-    positions, one set for all heads) is built, checked and decoded like the built-in ones,
-    and equals the built-in window with no sinks."""
-    from tbp.nn import registry
-    from tbp.nn.designs.sparse.sparse import Selection
+    """The rule kinds' registry: a kind registered from outside (here, the last K positions, one
+    set for all heads) is built, checked and decoded like the built-in ones, and equals the
+    built-in window with no sinks."""
+    from tbp.nn.designs.sparse.sparse import SELECTIONS, Selection, selection
 
     def last_k(scores, rule):
         B, _, n = scores.shape
         return np.broadcast_to(np.arange(n - rule.budget, n), (B, rule.budget)).copy()
-    registry.sparse("test-last-k")(Selection(last_k))
+    selection("test-last-k")(Selection(last_k))
     try:
         m = model()
         tokens = np.random.default_rng(6).integers(0, 13, (2, 30))
@@ -89,9 +88,9 @@ def test_a_rule_registered_from_outside_decodes_with_no_edit_of_the_decoder():
         window.forward(tokens[:, :4])
         for t in range(4, 30):
             np.testing.assert_array_equal(mine.forward(tokens[:, t:t + 1]), window.forward(tokens[:, t:t + 1]))
-        assert mine.kept is not None
+        assert mine.last is not None and mine.last.keep is not None
     finally:
-        del registry.SPARSE["test-last-k"]
+        del SELECTIONS["test-last-k"]
     with pytest.raises(ValueError, match="sparse kind must be one of lessismore, topk, window, layer-topk"):
         SparseRule("test-last-k")
 
@@ -111,7 +110,7 @@ def test_a_per_layer_top_k_attends_to_each_layers_own_best_keys():
         got = sparse.forward(tokens[:, t:t + 1])[:, -1]
         want = twin.last_logits(m.params, m.config, tokens[:, :t + 1], None, layer=1, own_top=9)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(t))
-        assert sparse.kept.shape == (2, 2, 9)                      # the last layer's sets, a set per head
+        assert sparse.last.keep.shape == (2, 2, 9)                      # the last layer's sets, a set per head
 
 
 def test_a_selection_layer_past_the_model_is_refused():

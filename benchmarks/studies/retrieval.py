@@ -287,7 +287,7 @@ def answers(model, ids: np.ndarray, rules: list, batch: int, log=print) -> list[
         dec.forward(rows[:, :prompt - 1])                                 # dense, once
         for i, rule in enumerate(rules):
             dec.rewind(prompt - 1)                                        # back to the prefill
-            dec.sparse = rule
+            dec.strategy = rule
             out[i][b0:b0 + len(rows)] = greedy(dec, rows[:, prompt - 1], ANSWER)
         done = b0 + len(rows)
         log(f"{done}/{S} lines, dense {int((out[0][:done] == ids[:done, prompt:]).all(1).sum())} right, "

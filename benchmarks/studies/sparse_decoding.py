@@ -47,7 +47,7 @@ def last_steps(model, inputs: np.ndarray, m: int, rules: list, batch: int) -> li
         dec.forward(rows[:, :n - m])
         for i, rule in enumerate(rules):
             dec.rewind(n - m)                                             # back to the prefill
-            dec.sparse = rule
+            dec.strategy = rule
             for j in range(n - m, n):
                 out[i][b0:b0 + len(rows), j - n + m] = log_softmax(dec.forward(rows[:, j:j + 1], check=False)[:, -1])
     return out

@@ -245,7 +245,7 @@ def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, rec
 def check_sparse(cfg: ModelConfig, rule) -> None:
     """Usage errors of a rule for this model: a variant that refuses sparse decoding, or a
     selection layer past the model's."""
-    why = build.refusal(cfg, "sparse")
+    why = build.refusal(cfg, SparseRule.use)
     if why is not None:
         raise click.UsageError(f"--sparse: {why}")
     L = cfg.n_layer

@@ -101,7 +101,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
     (the <|sep|> token); its target ends at n_ctx tokens.
     """
-    why = build.refusal(model.config, "sparse") if sparse is not None else None
+    why = build.refusal(model.config, sparse.use) if sparse is not None else None
     if why is not None:
         raise ValueError(why)
     if model.reads_source:

@@ -45,8 +45,8 @@ def kept_positions(model, ids: list[int], rule) -> np.ndarray:
     decoder.forward(np.array([ids[:1]]))
     for t in range(1, T):
         decoder.forward(np.array([ids[t:t + 1]]), check=False)
-        if decoder.kept is not None:
-            sets = decoder.kept[0]
+        if decoder.last is not None and decoder.last.keep is not None:
+            sets = decoder.last.keep[0]
             kept[t] = 0
             for s in (sets if sets.ndim == 2 else sets[None]):
                 kept[t, s] += 1.0 / (len(sets) if sets.ndim == 2 else 1)

@@ -37,9 +37,10 @@ class CausalSelfAttention(Module):
     positions sets it to its context, so a sequence longer than the context is sliding-window
     attention -- exactly what the sliding KV cache computes. None: no limit.
 
-    The keys and values are ``n_kv_head`` heads (here H, one per query head); a variant that
-    shares them between groups of query heads passes ``n_kv_head`` and changes :meth:`_expand`,
-    :meth:`_reduce` and, for decoding, :meth:`_scratch`, :meth:`_by_cache_head` and :meth:`select`.
+    The keys and values are ``n_kv_head`` heads (here H, one per query head): a kind of
+    attention whose query heads share them passes fewer and says how they are read (the
+    expansion and its transpose, :meth:`_expand` and :meth:`_reduce`; for decoding, the scratch's
+    shapes and the cache's, :meth:`_scratch` and :meth:`_by_cache_head`).
     """
 
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
@@ -172,7 +173,6 @@ class CausalSelfAttention(Module):
         s.qk = s.qkv[:, :(H + Hkv) * Dk].reshape(B, Tn, H + Hkv, Dk)   # queries and keys, for rotary
         s.qk_rotated = np.empty_like(s.qk)
         s.att = np.empty((B, H, Tn, n_ctx), dtype)               # scores, then probabilities (unnormalised)
-        s.scores = np.empty((B, H, n_ctx), dtype)                # a selection layer's scores (designs/sparse)
         s.rowmax = np.empty((B, H, Tn, 1), dtype)                # max of each score row
         s.ysum = np.empty((B, H, Tn, Dv + 1), dtype)             # [sum_j p_j v_j, sum_j p_j]
         s.ysum_v, s.ysum_p = s.ysum[..., :-1], s.ysum[..., -1:]
@@ -184,22 +184,6 @@ class CausalSelfAttention(Module):
         """Cached keys or values in the shape the scratch's products read them: here every
         query head has its own, so as they are."""
         return cached
-
-    def select(self, scores: np.ndarray, rule) -> np.ndarray:
-        """Sparse decoding's kept positions from the new row's scores (B, H, t) (designs/sparse)."""
-        return rule.keep(scores)
-
-    @staticmethod
-    def _kept_buffers(state: DecodeState, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """This layer's buffers for the kept keys and values, made on the first sparse step
-        and reused while the budget stays the same."""
-        B, Hkv, _, Dk = state.keys.shape
-        shape = (B, Hkv, keep.shape[-1])
-        bufs = getattr(state, "kept", None)
-        if bufs is None or bufs[0].shape[:3] != shape:
-            bufs = state.kept = (np.empty((*shape, Dk), state.keys.dtype),
-                                 np.empty((*shape, state.values.shape[-1]), state.values.dtype))
-        return bufs
 
     def _decode_rows(self, rows, state: DecodeState, step) -> None:
         _decode_rows_impl(self, rows, state, step)
@@ -214,10 +198,9 @@ class CausalSelfAttention(Module):
         not matter: rotated keys carry their own positions, and a positions bias is given each
         slot's position (Step.slots).
 
-        Sparse decoding (one row within the cache; ``step.sparse``): at a selection layer the
-        row attends densely and its pre-softmax scores choose the kept set; at the layers after
-        it the row reads only those keys and values, (B, K) for all heads or (B, Hkv, K) per
-        cache head, gathered once for this layer.
+        A decoding strategy (``step.strategy``, e.g. sparse decoding's, designs/sparse) is asked
+        which keys and values the row reads before its scores, and shown the dense scores after
+        them: it never enters as a branch on its name.
         """
         if step.positions is not None:
             self._decode_rows(rows, state, step)
@@ -234,34 +217,21 @@ class CausalSelfAttention(Module):
         span = min(t1, n_ctx)                                       # slots attended to
         keys[:, :, s0:s0 + t1 - t0] = s.k
         values[:, :, s0:s0 + t1 - t0, :-1] = s.v
-        sparse = step.sparse
-        chooses = keep = None
-        if sparse is not None and sparse.rule.every_layer:
-            if sparse.rule.chooses_at(step.layer):                  # this layer's own set, from its own scores
-                att = s.att[..., :span]
-                np.matmul(s.q, self._by_cache_head(keys[:, :, :span]).swapaxes(-1, -2), out=att)
-                scores = s.scores[..., :span]
-                scores[...] = att[..., 0, :].reshape(att.shape[0], self.n_head, span)
-                keep = self.select(scores, sparse.rule)
-                sparse.keep, sparse.scores = keep, scores
-        elif sparse is not None:
-            chooses = sparse.rule.chooses_at(step.layer)
-            keep = None if chooses else sparse.keep
-        if keep is None:
+        thin = step.strategy             # a decoding strategy's hook (designs/sparse): which keys this row reads
+        kept = None if thin is None else thin.cached(self, state, s, span, step)
+        if kept is None:                                            # every cached position
             cached_k, cached_v = keys[:, :, :span], values[:, :, :span]
-        else:                                                       # the kept positions only
-            cached_k, cached_v = gather_kept(keys, values, keep, self._kept_buffers(state, keep))
-            span = keep.shape[-1]
+        else:
+            cached_k, cached_v = kept
+            span = cached_k.shape[2]
         att = s.att[..., :span]                                     # (B, H, Tn, span)
         np.matmul(s.q, self._by_cache_head(cached_k).swapaxes(-1, -2), out=att)
-        if keep is None and self.positions.bias is not None:
+        if kept is None and self.positions.bias is not None:
             bias = step.once(("bias", self.positions), lambda: self.positions.bias(step.rows(), step.slots(span, n_ctx),
                                                                          att.dtype))
             att += bias.reshape(att.shape[1:])                      # (H, Tn, span), per head as att groups them
-        if chooses:                                                 # (B, H, t1), kept for looking inside
-            scores = s.scores[..., :span]
-            scores[...] = att[..., 0, :].reshape(att.shape[0], self.n_head, span)
-            sparse.keep, sparse.scores = self.select(scores, sparse.rule), scores
+        if kept is None and thin is not None:
+            thin.scored(self, state, att, step)                     # the strategy may choose from dense scores
         if t1 - t0 > 1:
             att += causal_mask(t1 - t0, t0, att.dtype)
         decode_attend(att, self._by_cache_head(cached_v), s)
@@ -295,26 +265,6 @@ def _decode_rows_impl(layer, rows, state: DecodeState, step) -> None:
     np.dot(s.ya, proj, out=rows.out)
     if proj_b is not None:
         rows.out += proj_b
-
-
-def gather_kept(keys: np.ndarray, values: np.ndarray, keep: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
-    """The cached keys (B, Hkv, K, Dk) and values (B, Hkv, K, Dv + 1) at the kept positions ``keep``:
-    (B, K), one set for every cache head, or (B, Hkv, K), a set per head. One ``np.take`` of whole
-    rows for all sequences and heads at once, through flat row numbers (b Hkv + j) n + position:
-    no loop over heads, and each kept position a few contiguous cache lines. ``out``: a pair of
-    buffers of those shapes to gather into (fresh ones cost their page faults at every step:
-    as much as the gather itself); ``mode="clip"`` because the positions are in range and the
-    default mode copies ``out`` through a buffer, which doubled the gather's time."""
-    B, Hkv, n, Dk = keys.shape
-    K = keep.shape[-1]
-    base = (np.arange(B * Hkv).reshape(B, Hkv, 1) * n)                 # the first row of each (b, j)
-    rows = (base + (keep[:, None, :] if keep.ndim == 2 else keep)).reshape(-1)
-    if out is None:
-        out = np.empty((B, Hkv, K, Dk), keys.dtype), np.empty((B, Hkv, K, values.shape[-1]), values.dtype)
-    kept_k, kept_v = out
-    np.take(keys.reshape(B * Hkv * n, Dk), rows, axis=0, out=kept_k.reshape(B * Hkv * K, Dk), mode="clip")
-    np.take(values.reshape(B * Hkv * n, -1), rows, axis=0, out=kept_v.reshape(B * Hkv * K, -1), mode="clip")
-    return kept_k, kept_v
 
 
 def decode_attend(att: np.ndarray, values: np.ndarray, s) -> None:

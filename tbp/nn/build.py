@@ -19,7 +19,7 @@ from . import positions as _positions, residual as _residual, attention as _atte
 from . import config, gpt, designs, dropout, recompute, registry  # noqa: F401
 from .config import ConfigError, ModelConfig
 from .parts import parts
-from .variant import USES, Variant
+from .variant import Variant
 
 ATTENTION, RESIDUAL, ARCH = registry.ATTENTION, registry.RESIDUAL, registry.ARCH     # the registry's axes
 
@@ -56,16 +56,16 @@ def active(cfg: ModelConfig) -> list[Variant]:
 
 def declarations_are_consistent() -> list[str]:
     """What is wrong with the declarations: a refusal of a key no variant has and no use
-    (variant.USES) names, or two variants with one key. Empty when all is well (a test asks)."""
+    (registry.USES) names, or two variants with one key. Empty when all is well (a test asks)."""
     keys = [v.key for v in VARIANTS]
     problems = [f"two variants are called {k!r}" for k in set(keys) if keys.count(k) > 1]
     problems += [f"{v.key} refuses {other!r}, which is neither a variant nor a use"
-                 for v in VARIANTS for other in v.refuses if other not in keys and other not in USES]
+                 for v in VARIANTS for other in v.refuses if other not in keys and other not in registry.USES]
     return problems
 
 
 def refusal(cfg: ModelConfig, use: str) -> str | None:
-    """Why ``cfg`` cannot have ``use`` -- another variant's key, or "sparse" / "export" --, or
+    """Why ``cfg`` cannot have ``use`` -- another variant's key, or a use, "thin" / "export" --, or
     None: the reason the first active variant refusing it gives."""
     for v in VARIANTS:
         if v.key != use and use in v.refuses and v.active(cfg):

@@ -19,8 +19,8 @@ What a layer must provide to decode (the attention kinds, the MLP, cross-attenti
   the norm ``ln`` that feeds it, its caches (self-attention: keys and values), its scratch;
 - ``decode(rows, state, step)``: read the normalised new rows ``rows.xa`` ([xhat, 1],
   (N, C + 1), N = B Tn) and write the sublayer's output into ``rows.out`` (N, C). ``step``
-  (:class:`Step`) says which positions the rows are, with what a positions scheme makes once per step and the sparse
-  decoding state.
+  (:class:`Step`) says which positions the rows are, with what a positions scheme makes once
+  per step and a decoding strategy's hook for it.
 
 The residual scheme runs the layers (``decode(layers, rows, step, state)``, residual.py): it forms each
 sublayer's input and takes its output from ``rows.out`` (the sum adds it into ``rows.x``); a
@@ -55,21 +55,13 @@ class Rows:
         self.logits = np.empty((N, V), dtype)
 
 
-class Sparse:
-    """Sparse decoding's state during one step (designs/sparse): the ``rule``; ``keep``, the
-    positions the last selection layer chose (None before the first); ``scores`` (B, H, t),
-    what it chose them from."""
-
-    def __init__(self, rule):
-        self.rule, self.keep, self.scores = rule, None, None
-
-
 class Step:
     """What one forward tells its layers: the new rows are positions t0 .. t1-1, ``layer`` is
-    the layer being run, ``sparse`` a :class:`Sparse` when this step thins attention (else None)."""
+    the layer being run, ``strategy`` what a decoding strategy made for this step (the hook an
+    attention layer asks which cached positions it reads, attention.py), or None: dense."""
 
-    def __init__(self, t0: int, t1: int, dtype, sparse: Sparse | None, positions: np.ndarray | None = None):
-        self.t0, self.t1, self.dtype, self.sparse, self.layer = t0, t1, dtype, sparse, 0
+    def __init__(self, t0: int, t1: int, dtype, strategy=None, positions: np.ndarray | None = None):
+        self.t0, self.t1, self.dtype, self.strategy, self.layer = t0, t1, dtype, strategy, 0
         self.positions = positions        # (B,): one row per sequence, each at its own position
         self._once: dict = {}
         self._mask = None
@@ -113,25 +105,23 @@ class Inference:
     the model's weights. A long prefill runs in chunks of query rows, so its (B, H, rows,
     n_ctx) attention scores stay under ``max_scores`` numbers (16 MiB in float32).
 
-    ``sparse`` (a sparse.SparseRule) thins attention for one-token steps once more positions are
-    cached than its budget: at its selection layers the token attends densely and picks the
-    set the following layers attend to (designs/sparse). Prefill and layers before the first
-    selection layer stay dense; ``kept`` holds the last set chosen, ``kept_scores`` its scores.
+    ``strategy``: how one-token steps decode beyond dense attention (a sparse rule thins it,
+    designs/sparse): it declares the use the model's variants may refuse (``use``), checks the
+    model (``check``), and makes each one-token step's hook (``step(t0, t1, n_ctx)``, None for
+    a dense step). ``last``: what the last step's hook recorded (a sparse rule's kept set), or None.
     """
 
     max_scores = 1 << 22
 
-    def __init__(self, model, batch: int = 1, sparse=None):
+    def __init__(self, model, batch: int = 1, strategy=None):
         cfg = model.config
         if not cfg.causal:
             raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
-        if sparse is not None:
-            why = build.refusal(cfg, "sparse")
+        if strategy is not None:
+            why = build.refusal(cfg, strategy.use)
             if why is not None:
                 raise ValueError(why)
-            if max(sparse.layers) >= cfg.n_layer:
-                raise ValueError(f"selection layer {max(sparse.layers)} does not exist: the model has "
-                                 f"{cfg.n_layer} layers")
+            strategy.check(cfg)
         self.model, self.B, self.dtype = model, batch, model.dtype
         # rotary positions let the cache slide past n_ctx, one token at a time (a ring of slots)
         self.slides = model.slides
@@ -146,9 +136,8 @@ class Inference:
         self.norm_f = model.ln_f.decode_vectors(self.dtype)
         self.has_source = False
         self.length = 0
-        self.sparse = sparse                      # a sparse.SparseRule, or None: dense attention
-        self.kept = None                          # the positions the last sparse step kept
-        self.kept_scores = None                   # (B, H, t) the scores they were chosen from
+        self.strategy = strategy                  # how one-token steps decode, or None: dense attention
+        self.last = None                          # what the last step's hook recorded
         # query rows per prefill chunk, so that its scores stay under max_scores numbers
         self._chunk = max(1, self.max_scores // (batch * cfg.n_head * self.n_ctx))
         self._one_row = Rows(batch, self.C, self.V, self.dtype)     # the rows of every one-token step
@@ -197,21 +186,21 @@ class Inference:
         ``positions`` (B,) -- sequences of different lengths decoded in one step (a server's
         concurrent requests), each row's cache filled up to its position before (``load_row``).
         The same numbers as each sequence's own one-token step, up to float rounding: the
-        products run over B rows at once. Within the context (no sliding), without a sparse
-        rule; variants whose decoding keeps more than keys and values refuse it.
+        products run over B rows at once. Within the context (no sliding), without a decoding
+        strategy; variants whose decoding keeps more than keys and values refuse it.
         The returned array is a buffer the next call overwrites."""
         why = build.refusal(self.model.config, "rows")
         if why is not None:
             raise ValueError(why)
-        if self.sparse is not None:
-            raise ValueError("a sparse rule thins one sequence's attention; rows at their own positions take none")
+        if self.strategy is not None:
+            raise ValueError("a decoding strategy shapes one sequence's steps; rows at their own positions take none")
         idx = np.asarray(idx, dtype=np.int64).reshape(self.B, 1)
         positions = np.asarray(positions, dtype=np.int64).reshape(self.B)
         if positions.min() < 0 or positions.max() >= self.n_ctx:
             raise ValueError(f"positions must be in 0 .. {self.n_ctx - 1}")
         rows = self._one_row
         span = int(positions.max()) + 1                 # t1: the slots any row reads; one new row each
-        step = Step(span - 1, span, self.dtype, None, positions)
+        step = Step(span - 1, span, self.dtype, positions=positions)
         self.model.embed.decode(idx, 0, rows.x, positions)
         self.residual.decode(self.layers, rows, step, self.residual_state)
         self.model.ln_f.decode(rows, self.norm_f)
@@ -242,8 +231,7 @@ class Inference:
         The returned array is a buffer the next call overwrites: copy it to keep it.
         """
         t0 = self.length
-        if self.model.reads_source and not self.has_source:
-            raise ValueError("encode a source first: an encoder-decoder's decoder reads it at every step")
+        self.model.check_decodable(self)
         if check:
             idx = self.model.check_tokens(idx, 0 if self.slides and idx.shape[-1] == 1 else t0)
             if idx.shape[0] != self.B:
@@ -259,16 +247,12 @@ class Inference:
                 logits[:, s:s + self._chunk] = self.forward(idx[:, s:s + self._chunk], check=False)
             return logits
         rows = self._one_row if Tn == 1 else Rows(self.B * Tn, self.C, self.V, self.dtype)
-        rule = self.sparse
-        thin = rule is not None and Tn == 1 and rule.budget < t1 <= self.n_ctx    # within the cache
-        step = Step(t0, t1, self.dtype, Sparse(rule) if thin else None)
+        hook = self.strategy.step(t0, t1, self.n_ctx) if self.strategy is not None and Tn == 1 else None
+        step = Step(t0, t1, self.dtype, hook)
         model = self.model
         model.embed.decode(idx, t0, rows.x)
         self.residual.decode(self.layers, rows, step, self.residual_state)
-        if thin:
-            self.kept, self.kept_scores = step.sparse.keep, step.sparse.scores
-        else:
-            self.kept = None
+        self.last = hook
         model.ln_f.decode(rows, self.norm_f)
         np.dot(rows.xa, self.head, out=rows.logits)
         self.length = t1

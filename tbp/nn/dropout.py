@@ -80,14 +80,11 @@ def _check(cfg) -> None:
 
 VARIANT = registry.declare(Variant(
     key="dropout", name="dropout", active=lambda cfg: cfg.dropout > 0, check=_check,
-    refuses={"flash": "dropout needs whole rows of attention weights; the flash kernel has tiles (attn_impl "
-                      "auto or dense)",
-             "mta": "dropout is not wired into Multi-Token Attention's steps",
-             "encoder-decoder": "dropout is built for the GPT here (not the encoder-decoder)"},
+    # what it cannot be combined with, each design says in its own declaration (it refuses "dropout")
     describe=lambda cfg: ("dropout", f"p = {cfg.dropout:g} on attention weights and on each sublayer's output, "
                                      f"in training"),
     # its masks, kept for the backward: one beside the attention weights, two C-rows per layer
     activations=lambda cfg: cfg.n_layer * (cfg.n_head * cfg.n_ctx + 2 * cfg.d_model),
     model_cases=(("gpt [dropout 0.3, fixed masks]", dict(dropout=0.3)),
-                 ("gpt [dropout 0.3, rope, untied head]", dict(dropout=0.3, positions="rope", tie_head=False))),
+                 ("gpt [dropout 0.3, untied head]", dict(dropout=0.3, tie_head=False))),
 ), rank=0)

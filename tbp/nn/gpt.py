@@ -227,8 +227,11 @@ class LanguageModel(Module):
 
     # --- inference path (KV cache: decode.Inference) ---------------------------------------
     def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
-        """An encoder-decoder's decoding reads its source into ``states`` (designs/encdec); a GPT has none."""
-        raise ValueError("encode() is for an encoder-decoder; a GPT's prompt goes to forward()")
+        """A model whose decoding reads a source first reads it into ``states`` (designs/encdec)."""
+        raise ValueError("encode() reads a source, and this model reads none: its prompt goes to forward()")
+
+    def check_decodable(self, inference) -> None:
+        """Raise ValueError if ``inference`` (decode.Inference) cannot take a step yet: never here."""
 
 
 @registry.arch("gpt")

@@ -14,8 +14,6 @@ where a reader needs every choice (a config being checked) and may not have impo
                 kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
                 KERNEL_FROM: name -> the context from which ``auto`` picks it; KERNEL_ONE_THREAD:
                 the kernels whose products are small tiles, which run best on one BLAS thread
-    SPARSE      a sparse decoding rule's kind: name -> its Selection (designs/sparse): how it keeps
-                positions from a new row's scores, and whether per head or at every layer
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
 """
 from __future__ import annotations
@@ -27,7 +25,6 @@ ARCH: dict[str, type] = {}
 ATTENTION: dict[str, type] = {}
 RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
-SPARSE: dict = {}
 KERNEL: dict[str, Callable] = {}
 KERNEL_FROM: dict[str, int] = {}
 KERNEL_ONE_THREAD: set[str] = set()
@@ -39,6 +36,12 @@ def complete() -> None:
     that registers one -- the core's and the designs wing (build.py). By name, because the
     registry is the leaf those modules import; once imported, this costs a dictionary look-up."""
     import_module(".build", __package__)
+
+
+# what a variant may refuse beside other variants (its ``refuses``), the uses outside the model:
+# "thin" is a decoding step that reads a subset of the cached positions (a decoding strategy's,
+# decode.Inference; sparse decoding's rules thin)
+USES = ("thin", "export", "gguf", "lora", "chat", "bench", "rewind", "rows")
 
 
 def _register(axis: dict, what: str, name: str) -> Callable:
@@ -99,8 +102,3 @@ def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) ->
             KERNEL_ONE_THREAD.add(name)
         return make
     return register
-
-
-def sparse(name: str) -> Callable:
-    """Register a sparse decoding rule's selection (sparse.Selection) as the kind ``name``."""
-    return _register(SPARSE, "sparse rule", name)

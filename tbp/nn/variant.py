@@ -10,7 +10,7 @@ first), and ``build.VARIANTS`` is that list. From those declarations:
 - ``ModelConfig`` refuses an option of a variant that is not switched on, any pair of variants
   one of which ``refuses`` the other (one message, written once, by the variant that knows
   why), and whatever the variant's own ``check`` refuses;
-- ``build.refusal(cfg, use)`` answers the uses outside the model (``USES``: sparse decoding,
+- ``build.refusal(cfg, use)`` answers the uses outside the model (``registry.USES``: sparse decoding,
   LoRA, chat, tbp bench) for the CLI, the runs and the decoder alike; the GPT-2 export
   (hf.py) gives every active variant's "export" reason, the GGUF export (gguf.py) its "gguf" one;
 - ``tbp info`` shows each active variant's ``describe`` row; ``tbp.machine.memory`` adds its
@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-USES = ("sparse", "export", "gguf", "lora", "chat", "bench", "rewind", "rows")      # what a variant may refuse beside other variants
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Variant:
     options: its own options, an ``Options`` dataclass (config.py) in its folder: a config
         holds one (``cfg.designs[key]``), which must keep its defaults unless the variant is
         active (``switch`` says how to turn it on, "--attention mta").
-    refuses: other variants' keys, or USES, mapped to the reason: "rope": "Multi-Token
+    refuses: other variants' keys, or uses (registry.USES), mapped to the reason: "rope": "Multi-Token
         Attention uses learned positions here (...)".
     check: more validation of an active variant's config (raise ConfigError).
     describe: the ``tbp info`` row (label, text) of an active variant, or None.

@@ -76,7 +76,7 @@ VARIANT = registry.declare(Variant(
     refuses={"mta": "Multi-Token Attention uses learned positions here (ALiBi's bias is not wired into its "
                     "convolved scores)",
              "encoder-decoder": "an encoder-decoder uses learned positions (ALiBi is for the decoder-only GPT)",
-             "sparse": "sparse decoding gathers kept positions without their ALiBi bias: use dense decoding",
+             "thin": "sparse decoding gathers kept positions without their ALiBi bias: use dense decoding",
              "export": "GPT-2 learns a vector per position; it has no linear bias on the scores",
              "gguf": "tbp writes llama.cpp's gpt2 and gptneox graphs, neither of which has ALiBi's bias"},
     layer_cases=(

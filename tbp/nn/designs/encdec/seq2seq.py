@@ -189,6 +189,10 @@ class EncoderDecoder(LanguageModel):
             m *= self.dtype.type(self.source_scale)
         return m, key_mask
 
+    def check_decodable(self, inference) -> None:
+        if not inference.has_source:
+            raise ValueError("encode a source first: an encoder-decoder's decoder reads it at every step")
+
     def read_source(self, states: list, src: np.ndarray, batch: int) -> None:
         """Decoding (decode.py): run the encoder on src (b, S), b = 1 (shared by all ``batch``
         sequences) or ``batch``, and give every layer's cross-attention its keys and values."""
@@ -298,9 +302,10 @@ VARIANT = registry.declare(Variant(
     describe=lambda cfg: ("encoder", f"{cfg.designs['encoder-decoder'].n_enc_layer} non-causal layers over the "
                                      f"source; each decoder layer cross-attends to them"),
     refuses={"rope": "an encoder-decoder uses learned positions (rope is for the decoder-only GPT)",
+             "dropout": "dropout is built for the GPT here (not the encoder-decoder)",
              "flash": "an encoder-decoder's attention is dense: its padding masks are not in the flash kernel "
                       "(attn_impl auto or dense)",
-             "sparse": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
+             "thin": "sparse decoding is for a GPT's long self-attention cache, not an encoder-decoder",
              "export": "GPT-2 is decoder-only, it has no encoder and no cross-attention",
              "gguf": "llama.cpp's GPT-style graphs are decoder-only, with no cross-attention (the encoder-decoder)",
              "recompute": "activation recomputation is built for the GPT's one stack of blocks (drop --recompute)",

@@ -201,6 +201,8 @@ def _tiled(C: int, H: int, causal: bool, rng, dtype):
 VARIANT = registry.declare(Variant(
     key="flash", name="the flash kernel", active=lambda cfg: cfg.attn_kernel == "flash", axis="attn_impl",
     summary=f"flash computes the same numbers in tiles with O(T) memory (auto: from a context of {FLASH_FROM_T:,}).",
+    refuses={"dropout": "dropout needs whole rows of attention weights; the flash kernel has tiles (attn_impl "
+                        "auto or dense)"},
     # one log-sum-exp per head and row instead of a T-long row of probabilities, and one
     # tile of scores and probabilities at a time
     activations=lambda cfg: cfg.n_layer * 2 * cfg.n_head * (1 - cfg.n_ctx) + 2 * cfg.n_head * BLOCK_K,

@@ -101,15 +101,6 @@ class GroupedQueryAttention(CausalSelfAttention):
         """(B, Hkv, ., .) -> (B, Hkv, 1, ., .): broadcast over the group's query heads."""
         return cached[:, :, None]
 
-    def select(self, scores: np.ndarray, rule) -> np.ndarray:
-        """Kept positions per key/value group, (B, Hkv, K), from the scores (B, H, t): the rule
-        ranks over the group's G query heads (topk: over their highest score per position)."""
-        B, H, t = scores.shape
-        grouped = scores.reshape(B * self.n_kv_head, self.group, t)
-        if rule.per_head:
-            grouped = grouped.max(axis=1, keepdims=True)
-        return rule.keep(grouped).reshape(B, self.n_kv_head, -1)
-
 
 def pool_kv_heads(model, n_kv_head: int):
     """A grouped-query copy of ``model`` (standard or grouped-query attention, Hs key/value

@@ -224,10 +224,11 @@ VARIANT = registry.declare(Variant(
     summary="mta: Multi-Token Attention, a learned convolution over each head's score map (identity at "
             "initialisation).",
     refuses={"encoder-decoder": "Multi-Token Attention is for the GPT (its encoder-decoder is not built)",
+             "dropout": "dropout is not wired into Multi-Token Attention's steps",
              "flash": "Multi-Token Attention cannot use the flash kernel: its post-softmax steps need whole "
                       "normalised rows (attn_impl auto or dense)",
              "rope": "Multi-Token Attention uses learned positions here (rope is not wired into it)",
-             "sparse": "sparse decoding thins standard attention; Multi-Token Attention's convolutions read "
+             "thin": "sparse decoding thins standard attention; Multi-Token Attention's convolutions read "
                        "every score",
              "export": "GPT-2's attention has no convolution over its score maps",
              "gguf": "no llama.cpp architecture convolves its score maps (Multi-Token Attention)",

@@ -131,6 +131,7 @@ VARIANT = registry.declare(Variant(
     layer_cases=(("attention [rope]", lambda C, H, rng, dtype: _rotated(C, H, 4, "dense", rng, dtype)),
                  ("attention [flash + rope, d_qk=2]", lambda C, H, rng, dtype: _rotated(C, H, 2, "flash", rng, dtype))),
     model_cases=(("gpt [rope, no wpe]", {"positions": "rope"}),
+                 ("gpt [rope, dropout 0.3, untied head]", {"positions": "rope", "dropout": 0.3, "tie_head": False}),
                  ("gpt [flash + rope]", {"attn_impl": "flash", "positions": "rope"})),
 ))
 

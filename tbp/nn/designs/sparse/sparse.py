@@ -19,9 +19,11 @@ set. Layers before the first selection layer stay dense. Three rules pick the se
 
 With K >= the number of cached positions every rule keeps them all and decoding is dense.
 
-Each kind is a :class:`Selection` registered on the registry's ``sparse`` axis (registry.py),
-so a new rule is its selection function and one registration; the decoder asks the rule
-(``per_head``, ``every_layer``, ``chooses_at``, ``keep``), never its name.
+Each kind is a :class:`Selection` in :data:`SELECTIONS` (``@selection("name")``), so a new rule
+is its selection function and one registration. A :class:`SparseRule` is a decoding strategy
+(decode.Inference's ``strategy``): each one-token step past its budget gets a
+:class:`step.SparseStep`, the hook the attention layers ask which positions they read; the
+decoder asks the rule (``per_head``, ``every_layer``, ``chooses_at``, ``keep``), never its name.
 """
 from __future__ import annotations
 
@@ -30,9 +32,19 @@ from typing import Callable
 
 import numpy as np
 
-from ... import registry
+from .step import SparseStep
 
-SELECTIONS = registry.SPARSE     # each kind of rule's Selection, registered below, in the command line's order
+SELECTIONS: dict = {}           # each kind of rule's Selection, registered below, in the command line's order
+
+
+def selection(name: str) -> Callable:
+    """Register a Selection as the rule kind ``name``."""
+    def register(sel):
+        if name in SELECTIONS:
+            raise ValueError(f"sparse rule {name!r} is registered twice")
+        SELECTIONS[name] = sel
+        return sel
+    return register
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,7 @@ class SparseRule:
     layers: tuple[int, ...] = (1,)
     recency: float = 0.25
     sinks: int = 4
+    use = "thin"                       # what a variant that cannot decode sparsely refuses (registry.USES)
 
     def __post_init__(self) -> None:
         if self.kind not in SELECTIONS:
@@ -77,6 +90,16 @@ class SparseRule:
         """Every layer from the first selection layer on chooses its own set from its own scores
         (layer-topk), rather than reusing the last selection layer's."""
         return SELECTIONS[self.kind].every_layer
+
+    def check(self, cfg) -> None:
+        """ValueError unless every selection layer is one of the model's."""
+        if max(self.layers) >= cfg.n_layer:
+            raise ValueError(f"selection layer {max(self.layers)} does not exist: the model has {cfg.n_layer} layers")
+
+    def step(self, t0: int, t1: int, n_ctx: int) -> SparseStep | None:
+        """The hook of a one-token step at position t0: thinned once more than the budget is
+        cached (within the cache: past n_ctx the ring reads every slot); None, a dense step."""
+        return SparseStep(self) if self.budget < t1 <= n_ctx else None
 
     def chooses_at(self, layer: int) -> bool:
         """Whether ``layer`` scores every cached position densely and chooses a set."""
@@ -132,10 +155,10 @@ def _window(scores: np.ndarray, rule: SparseRule) -> np.ndarray:
     return _one_set(scores, rule, 0, rule.budget - rule.sinks)            # no scores read
 
 
-registry.sparse("lessismore")(Selection(_lessismore))
-registry.sparse("topk")(Selection(_best_per_head, per_head=True))
-registry.sparse("window")(Selection(_window))
-registry.sparse("layer-topk")(Selection(_best_per_head, per_head=True, every_layer=True))
+selection("lessismore")(Selection(_lessismore))
+selection("topk")(Selection(_best_per_head, per_head=True))
+selection("window")(Selection(_window))
+selection("layer-topk")(Selection(_best_per_head, per_head=True, every_layer=True))
 
 
 def merge_rank_major(scores: np.ndarray, count: int) -> np.ndarray:
