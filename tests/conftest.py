@@ -52,3 +52,36 @@ def dataset(tmp_path):
     from tbp.data import datasets
     datasets.prepare(CORPUS, "tiny", "test", tmp_path / "tiny")
     return datasets.Dataset.load(tmp_path / "tiny")
+
+
+# What makes a test a design's own, for the check that removing one design's folder and its
+# registration line leaves every other test green (tests/without_design.sh, TBP_WITHOUT=FOLDER):
+# a test file that imports the design's code (left out there), a test whose code or parameters
+# spell the design's names (helpers.DESIGN_WORDS), or one marked @pytest.mark.design("folder").
+# Those are deselected there, never skipped; in a whole tree (no TBP_WITHOUT) every test runs.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "design(*folders): the test needs these designs (their folders' names)")
+
+
+def _needs(item, gone: str) -> bool:
+    import inspect
+    from helpers import designs_named
+    if any(gone in marker.args for marker in item.iter_markers("design")):
+        return True
+    try:
+        text = inspect.getsource(item.function)
+    except (OSError, TypeError):
+        text = ""
+    return gone in designs_named(text + repr(getattr(getattr(item, "callspec", None), "params", "")))
+
+
+def pytest_collection_modifyitems(config, items):
+    gone = os.environ.get("TBP_WITHOUT")
+    if not gone:
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if _needs(item, gone) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -86,3 +86,20 @@ def assert_equals_twin(layer, y, dx, y_ref, dx_ref, dw, db, dw_proj, db_proj, rt
                        ("c_proj.bias", db_proj)):
         if name in layer.grads:
             np.testing.assert_allclose(layer.grads[name], want, err_msg=name, **tol)
+
+
+# each design's folder -> the words that name it in a test's code or parameters (tests/conftest.py)
+DESIGN_WORDS = {"alibi": ("alibi",), "attnres": ("attnres", 'residual="attention"', "residual_blocks",
+                                                 "residual_query_scale", "depth_", "Attention Residuals",
+                                                 "attention-residuals"),
+                "encdec": ("encoder-decoder", "encdec", "EncoderDecoder", "CrossAttention", "n_enc_layer", "pad_id"),
+                "flash": ("flash",), "gqa": ("gqa", "n_kv_head", "pool_kv_heads"), "mta": ("mta",),
+                "qknorm": ("qknorm", "qk_norm"), "rope": ("rope", "rotary", "Rotary"),
+                "sparse": ("sparse", "SparseRule", "lessismore", "--budget")}
+
+
+def designs_named(text: str) -> tuple[str, ...]:
+    """The designs whose words ``text`` spells (a word not inside a longer one: "rope", not "property")."""
+    import re
+    return tuple(d for d, words in DESIGN_WORDS.items()
+                 if any(re.search(r"(?<![A-Za-z])" + re.escape(w) + r"(?![a-z])", text) for w in words))

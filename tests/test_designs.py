@@ -10,6 +10,7 @@ from tbp.nn.gpt import GPT
 from tbp.nn.config import ConfigError, ModelConfig
 from tbp.nn import build, registry
 from tbp.nn.decode import Inference
+import helpers
 
 SCHEMES = sorted(registry.POSITIONS)
 
@@ -79,12 +80,12 @@ def test_rows_at_their_own_positions_decode_as_alone(positions):
         pos += 1
 
 
-@pytest.mark.parametrize("variant", [v for v in build.VARIANTS if v.model_cases], ids=lambda v: v.key)
+@pytest.mark.parametrize("variant", [v for v in build.VARIANTS if v.cases("model_cases")], ids=lambda v: v.key)
 def test_every_declared_model_case_builds_with_its_variant_on_and_decodes_as_it_forwards(variant):
     """Each declaration's model cases (tbp gradcheck runs their gradient rows:
     tests/test_gradcheck.py) build with the variant on, and a GPT among them decodes from its
     cache exactly what its full forward computes."""
-    for label, fields in variant.model_cases:
+    for label, fields in variant.cases("model_cases"):
         cfg = dict(vocab_size=11, n_ctx=6, n_layer=2, n_head=2, d_model=8)
         cfg.update(fields)
         m = build.build_model(ModelConfig.from_dict(dict(**cfg)), seed=0, dtype=np.float64)
@@ -123,3 +124,13 @@ def test_a_kernel_registered_from_outside_is_a_choice_of_attn_impl():
         del registry.KERNEL["test-dense"]
     with pytest.raises(ConfigError, match="attn_impl must be one of auto, dense, flash"):
         ModelConfig(attn_impl="test-dense")
+
+
+@pytest.mark.design(*helpers.DESIGN_WORDS)      # the whole wing's: a refusal may name any design
+def test_the_variant_declarations_are_consistent():
+    """Every refusal names a variant or a use, no two variants share a key, and every config
+    value of an axis has its class in the registry."""
+    from tbp.nn import build, config
+    assert build.declarations_are_consistent() == []
+    assert set(build.ATTENTION) == set(config.ATTENTIONS) and set(build.RESIDUAL) == set(config.RESIDUALS)
+    assert set(build.ARCH) == set(config.ARCHS)

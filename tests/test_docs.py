@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 import blocks  # noqa: E402
-from helpers import browser  # noqa: E402
+from helpers import DESIGN_WORDS, browser, designs_named  # noqa: E402
 from test_readme import small  # noqa: E402
 
 PAGES = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
@@ -39,6 +39,7 @@ def site(tmp_path_factory):
     return out
 
 
+@pytest.mark.design(*DESIGN_WORDS)          # the site builds every design's page
 def test_the_site_builds_in_strict_mode(site):
     page = (site / "learn" / "3-self-attention.html").read_text(encoding="utf-8")   # offline: file URLs
     import hooks
@@ -52,6 +53,7 @@ def test_the_site_builds_in_strict_mode(site):
         assert anchor in cli, anchor                                    # an anchor per command and option
 
 
+@pytest.mark.design(*DESIGN_WORDS)          # the site builds every design's page
 def test_search_works_offline_from_the_files(site):
     """The built site opened as file:// URLs in Chromium with the network cut: a query typed into
     the search box lists pages that hold the word, and nothing the site loads asks the network."""
@@ -77,12 +79,22 @@ def test_search_works_offline_from_the_files(site):
         driver.quit()
 
 
-def test_the_code_a_page_shows_is_the_repositorys():
+def _by_design(pages: list[str]) -> list:
+    """Each page as a parameter marked with the designs it names (tests/conftest.py)."""
+    return [pytest.param(p, marks=pytest.mark.design(*designs_named((ROOT / "docs" / p).read_text(encoding="utf-8"))))
+            for p in pages]
+
+
+@pytest.mark.parametrize("page", _by_design(PAGES))
+def test_the_code_a_page_shows_is_the_repositorys(page):
     """Each <!-- source --> region holds the file's code now (python docs/sources.py rewrites them)."""
     import sources
-    stale = [p for p in PAGES if sources.include_sources((ROOT / "docs" / p).read_text(encoding="utf-8"))
-             != (ROOT / "docs" / p).read_text(encoding="utf-8")]
-    assert not stale, f"{stale}: run python docs/sources.py"
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert sources.include_sources(text) == text, f"docs/{page}: run python docs/sources.py"
+
+
+def test_a_source_region_is_the_code_or_refused():
+    import sources
     text = (ROOT / "docs" / "learn" / "3-self-attention.md").read_text(encoding="utf-8")
     assert "def attention_backward(" in text                       # readable as Markdown, not a placeholder
     with pytest.raises(ValueError, match="without its"):
@@ -121,7 +133,7 @@ def run_in_order(items, tmp_path, monkeypatch, where: str) -> None:
                                        f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
 
 
-@pytest.mark.parametrize("page", RUNNABLE)
+@pytest.mark.parametrize("page", _by_design(RUNNABLE))
 def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     lacking = blocks.missing(blocks.needs(text))
@@ -133,7 +145,7 @@ def test_every_page_runs_as_written(page, tmp_path, monkeypatch):
 LEARN = sorted(p for p in PAGES if re.match(r"learn/\d", p))
 
 
-@pytest.mark.parametrize("page", LEARN)
+@pytest.mark.parametrize("page", _by_design(LEARN))
 def test_each_equation_of_the_path_sits_above_the_lines_that_compute_it(page):
     """On every page of §1-§7, each display equation (outside a derivation box) carries a number,
     \\tag{n.m}, and right under it one or more regions showing the code lines marked with that
@@ -181,6 +193,7 @@ def test_the_pictures_are_what_the_script_draws():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.design(*DESIGN_WORDS)          # the site builds every design's page
 def test_the_built_pages_number_equations_and_show_generated_output(site):
     page = (site / "learn" / "3-self-attention.html").read_text(encoding="utf-8")
     assert 'id="eq-3.6"' in page and '<span class="eqno">(3.6)</span>' in page
@@ -190,7 +203,7 @@ def test_the_built_pages_number_equations_and_show_generated_output(site):
     assert "<!-- output -->" not in page and "\\tag" not in page
 
 
-@pytest.mark.parametrize("page", LEARN)
+@pytest.mark.parametrize("page", _by_design(LEARN))
 def test_each_learn_notebook_runs_with_the_plain_twin_as_code(page, tmp_path, monkeypatch):
     """The page's notebook: the plain twin's functions are code cells (after one import cell), and
     every cell runs in order, the twin's definitions included."""

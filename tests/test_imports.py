@@ -179,23 +179,37 @@ def test_the_face_still_gives_the_model_and_its_loader():
 
 
 def test_a_config_made_from_its_own_module_knows_every_choice():
-    """``tbp.nn.config`` alone: the registry loads the designs when a config is checked."""
-    code = ("from tbp.nn.config import ModelConfig\n"
-            "print(ModelConfig(attention='mta').attention, ModelConfig(positions='rope').positions)")
+    """``tbp.nn.config`` alone: the registry loads the designs when a config is checked, so every
+    registered choice of every axis is there, as after importing the builder."""
+    from tbp.nn import registry
+    registry.complete()
+    want = [list(axis) for axis in (registry.ARCH, registry.ATTENTION, registry.POSITIONS, registry.RESIDUAL)]
+    code = ("from tbp.nn.config import ModelConfig\nModelConfig()\nfrom tbp.nn import registry\n"
+            "print([list(a) for a in (registry.ARCH, registry.ATTENTION, registry.POSITIONS, registry.RESIDUAL)])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.split() == ["mta", "rope"]
+    assert out.strip() == repr(want) and len(want[1]) > 1
 
 
-@pytest.mark.parametrize("first", ["tbp.nn.designs.sparse", "tbp.nn.designs.flash", "tbp.nn.designs.encdec",
-                                   "tbp.nn.designs", "tbp.nn.build", "tbp.nn.gpt", "tbp.nn.lora"])
+WING = sorted(p.name for p in (ROOT / "tbp" / "nn" / "designs").iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("first", [f"tbp.nn.designs.{d}" for d in WING]
+                         + ["tbp.nn.designs", "tbp.nn.build", "tbp.nn.gpt", "tbp.nn.lora"])
 def test_every_declaration_is_asked_whichever_module_is_imported_first(first):
     """A design imported before the builder still has its declaration in build.VARIANTS (the
-    registry's own list), the core's options first: the checks and refusals see every variant."""
+    registry's own list), the core's options first: the checks and refusals see every variant,
+    whichever of the wing's folders is imported first."""
     code = (f"import {first}\nfrom tbp.nn import build\nfrom tbp.nn.config import ModelConfig\n"
             "print(' '.join(v.key for v in build.VARIANTS))\n"
-            "try:\n    ModelConfig(arch='encoder-decoder', positions='rope')\nexcept ValueError:\n    print('refused')")
+            "try:\n    ModelConfig(dropout=0.1, causal=False)\nexcept ValueError:\n    print('refused')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout.split("\n")
     keys = out[0].split()
-    assert keys[:2] == ["dropout", "recompute"] and "encoder-decoder" in keys and len(set(keys)) == len(keys)
+    declared = [v.key for v in _declared_in_wing()]
+    assert keys[:2] == ["dropout", "recompute"] and set(declared) <= set(keys) and len(set(keys)) == len(keys)
     assert out[1] == "refused"
+
+
+def _declared_in_wing() -> list:
+    from tbp.nn import build
+    return [v for v in build.VARIANTS if v.key not in ("dropout", "recompute")]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import designs_named
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -26,7 +27,8 @@ TOY = {
 }
 
 
-@pytest.mark.parametrize("script", sorted(TOY))
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.design(*designs_named((BENCH / s).read_text())))
+                                    for s in sorted(TOY)])
 def test_a_measuring_script_writes_its_records(script, tmp_path):
     args, name, lines = TOY[script]
     env = {**os.environ, "TBP_RESULTS": str(tmp_path), "PYTHONPATH": str(ROOT)}

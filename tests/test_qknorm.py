@@ -106,4 +106,4 @@ def test_the_design_lives_in_its_folder_and_one_registration_line():
     naming = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if own not in p.parents
               for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
               if "qknorm" in line.lower() or "qk_norm" in line.lower()]
-    assert naming == ["nn/designs/__init__.py:11"], naming
+    assert [n.split(":")[0] for n in naming] == ["nn/designs/__init__.py"], naming

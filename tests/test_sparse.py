@@ -7,6 +7,8 @@ from tbp.nn.designs.sparse.sparse import SparseRule, merge_rank_major, select
 from tbp.nn.designs.sparse import twin
 from tbp.nn.decode import Inference
 
+pytestmark = pytest.mark.design("rope")      # its models are rotary, as the retrieval study's
+
 
 def test_the_budget_splits_into_sinks_middle_and_recent():
     assert SparseRule(budget=64).split() == (4, 48, 12)

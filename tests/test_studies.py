@@ -72,6 +72,7 @@ def _model_and_lines(seed=0, facts=4, lines=5):
     return model, ids
 
 
+@pytest.mark.design("rope")                    # the retrieval study's models are rotary
 def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
     model, ids = _model_and_lines()
     n = ids.shape[1]
@@ -89,6 +90,7 @@ def test_every_rule_decoded_from_one_prefill_is_a_fresh_decoders_answer():
     assert not all((g == got[0]).all() for g in got[1:4])       # and the tight budgets do change something
 
 
+@pytest.mark.design("rope")                    # the retrieval study's models are rotary
 def test_the_fixed_cache_study_scores_each_windows_last_positions():
     model, ids = _model_and_lines(seed=1)
     m = 4
@@ -192,6 +194,7 @@ def test_the_facts_rank_is_where_each_layers_scores_put_it():
         assert got["within"]["4"][layer] == np.mean(np.array(ranks) < 4)
 
 
+@pytest.mark.design("rope")                    # the retrieval study's models are rotary
 def test_a_retrieval_training_that_gives_up_stops_there_and_says_so(tmp_path, monkeypatch):
     import argparse
     import tables_sparse
@@ -210,6 +213,7 @@ def test_a_retrieval_training_that_gives_up_stops_there_and_says_so(tmp_path, mo
     assert "gave_up" not in rec and len(rec["stages"]) == 2
 
 
+@pytest.mark.design("rope")                    # the retrieval study's models are rotary
 def test_a_retrieval_run_goes_on_from_its_own_stages_on_lines_it_never_drew(tmp_path, monkeypatch):
     import argparse
     import tables_sparse

@@ -110,12 +110,3 @@ def test_the_selection_rules_equal_their_plain_twins(rng, kind, n, budget, recen
     fast = select(scores, rule)
     plain = sparse_twin.select_positions(scores, kind, budget, rule.sinks, recency)
     np.testing.assert_array_equal(fast, np.array(plain))
-
-
-def test_the_variant_declarations_are_consistent():
-    """Every refusal names a variant or a use, no two variants share a key, and every config
-    value of an axis has its class in the registry."""
-    from tbp.nn import build, config
-    assert build.declarations_are_consistent() == []
-    assert set(build.ATTENTION) == set(config.ATTENTIONS) and set(build.RESIDUAL) == set(config.RESIDUALS)
-    assert set(build.ARCH) == set(config.ARCHS)

@@ -23,7 +23,6 @@ from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear, LoRA
 from ..nn.config import ModelConfig
 from ..nn.kernels import padding_mask
-from ..nn.designs.attnres.depth import DepthAttention, rms_inverse
 from ..nn.build import VARIANTS, build_model, model_class as build_model_class
 
 B, T = 2, 5         # batch and time > 1 everywhere, so cross-token and cross-sample terms show
@@ -263,26 +262,17 @@ def _pairs_case(layer: str, cfg: ModelConfig, rng) -> Case:
     return Case(layer, f, prepare)
 
 
-def _depth_case(rng, C: int, K: int = 4) -> Case:
-    """One Attention Residuals operation over K sources of different scales (an RMS-normalised
-    key is scale-free; the value is not): f = sum(h * w), with the query and gain random."""
-    op = DepthAttention(C, 1e-5, np.float64)
-    _randomize(op, rng)
-    op.params["gain"] += 1
-    vs = [rng.standard_normal((B * T, C)) * s for s in rng.uniform(0.3, 3.0, K)]
-    w = rng.standard_normal((B * T, C))
-
-    def f():
-        return float(np.sum(op.forward([(v, rms_inverse(v, op.eps)) for v in vs]) * w))
+def _part_case(label: str, make, rng) -> Case:
+    """A part a design checks on its own (Variant.part_cases): make(rng, dtype) -> (module, f,
+    backward); f() the scalar, backward() runs the module's backward and gives
+    [(name, input, its gradient)] beside the module's parameters."""
+    module, f, backward = make(rng, np.float64)
 
     def prepare():
-        op.zero_grad()
+        module.zero_grad()
         f()
-        dvs = [np.zeros_like(v) for v in vs]
-        op.backward(w.copy(), dvs)
-        return _targets(op) + [Target(f"v_{i} (source)", v, dv) for i, (v, dv) in enumerate(zip(vs, dvs))]
-
-    return Case(f"depth-attention [{K} sources]", f, prepare)
+        return _targets(module) + [Target(name, value, grad) for name, value, grad in backward()]
+    return Case(label, f, prepare)
 
 
 def _model_case(layer: str, cfg: ModelConfig, rng, lora_rank: int = 0, weighted: bool = False) -> Case:
@@ -344,7 +334,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
     variants_seed = int(rng.integers(1 << 31))
     own = lambda label: np.random.default_rng([variants_seed, zlib.crc32(label.encode())])
     for variant in VARIANTS:
-        for label, make in variant.layer_cases:
+        for label, make in variant.cases("layer_cases"):
             mine = own(label)
             layer = make(C, H, mine, f64)
             out.append(_projected_case(label, layer, mine.standard_normal((B, T, C)), mine, H=H, Dk=_d_qk(layer)))
@@ -354,11 +344,13 @@ def cases(rng: np.random.Generator) -> list[Case]:
     out.append(_projected_case("block [pre-LN]", Block(blk_cfg, rng, f64), x(), rng, H=H, Dk=4))
     out.append(_encoder_attention_case(rng, C, H))
     for variant in VARIANTS:
-        for label, make in variant.memory_cases:
+        for label, make in variant.cases("memory_cases"):
             mine = own(label)
             layer = make(C, H, mine, f64)
             out.append(_cross_case(label, layer, mine, C, H, _d_qk(layer)))
-    out.append(_depth_case(rng, C))
+    for variant in VARIANTS:
+        for label, make in variant.cases("part_cases"):
+            out.append(_part_case(label, make, own(label)))
     out.append(_loss_case(rng))
     out.append(_weighted_loss_case(rng))
     base = dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8)
@@ -372,7 +364,7 @@ def cases(rng: np.random.Generator) -> list[Case]:
                            lora_rank=2))
     out.append(_model_case("gpt [masked loss]", ModelConfig(**base), rng, weighted=True))
     for variant in VARIANTS:
-        for label, fields in variant.model_cases:
+        for label, fields in variant.cases("model_cases"):
             cfg = ModelConfig.from_dict(dict(base, **fields))
             pairs_only = build_model_class(cfg).collation.refuses is not None
             out.append((_pairs_case if pairs_only else _model_case)(label, cfg, own(label)))

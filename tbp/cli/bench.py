@@ -33,8 +33,8 @@ from .options import check_sparse, config_options, sparse_options, sparse_rule
 @sparse_options("Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
                 "nearly the whole context (decode_*_tokens_per_s in --json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, sparse, budget, sparse_layers,
-          as_json, **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, as_json, sparse=None, budget=64,
+          sparse_layers="1", **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of

@@ -142,7 +142,8 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
                 "layers (lessismore: one set merged across heads, plus sinks and a recency window; topk: per "
                 "head; window: sinks + the most recent).", recency=True)
 def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, seed,
-             num_samples, stop, kv_cache, stream, best, sparse, budget, sparse_layers, recency):
+             num_samples, stop, kv_cache, stream, best, sparse=None, budget=64, sparse_layers="1",
+             recency=None):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so

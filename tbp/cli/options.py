@@ -16,8 +16,7 @@ from click.core import ParameterSource
 
 from ..files import jsonio
 from ..nn.config import ModelConfig
-from ..nn import build
-from ..nn.designs.sparse.sparse import SELECTIONS, SparseRule
+from ..nn import build, registry
 from ..errors import TbpError
 
 
@@ -211,7 +210,13 @@ def _flat_designs(designs, value, ctx, param) -> dict:
 
 # --- sparse decoding: the options and checks tbp generate, attention and bench share ----------
 def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
-    """--sparse RULE, --budget K, --sparse-layers L (and --recency, for a command that samples)."""
+    """--sparse RULE, --budget K, --sparse-layers L (and --recency, for a command that samples):
+    the sparse decoding strategy's, where the designs wing has it (registry.STRATEGY); without it
+    the command has none of them and decodes densely."""
+    rules = registry.STRATEGY.get("sparse")
+    if rules is None:
+        return lambda f: f
+
     def wrap(f):
         if recency:
             f = click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
@@ -222,11 +227,12 @@ def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
                               "the layers after them); layers before the first stay dense.")(f)
         f = click.option("--budget", type=click.IntRange(min=2), default=budget, show_default=True,
                          help="With --sparse: cached tokens each new token attends to.")(f)
-        return click.option("--sparse", type=click.Choice(list(SELECTIONS)), default=None, help=sparse_help)(f)
+        return click.option("--sparse", type=click.Choice(list(rules.kinds)), default=None, help=sparse_help)(f)
     return wrap
 
 
-def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, recency: float | None = None):
+def sparse_rule(ctx: click.Context, sparse=None, budget: int = 64, sparse_layers: str = "1",
+                recency: float | None = None):
     """The SparseRule the options ask for, or None without --sparse (whose companions are then
     refused); a bad budget or layer list is a usage error."""
     companions = ("budget", "sparse_layers") + (("recency",) if recency is not None else ())
@@ -237,7 +243,7 @@ def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, rec
         refuse_unused(ctx, ("recency",), "--sparse lessismore")
     try:
         layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
-        return SparseRule(sparse, budget, layers, 0.25 if recency is None else recency)
+        return registry.STRATEGY["sparse"](sparse, budget, layers, 0.25 if recency is None else recency)
     except ValueError as e:
         raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
 
@@ -245,7 +251,7 @@ def sparse_rule(ctx: click.Context, sparse, budget: int, sparse_layers: str, rec
 def check_sparse(cfg: ModelConfig, rule) -> None:
     """Usage errors of a rule for this model: a variant that refuses sparse decoding, or a
     selection layer past the model's."""
-    why = build.refusal(cfg, SparseRule.use)
+    why = build.refusal(cfg, rule.use)
     if why is not None:
         raise click.UsageError(f"--sparse: {why}")
     L = cfg.n_layer

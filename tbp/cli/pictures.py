@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..look import inside, plot
+from ..nn import build
 from ..runs import disk
-from ..nn.designs.attnres.attnres import depth_map
 from ..errors import TbpError
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
@@ -113,7 +113,7 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
 @click.option("--depth", is_flag=True,
               help="Attention Residuals: what each sublayer's input takes from the embedding and each earlier "
                    "output (mean over the prompt's tokens) instead of the heads' maps.")
-def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_layers, depth):
+def attention(run, prompt, layer, out, as_json, best, depth, sparse=None, budget=16, sparse_layers="1"):
     """Show what each attention head looks at, for a prompt, from the model's own forward.
 
     Row t of a head's map is query token t; its cells are the weights that token gives each
@@ -171,7 +171,9 @@ def attention(run, prompt, layer, out, as_json, best, sparse, budget, sparse_lay
 
 
 def _show_depth(model, ids, out, as_json, run) -> None:
-    d = depth_map(model, ids)
+    # the design that mixes the stream over depth shows it (its declaration's inspect: Attention Residuals)
+    d = next(shown["depth"] for v in build.active(model.config) if v.inspect
+             for shown in [v.inspect(model, ids)] if "depth" in shown)
     ops, sources, grid, per_op = d["operations"], d["sources"], d["mean"], d["per_token"]
     if as_json:
         click.echo(json.dumps({"run": str(run), "operations": ops, "sources": sources, "mean": grid.round(6).tolist(),

@@ -60,7 +60,7 @@ def _claim(out: Path, force: bool) -> None:
                    "beside: the library written once next to the page as plotly-<version>.min.js, which pages in "
                    "the same folder share, and each page a few hundred KiB. Both open offline.")
 @sparse_options("Also show the positions a sparse decoder keeps at each step of the prompt.", budget=16)
-def view(run, prompt, out, more, best, force, plotly_mode, sparse, budget, sparse_layers):
+def view(run, prompt, out, more, best, force, plotly_mode, sparse=None, budget=16, sparse_layers="1"):
     """Write one HTML page of a run that any browser opens: no server, no network.
 
     Training and validation curves (of --compare runs too), each layer's gradient norm, update

@@ -25,7 +25,6 @@ import numpy as np
 
 from ..errors import TbpError
 from ..nn.gpt import GPT
-from ..nn.designs.encdec.seq2seq import EncoderDecoder
 from ..nn.decode import Inference
 from ..nn import build
 from ..data.tokenizer import Tokenizer
@@ -153,7 +152,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
             logits = model.forward(buf[:, :n])[:, -1]
 
 
-def _target_ids(model: EncoderDecoder, source: list[int], max_new_tokens: int, sampling: Sampling,
+def _target_ids(model, source: list[int], max_new_tokens: int, sampling: Sampling,
                 rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None):
     """An encoder-decoder's target, token by token. Cached: the source is encoded once, each
     layer's cross-attention keys and values computed once (Inference.encode), and every step is

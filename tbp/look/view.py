@@ -165,6 +165,8 @@ def _plain(obj):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, list) and all(isinstance(v, str) for v in obj):
         return obj
+    if isinstance(obj, list):                         # arrays of their own shapes (a depth map's rows)
+        return [_plain(v) for v in obj]
     return _r(obj)
 
 

@@ -14,6 +14,8 @@ where a reader needs every choice (a config being checked) and may not have impo
                 kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
                 KERNEL_FROM: name -> the context from which ``auto`` picks it; KERNEL_ONE_THREAD:
                 the kernels whose products are small tiles, which run best on one BLAS thread
+    STRATEGY    a decoding strategy's class by name (decode.Inference's ``strategy``): "sparse" ->
+                designs/sparse's SparseRule, which the commands that decode build from their options
     VARIANTS    each design's declaration (variant.py): what the rest of tbp asks of it
 """
 from __future__ import annotations
@@ -28,7 +30,15 @@ POSITIONS: dict[str, Callable] = {}
 KERNEL: dict[str, Callable] = {}
 KERNEL_FROM: dict[str, int] = {}
 KERNEL_ONE_THREAD: set[str] = set()
+STRATEGY: dict[str, type] = {}
 VARIANTS: list = []
+
+
+def has(axis: str, name: str) -> bool:
+    """Whether a choice is registered: ``has("positions", "rope")``; axis one of arch,
+    attention, residual, positions, kernel (a case that combines two designs asks it)."""
+    return name in {"arch": ARCH, "attention": ATTENTION, "residual": RESIDUAL, "positions": POSITIONS,
+                    "kernel": KERNEL}[axis]
 
 
 def complete() -> None:
@@ -102,3 +112,8 @@ def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) ->
             KERNEL_ONE_THREAD.add(name)
         return make
     return register
+
+
+def strategy(name: str) -> Callable:
+    """Register a decoding strategy's class as ``name`` (a class decorator)."""
+    return _register(STRATEGY, "decoding strategy", name)

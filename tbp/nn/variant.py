@@ -52,7 +52,11 @@ class Variant:
         attention's (negative where it keeps fewer), for the memory estimate.
     step_work: (cfg, batch) -> (multiply-adds of one training step, what makes them, what to
         change), for work that can take minutes; refused above memory.STEP_WORK_LIMIT.
-    layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module).
+    layer_cases: gradcheck cases of the layer, (label, make(C, H, rng, dtype) -> module), or a
+        function giving them (:meth:`cases`).
+    part_cases: gradcheck cases of a part with an interface of its own, (label, make(rng,
+        dtype) -> (module, f, backward)): f() the scalar, backward() runs the module's backward
+        and gives [(name, input, its gradient)]; the module's parameters are probed too.
     memory_cases: gradcheck cases of a layer that also reads a memory m (B, S, C) with a
         padding key mask, ``forward(x, m, key_mask)`` (cross-attention), as layer_cases.
     model_cases: gradcheck cases of a small model, (label, config fields); an architecture
@@ -76,12 +80,21 @@ class Variant:
     describe: Callable | None = None
     activations: Callable | None = None
     step_work: Callable | None = None
-    layer_cases: tuple = ()
-    memory_cases: tuple = ()
-    model_cases: tuple = ()
+    layer_cases: tuple | Callable = ()
+    memory_cases: tuple | Callable = ()
+    part_cases: tuple | Callable = ()
+    model_cases: tuple | Callable = ()
     inspect: Callable | None = None
     convert: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.key in self.refuses:
             raise ValueError(f"variant {self.key!r} refuses itself")
+
+    def cases(self, which: str) -> tuple:
+        """Its ``layer_cases``, ``memory_cases``, ``part_cases`` or ``model_cases``. Either may be a function, asked
+        here, once every design has registered: a case that combines another design lists it
+        only where that design is there (``registry.has``), so removing one design leaves the
+        others' cases whole."""
+        found = getattr(self, which)
+        return tuple(found() if callable(found) else found)

@@ -234,11 +234,23 @@ def read_config(run: Path) -> dict:
     return schema.check(cfg, schema.RUN_CONFIG, str(run / "config.json"))
 
 
+# A run of the release before designs kept their options wrote every design's options by their
+# flat names, at these values when the design was off. Where this tbp lacks one of those designs,
+# an option at that value says nothing and is dropped; any other value is still refused by name.
+RELEASE4_OFF = {"n_enc_layer": None, "rope_base": 10000.0, "n_kv_head": None, "mta_cq": 2, "mta_ck": 9,
+                "mta_layers": "all", "mta_post": False, "mta_mix": False, "mta_group": 0, "mta_norm": False,
+                "mta_depth_scale": False, "residual_blocks": 0, "residual_query_scale": 1.0, "pad_id": None}
+
+
 def read_model_config(run: Path, cfg: dict | None = None) -> ModelConfig:
     """The ModelConfig of a run (from its config.json, or the record ``cfg`` already read)."""
     cfg = read_config(run) if cfg is None else cfg
+    model = cfg.get("model")
+    if isinstance(model, dict) and "designs" not in model:              # the previous release's flat record
+        known = {f.name for f in ModelConfig.flags()}
+        model = {k: v for k, v in model.items() if k in known or k not in RELEASE4_OFF or v != RELEASE4_OFF[k]}
     try:
-        return ModelConfig.from_dict(cfg.get("model"))
+        return ModelConfig.from_dict(model)
     except (TypeError, ValueError) as e:
         raise TbpError(f"{Path(run) / 'config.json'}: bad model config ({e})") from None
 

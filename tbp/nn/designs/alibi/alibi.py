@@ -79,19 +79,21 @@ VARIANT = registry.declare(Variant(
              "thin": "sparse decoding gathers kept positions without their ALiBi bias: use dense decoding",
              "export": "GPT-2 learns a vector per position; it has no linear bias on the scores",
              "gguf": "tbp writes llama.cpp's gpt2 and gptneox graphs, neither of which has ALiBi's bias"},
-    layer_cases=(
+    layer_cases=lambda: (
         ("attention [alibi]", lambda C, H, rng, dtype: CausalSelfAttention(C, H, 4, C // H, rng, dtype,
                                                                            positions=Alibi(H))),
-        ("attention [alibi, flash in tiles, window 3]",
-         lambda C, H, rng, dtype: CausalSelfAttention(C, H, 4, C // H, rng, dtype, impl="flash", tiles=(2, 3),
-                                                      positions=Alibi(H), window=3)),
         ("attention [alibi, causal query blocks, 3 heads]",
          lambda C, H, rng, dtype: CausalSelfAttention(C, 3, 2, 2, rng, dtype, split_rows=2, positions=Alibi(3))),
-        # with grouped-query attention, where that design is there (registered before this one)
+        # with the flash kernel and grouped-query attention, where those designs are there
+        *((("attention [alibi, flash in tiles, window 3]",
+            lambda C, H, rng, dtype: CausalSelfAttention(C, H, 4, C // H, rng, dtype, impl="flash", tiles=(2, 3),
+                                                         positions=Alibi(H), window=3)),)
+          * registry.has("kernel", "flash")),
         *((("attention [gqa + alibi]",
-             lambda C, H, rng, dtype: registry.ATTENTION["gqa"](C, 4, 2, C // 4, rng, dtype, 2, positions=Alibi(4))),)
-          if "gqa" in registry.ATTENTION else ())),
-    model_cases=(("gpt [alibi]", dict(positions="alibi")),
-                 ("gpt [alibi, gqa, untied head]", dict(positions="alibi", attention="gqa", n_head=4, n_kv_head=2,
-                                                        tie_head=False))),
+            lambda C, H, rng, dtype: registry.ATTENTION["gqa"](C, 4, 2, C // 4, rng, dtype, 2, positions=Alibi(4))),)
+          * registry.has("attention", "gqa"))),
+    model_cases=lambda: (("gpt [alibi]", dict(positions="alibi")),
+                         *((("gpt [alibi, gqa, untied head]", dict(positions="alibi", attention="gqa", n_head=4,
+                                                                   n_kv_head=2, tie_head=False)),)
+                           * registry.has("attention", "gqa"))),
 ))

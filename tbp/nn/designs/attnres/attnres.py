@@ -25,7 +25,7 @@ from ... import registry
 from ...config import ConfigError, Options, option
 from ...module import Module
 from ...variant import Variant
-from .depth import DepthAttention, Reads, Sources, StackedSources
+from .depth import DepthAttention, Reads, Sources, StackedSources, rms_inverse
 
 
 @registry.residual("attention")
@@ -216,10 +216,30 @@ def depth_map(model, ids: list[int]) -> dict:
     return {"operations": ops, "sources": sources, "mean": grid, "per_token": per_op}
 
 
+def _depth_part(rng, dtype, K: int = 4):
+    """One depth operation over K sources of different scales (an RMS-normalised key is
+    scale-free; the value is not): f = sum(h * w), with the query and gain random (a gradcheck
+    case: Variant.part_cases)."""
+    op = DepthAttention(16, 1e-5, dtype)
+    for p in op.params.values():
+        p[...] = rng.standard_normal(p.shape) * 0.3
+    op.params["gain"] += 1
+    vs = [rng.standard_normal((10, 16)) * s for s in rng.uniform(0.3, 3.0, K)]
+    w = rng.standard_normal((10, 16))
+
+    def f():
+        return float(np.sum(op.forward([(v, rms_inverse(v, op.eps)) for v in vs]) * w))
+
+    def backward():
+        dvs = [np.zeros_like(v) for v in vs]
+        op.backward(w.copy(), dvs)
+        return [(f"v_{i} (source)", v, dv) for i, (v, dv) in enumerate(zip(vs, dvs))]
+    return op, f, backward
+
+
 def _inspect(model, ids: list[int]) -> dict:
-    """What tbp view shows of it: the depth map's mean over the prompt's tokens."""
-    d = depth_map(model, ids)
-    return {"depth": {"operations": d["operations"], "sources": d["sources"], "mean": d["mean"]}}
+    """What tbp view and tbp attention --depth show of it: the depth map (depth_map)."""
+    return {"depth": depth_map(model, ids)}
 
 
 VARIANT = registry.declare(Variant(
@@ -234,6 +254,7 @@ VARIANT = registry.declare(Variant(
              "gguf": "llama.cpp's GPT-style graphs add every sublayer into one residual sum; none has a softmax "
                      "over depth (Attention Residuals)"},
     check=_check, describe=_describe, inspect=_inspect,
+    part_cases=(("depth-attention [4 sources]", _depth_part),),
     activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
     model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),
                  ("gpt [attention residuals: 2 blocks of 3 sublayers]", dict(n_layer=3, residual="attention",

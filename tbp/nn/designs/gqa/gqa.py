@@ -32,7 +32,6 @@ from ... import registry
 from ...attention import CausalSelfAttention
 from ...config import ConfigError, Options, option
 from ...positions import LEARNED, Positions
-from ..rope.rope import Rotary
 from ...variant import Variant
 
 
@@ -180,15 +179,18 @@ VARIANT = registry.declare(Variant(
     describe=lambda cfg: ("grouped-query", f"{kv_heads(cfg)} key/value head{'s' * (kv_heads(cfg) != 1)} for "
                                            f"{cfg.n_head} query heads · KV cache {cfg.n_head // kv_heads(cfg)}× "
                                            f"smaller"),
-    layer_cases=(
+    layer_cases=lambda: (
         ("attention [gqa: 4 heads, 2 key/value heads]",
          lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 3, C // 4, rng, dtype, 2)),
-        ("attention [gqa: multi-query, flash in tiles + rope]",
-         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 1, impl="flash",
-                                                        tiles=(2, 3), positions=Rotary(2))),
         ("attention [gqa: 2 key/value heads, causal query blocks]",
-         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 2, split_rows=2))),
-    model_cases=(("gpt [gqa: 2 key/value heads for 4]", dict(attention="gqa", n_head=4, n_kv_head=2)),
-                 ("gpt [gqa: multi-query, rope, untied head]",
-                  dict(attention="gqa", n_head=4, n_kv_head=1, positions="rope", tie_head=False))),
+         lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 2, split_rows=2)),
+        # with the flash kernel and rotary positions where those designs are there
+        *((("attention [gqa: multi-query, flash in tiles]",
+            lambda C, H, rng, dtype: GroupedQueryAttention(C, 4, 2, C // 4, rng, dtype, 1, impl="flash",
+                                                           tiles=(2, 3))),) * registry.has("kernel", "flash"))),
+    model_cases=lambda: (
+        ("gpt [gqa: 2 key/value heads for 4]", dict(attention="gqa", n_head=4, n_kv_head=2)),
+        *((("gpt [gqa: multi-query, rope, untied head]",
+            dict(attention="gqa", n_head=4, n_kv_head=1, positions="rope", tie_head=False)),)
+          * registry.has("positions", "rope"))),
 ))

@@ -132,11 +132,15 @@ VARIANT = registry.declare(Variant(
     describe=lambda cfg: ("qk-norm", f"queries and keys RMS-normalised per head · eps {cfg.designs['qknorm'].eps:g} "
                                      f"· scale {cfg.designs['qknorm'].scale or 1 / np.sqrt(cfg.d_qk):.4g}"),
     # eps 0.1 and a scale of 2: both options reach the gradient (the default eps barely does)
-    layer_cases=(("attention [qk-norm]", lambda C, H, rng, dtype: _layer(C, H, rng, dtype)),
-                 ("attention [qk-norm, eps 0.1, scale 2, flash in tiles]",
-                  lambda C, H, rng, dtype: _layer(C, H, rng, dtype, eps=0.1, scale=2.0, impl="flash", tiles=(2, 3)))),
-    # with rotary positions where that design is there (registered before this one)
-    model_cases=(("gpt [qk-norm, eps 0.1, scale 2]", dict(attention="qknorm", qk_norm_eps=0.1, qk_norm_scale=2.0)),
-                 *((("gpt [qk-norm + rope]", dict(attention="qknorm", positions="rope")),)
-                   if "rope" in registry.POSITIONS else ())),
+    # (with the flash kernel and rotary positions where those designs are there)
+    layer_cases=lambda: (
+        ("attention [qk-norm]", lambda C, H, rng, dtype: _layer(C, H, rng, dtype)),
+        ("attention [qk-norm, eps 0.1, scale 2]",
+         lambda C, H, rng, dtype: _layer(C, H, rng, dtype, eps=0.1, scale=2.0)),
+        *((("attention [qk-norm, flash in tiles]",
+            lambda C, H, rng, dtype: _layer(C, H, rng, dtype, eps=0.1, impl="flash", tiles=(2, 3))),)
+          * registry.has("kernel", "flash"))),
+    model_cases=lambda: (
+        ("gpt [qk-norm, eps 0.1, scale 2]", dict(attention="qknorm", qk_norm_eps=0.1, qk_norm_scale=2.0)),
+        *((("gpt [qk-norm + rope]", dict(attention="qknorm", positions="rope")),) * registry.has("positions", "rope"))),
 ))

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from ... import registry
 from .step import SparseStep
 
 SELECTIONS: dict = {}           # each kind of rule's Selection, registered below, in the command line's order
@@ -58,6 +59,7 @@ class Selection:
     every_layer: bool = False
 
 
+@registry.strategy("sparse")
 @dataclass(frozen=True)
 class SparseRule:
     """How the decoder thins attention: the rule, the budget K, the selection layers (dense,
@@ -69,6 +71,7 @@ class SparseRule:
     recency: float = 0.25
     sinks: int = 4
     use = "thin"                       # what a variant that cannot decode sparsely refuses (registry.USES)
+    kinds = SELECTIONS                 # the rule kinds, the command line's choices
 
     def __post_init__(self) -> None:
         if self.kind not in SELECTIONS:

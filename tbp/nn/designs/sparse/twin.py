@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference import layernorm_forward, mlp_forward, softmax
-from ..rope.twin import rope_forward
 
 
 def select_positions(scores, kind, budget, sinks=4, recency=0.25):
@@ -47,6 +46,7 @@ def last_logits(P: dict, cfg, tokens: np.ndarray, kept, layer: int, own_top: int
     attend only to ``kept`` ((B, K) for every head, or (B, H, K)); layers up to ``layer`` dense.
     With ``own_top``, every layer from ``layer`` on lets each head keep its own ``own_top``
     best scores instead (layer-topk). Every other row attends densely: the cached prefix."""
+    from ..rope.twin import rope_forward     # the models it states are rotary (the retrieval study's)
     x = P["wte"][tokens]                                           # (B, T, C)
     B, T = tokens.shape
     H, Dk, Dv = cfg.n_head, cfg.d_qk, cfg.d_v
