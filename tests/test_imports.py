@@ -2,6 +2,7 @@
 graph has a circle -- counting package faces and imports inside functions --, every module
 imports first in a fresh interpreter, and the data layer loads no engine."""
 import ast
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -213,3 +214,42 @@ def test_every_declaration_is_asked_whichever_module_is_imported_first(first):
 def _declared_in_wing() -> list:
     from tbp.nn import build
     return [v for v in build.VARIANTS if v.key not in ("dropout", "recompute")]
+
+
+# --- where the code outside the designs wing still names a design ----------------------------
+# Code lines (not comments or docstrings) outside tbp/nn/designs that name one, as
+# research/aesthetics-review-4.md counted them: 175 in all and 73 in tbp/nn before designs kept
+# their options and sparse decoding its mechanics. Today's figures are the ceiling: lower them
+# as names leave, never raise them.
+NAMES_IN_ENGINE, NAMES_IN_ALL = 7, 106
+DESIGN_NAME = re.compile(r"(?<![A-Za-z])(mta|attnres|gqa|alibi|flash|rope|rotary|sparse|seq2seq|encdec|qknorm)"
+                         r"(?![a-z])|encoder-decoder|n_kv_head|reads_source|residual_blocks|n_enc_layer|qk_norm", re.I)
+
+
+def _lines_naming_a_design(path: Path) -> set[int]:
+    import io
+    import tokenize
+    src = path.read_text(encoding="utf-8")
+    docs = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            docs |= set(range(body[0].lineno, body[0].end_lineno + 1))
+    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+            if tok.type in (tokenize.NAME, tokenize.STRING) and tok.start[0] not in docs
+            and DESIGN_NAME.search(tok.string)}
+
+
+def test_the_code_outside_the_designs_wing_names_a_design_no_more_than_today():
+    wing = ROOT / "tbp" / "nn" / "designs"
+    counts = {p: len(_lines_naming_a_design(p)) for p in (ROOT / "tbp").rglob("*.py") if wing not in p.parents}
+    engine = sum(n for p, n in counts.items() if (ROOT / "tbp" / "nn") in p.parents)
+    assert engine <= NAMES_IN_ENGINE and sum(counts.values()) <= NAMES_IN_ALL, \
+        (engine, sum(counts.values()), sorted((n, str(p.relative_to(ROOT))) for p, n in counts.items() if n)[-5:])
+
+
+def test_the_design_name_count_sees_a_name_in_code_and_not_in_a_docstring(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('"""About rope and mta."""\nx = "flash"  # a comment on gqa\ny = property\n')
+    assert _lines_naming_a_design(p) == {2}
