@@ -92,7 +92,8 @@ def assert_equals_twin(layer, y, dx, y_ref, dx_ref, dw, db, dw_proj, db_proj, rt
 DESIGN_WORDS = {"alibi": ("alibi",), "attnres": ("attnres", 'residual="attention"', "residual_blocks",
                                                  "residual_query_scale", "depth_", "Attention Residuals",
                                                  "attention-residuals"),
-                "encdec": ("encoder-decoder", "encdec", "EncoderDecoder", "CrossAttention", "n_enc_layer", "pad_id"),
+                "encdec": ("encoder-decoder", "encdec", "EncoderDecoder", "CrossAttention", "cross-attention", "n_enc_layer",
+                           "pad_id", "decoder block", "decoder-block"),
                 "flash": ("flash",), "gqa": ("gqa", "n_kv_head", "pool_kv_heads"), "mta": ("mta",),
                 "qknorm": ("qknorm", "qk_norm"), "rope": ("rope", "rotary", "Rotary"),
                 "sparse": ("sparse", "SparseRule", "lessismore", "--budget")}
