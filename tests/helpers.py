@@ -89,11 +89,12 @@ def assert_equals_twin(layer, y, dx, y_ref, dx_ref, dw, db, dw_proj, db_proj, rt
 
 
 # each design's folder -> the words that name it in a test's code or parameters (tests/conftest.py)
-DESIGN_WORDS = {"alibi": ("alibi",), "attnres": ("attnres", 'residual="attention"', "residual_blocks",
-                                                 "residual_query_scale", "depth_", "Attention Residuals",
-                                                 "attention-residuals"),
-                "encdec": ("encoder-decoder", "encdec", "EncoderDecoder", "CrossAttention", "cross-attention", "n_enc_layer",
-                           "pad_id", "decoder block", "decoder-block"),
+DESIGN_WORDS = {"alibi": ("alibi",),
+                "attnres": ("attnres", 'residual="attention"', "residual_blocks", "residual_query_scale", "depth_",
+                            "depth-attention", "Attention Residuals", "attention-residuals", "'residual': 'attention'",
+                            "'--residual', 'attention'", '"--residual", "attention"'),
+                "encdec": ("encoder-decoder", "encdec", "EncoderDecoder", "CrossAttention", "cross-attention",
+                           "n_enc_layer", "pad_id", "decoder block", "decoder-block"),
                 "flash": ("flash",), "gqa": ("gqa", "n_kv_head", "pool_kv_heads"), "mta": ("mta",),
                 "qknorm": ("qknorm", "qk_norm"), "rope": ("rope", "rotary", "Rotary"),
                 "sparse": ("sparse", "SparseRule", "lessismore", "--budget")}

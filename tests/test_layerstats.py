@@ -21,7 +21,7 @@ def _batch(seed=0):
     return ids[:, :-1], ids[:, 1:]
 
 
-@pytest.mark.parametrize("residual", ["sum", "attention"])
+@pytest.mark.parametrize("residual", ["sum", pytest.param("attention", marks=pytest.mark.design("attnres"))])
 def test_forward_keeps_what_each_sublayer_reads_and_changes_nothing(residual):
     model = GPT(ModelConfig(**CFG, residual=residual), seed=0, dtype=np.float64)
     idx, _ = _batch()
