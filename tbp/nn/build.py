@@ -11,6 +11,8 @@ this module imports; the model modules import neither this module nor the decode
 """
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 # the modules that register a choice, in the order each axis lists its choices (the command
@@ -98,8 +100,8 @@ def check(cfg: ModelConfig) -> None:
         if v in on or v.options is None or v.options.KEPT_WHEN_OFF:
             continue
         given, default = cfg.designs[v.key], v.options()
-        changed = [f.name for f in v.options.flags() if getattr(given, f.name[len(v.options.PREFIX):])
-                   != getattr(default, f.name[len(v.options.PREFIX):])]
+        changed = [v.options.PREFIX + f.name for f in fields(v.options)
+                   if getattr(given, f.name) != getattr(default, f.name)]
         if changed:
             article = "an" if v.name[0].lower() in "aeiou" else "a"
             raise ConfigError(f"{changed[0]} is {article} {v.name} option (pass {v.switch})")

@@ -54,7 +54,9 @@ def complete() -> None:
 USES = ("thin", "export", "gguf", "lora", "chat", "bench", "rewind", "rows")
 
 
-def _register(axis: dict, what: str, name: str) -> Callable:
+def register_in(axis: dict, what: str, name: str) -> Callable:
+    """A decorator entering a thing into ``axis`` as ``name``, refusing a second one (every axis
+    here, and a design's own, such as sparse decoding's rule kinds)."""
     def register(thing):
         if name in axis:
             raise ValueError(f"{what} {name!r} is registered twice")
@@ -65,17 +67,17 @@ def _register(axis: dict, what: str, name: str) -> Callable:
 
 def arch(name: str) -> Callable:
     """Register a model class as the architecture ``name`` (a class decorator)."""
-    return _register(ARCH, "arch", name)
+    return register_in(ARCH, "arch", name)
 
 
 def attention(name: str) -> Callable:
     """Register a self-attention class as the attention kind ``name`` (a class decorator)."""
-    return _register(ATTENTION, "attention", name)
+    return register_in(ATTENTION, "attention", name)
 
 
 def residual(name: str) -> Callable:
     """Register a residual scheme's class as ``name`` (a class decorator)."""
-    return _register(RESIDUAL, "residual", name)
+    return register_in(RESIDUAL, "residual", name)
 
 
 _RANK: dict[str, int] = {}
@@ -95,14 +97,14 @@ def declare(variant, rank: int | None = None):
 
 def positions(name: str) -> Callable:
     """Register ``make(cfg) -> Positions`` as the positions scheme ``name`` (a decorator)."""
-    return _register(POSITIONS, "positions", name)
+    return register_in(POSITIONS, "positions", name)
 
 
 def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) -> Callable:
     """Register ``make(causal, window, rows, tiles, bias)`` as the attention kernel ``name``;
     ``auto_from``: the context from which ``attn_impl auto`` picks it over the dense kernel;
     ``one_thread``: training holds BLAS to one thread with it (its products are small tiles)."""
-    enter = _register(KERNEL, "attention kernel", name)
+    enter = register_in(KERNEL, "attention kernel", name)
 
     def register(make):
         enter(make)                                # refuses a second registration before any table changes
@@ -116,4 +118,4 @@ def kernel(name: str, auto_from: int | None = None, one_thread: bool = False) ->
 
 def strategy(name: str) -> Callable:
     """Register a decoding strategy's class as ``name`` (a class decorator)."""
-    return _register(STRATEGY, "decoding strategy", name)
+    return register_in(STRATEGY, "decoding strategy", name)

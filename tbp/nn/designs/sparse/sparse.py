@@ -40,12 +40,7 @@ SELECTIONS: dict = {}           # each kind of rule's Selection, registered belo
 
 def selection(name: str) -> Callable:
     """Register a Selection as the rule kind ``name``."""
-    def register(sel):
-        if name in SELECTIONS:
-            raise ValueError(f"sparse rule {name!r} is registered twice")
-        SELECTIONS[name] = sel
-        return sel
-    return register
+    return registry.register_in(SELECTIONS, "sparse rule", name)
 
 
 @dataclass(frozen=True)
