@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,14 +229,43 @@ def test_the_page_shows_each_design_it_has():
     assert data["depth"]["mean"] == np.asarray(depth_map(model, ids)["mean"]).round(6).tolist()
     assert data["mta"]["0"]["theta"] == np.asarray(model.blocks[0].attn.mta.params["theta"]).round(6).tolist()
     metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0}, {"step": 2, "lr": 1e-3, "train_loss": 2.9, "val_loss": 2.8}]
-    figures = embedded_text(view.page([{"label": "r", "metrics": metrics}], model, _CharTok(), ids))["figures"]
+    shown = embedded_text(view.page([{"label": "r", "metrics": metrics}], model, _CharTok(), ids))
+    figures = shown["figures"]
     assert {"curves", "depth", "mta-0-theta", "mta-1-theta"} <= set(figures) and "kept" not in figures
     assert "grad_norm" not in figures                # no per-layer statistics in these metrics: none drawn
+    assert [s["charts"] for s in shown["sections"]] == [["depth"], ["mta-0-theta", "mta-1-theta"]]  # declared order
     plain = GPT(ModelConfig(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16), seed=0)   # sparse decoding
     rule = SparseRule("window", budget=8, layers=(1,))
     data = view.data_for_prompt(plain, _CharTok(), ids, rule)
     assert data["kept"]["map"] == inside.kept_positions(plain, ids, rule).round(6).tolist()
     assert "depth" not in data and "mta" not in data
+
+
+def test_in_a_real_browser_each_design_draws_its_own_section(tmp_path):
+    """The page draws what each design's declaration draws (its ``draw``): a heading, the
+    charts and the line on what to look for, with no design named in the page's script."""
+    from selenium.webdriver.common.by import By
+    from tbp import GPT, ModelConfig
+    from tbp.look import view
+    model = GPT(ModelConfig.from_dict(dict(vocab_size=26, n_ctx=32, n_layer=2, n_head=2, d_model=16,
+                                           residual="attention", attention="mta", mta_ck=3)), seed=0)
+    metrics = [{"step": 1, "lr": 1e-3, "train_loss": 3.0}]
+    path = tmp_path / "designs.html"
+    path.write_text(view.page([{"label": "r", "metrics": metrics}], model, _CharTok(), list(range(20))))
+    js = (Path(view.__file__).with_name("view.js")).read_text()
+    assert not re.search(r"mta|depth|residual", js, re.I)
+    driver = browser()
+    try:
+        driver.get(path.as_uri())
+        heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#more h2")]
+        assert heads == ["Attention Residuals over depth", "Multi-Token Attention kernels"]
+        for key in ("mta-0-theta", "mta-1-theta", "depth"):
+            assert driver.find_elements(By.CSS_SELECTOR, f"#fig-{key} .main-svg"), key
+        looks = [p.text for p in driver.find_elements(By.CSS_SELECTOR, "#more p.look")]
+        assert len(looks) == 2 and all(t.startswith("What to look for") for t in looks)
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
 
 
 def embedded_text(text: str) -> dict:

@@ -1,5 +1,5 @@
 """Where sparse decoding starts to pay: tokens/s of one-token steps against the cache length,
-dense and each rule paired in one process (tbp.check.bench.bench_sparse_decode), at K = n / 16, for
+dense and each rule paired in one process (tbp.check.bench.bench_decode_strategy), at K = n / 16, for
 models of each depth of --n-layers (width 128, 4 heads, rotary positions), with NumPy's BLAS
 at --blas-threads threads (default: as it is; each record names the count). One record per
 length x rule in benchmarks/results/sparse_crossover.jsonl; --plot draws the curves from the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.check.bench import bench_sparse_decode
+from tbp.check.bench import bench_decode_strategy
 from tbp.machine.cores import machine
 from tbp.nn.config import ModelConfig
 from tbp.nn.designs.sparse.sparse import SELECTIONS, SparseRule
@@ -56,7 +56,7 @@ def sweep(a, layers: tuple[int, ...], tag: dict) -> None:
         for n in a.lengths:
             cfg = ModelConfig(vocab_size=65, n_ctx=n, n_layer=n_layer, n_head=4, d_model=128, positions="rope")
             for kind in SELECTIONS:
-                res = bench_sparse_decode(cfg, SparseRule(kind, max(8, n // 16), layers), repeats=a.rounds)
+                res = bench_decode_strategy(cfg, SparseRule(kind, max(8, n // 16), layers), "sparse", repeats=a.rounds)
                 records.append("sparse_crossover", {"commit": records.commit(), "seed": 0, "n_layer": n_layer,
                                                     "n_ctx": n, "blas_threads": threads, "config": cfg.flat(), **tag,
                                                     **res})

@@ -141,35 +141,35 @@ def bench_precisions(cfg: ModelConfig, batch_size: int, rounds: int = 5, steps: 
     return out
 
 
-def bench_sparse_decode(cfg: ModelConfig, rule, steps: int = 32, repeats: int = 5, seed: int = 0,
-                        dtype=np.float32) -> dict:
-    """Dense and sparse decoding paired in one process: one model, two Inferences prefilled with
-    the same random tokens to a cache of n_ctx - steps - 1, then ``steps`` one-token steps each,
-    in turn, ``repeats`` times; tokens/s are the medians. Speed needs the architecture only, not
+def bench_decode_strategy(cfg: ModelConfig, strategy, name: str, steps: int = 32, repeats: int = 5,
+                          seed: int = 0, dtype=np.float32) -> dict:
+    """Dense decoding and a decoding strategy (a sparse rule; registered as ``name``, which
+    names its figures) paired in one process: one model, two Inferences prefilled with the same
+    random tokens to a cache of n_ctx - steps - 1, then ``steps`` one-token steps each, in turn,
+    ``repeats`` times; tokens/s are the medians. Speed needs the architecture only, not
     trained weights."""
     model = GPT(cfg, seed=seed, dtype=dtype)
     n = cfg.n_ctx - steps - 1
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (1, cfg.n_ctx))
-    engines = {"dense": Inference(model, 1), "sparse": Inference(model, 1, rule)}
+    engines = {"dense": Inference(model, 1), name: Inference(model, 1, strategy)}
     for engine in engines.values():
         engine.forward(tokens[:, :n])
-    rates: dict = {name: [] for name in engines}
+    rates: dict = {key: [] for key in engines}
     for r in range(repeats):
-        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-            engine = engines[name]
+        for key in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            engine = engines[key]
             engine.length = n                           # the same cache, the same positions, every round
             t = time.perf_counter()
             for i in range(n, n + steps):
                 engine.forward(tokens[:, i:i + 1], check=False)
-            rates[name].append(steps / (time.perf_counter() - t))
-    dense, sparse = (float(np.median(rates[k])) for k in ("dense", "sparse"))
+            rates[key].append(steps / (time.perf_counter() - t))
+    dense, other = (float(np.median(rates[k])) for k in ("dense", name))
     # each round's two runs are adjacent in time: the median of their ratios is what a drift in
     # this machine's speed, between rounds, cannot move
-    speedup = float(np.median([s / d for s, d in zip(rates["sparse"], rates["dense"])]))
-    return {"decode_dense_tokens_per_s": dense, "decode_sparse_tokens_per_s": sparse,
-            "decode_sparse_speedup": speedup, "decode_rounds": repeats, "decode_cache": n,
-            "decode_steps": steps, "sparse": {"kind": rule.kind, "budget": rule.budget,
-                                              "layers": list(rule.layers), "recency": rule.recency}}
+    speedup = float(np.median([s / d for s, d in zip(rates[name], rates["dense"])]))
+    return {"decode_dense_tokens_per_s": dense, f"decode_{name}_tokens_per_s": other,
+            f"decode_{name}_speedup": speedup, "decode_rounds": repeats, "decode_cache": n,
+            "decode_steps": steps, name: strategy.record()}
 
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,

@@ -66,7 +66,7 @@ def _targets(module, x=None, dx=None, H=None, Dk=None) -> list[Target]:
         elif name.endswith("c_attn.bias") and H is not None:
             # split the fused bias [queries | keys | values] so the key part's zero shows on its own row
             attn = owners[name[:-len(".c_attn.bias")]]
-            q_end, k_end = attn.n_head * attn.d_qk, (attn.n_head + attn.n_kv_head) * attn.d_qk
+            q_end, k_end = attn.n_head * attn.d_qk, (attn.n_head + attn.kv_heads) * attn.d_qk
             parts = [(name + "[q]", slice(0, q_end)), (name + "[k]", slice(q_end, k_end)),
                      (name + "[v]", slice(k_end, None))]
             out += [Target(label, value[cut], grad[cut], expect_zero=label.endswith("[k]") and attn.key_bias_inert)

@@ -6,13 +6,13 @@ import json
 
 import click
 
-from ..check.bench import (bench_generate, bench_precisions, bench_sparse_decode, bench_train, matmul_peak_gflops,
+from ..check.bench import (bench_decode_strategy, bench_generate, bench_precisions, bench_train, matmul_peak_gflops,
                            memory_bandwidth_gbs, train_flops_per_token)
 from ..machine.cores import machine
 from ..nn.config import ModelConfig
 from ..nn import build
 from .common import console, fmt_count, kv_table
-from .options import check_sparse, config_options, sparse_options, sparse_rule
+from .options import check_strategy, config_options, strategy_name, strategy_options
 
 
 @click.command()
@@ -30,11 +30,10 @@ from .options import check_sparse, config_options, sparse_options, sparse_rule
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "both"]), default="both", show_default=True,
               help="The training products' precision, as tbp train's --precision; both: fp32 and bf16 steps "
                    "paired in one process (--iters of each, in up to 5 rounds whose order reverses).")
-@sparse_options("Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
-                "nearly the whole context (decode_*_tokens_per_s in --json).")
+@strategy_options("time")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, as_json, sparse=None, budget=64,
-          sparse_layers="1", **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, as_json, strategy=None,
+          **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
@@ -55,11 +54,10 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
     why = build.refusal(cfg, "bench")
     if why is not None:
         raise click.UsageError(why)
-    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
-    if rule is not None:
-        check_sparse(cfg, rule)
-        if cfg.n_ctx < 2 * budget:
-            raise click.UsageError(f"--budget {budget}: a context of {cfg.n_ctx} leaves nothing to thin")
+    if strategy is not None:
+        check_strategy(cfg, strategy)
+        if cfg.n_ctx < 2 * strategy.budget:
+            raise click.UsageError(f"--budget {strategy.budget}: a context of {cfg.n_ctx} leaves nothing to thin")
     res = {"config": {**cfg.to_dict(), "batch_size": batch_size}}
     with console.status("timing training steps...") if not as_json else contextlib.nullcontext():
         if precision == "both":
@@ -78,9 +76,10 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
             res.update(bench_generate(cfg, gen_tokens, use_cache=not no_kv_cache))
     else:
         res["generate_tokens_per_s"] = None
-    if rule is not None:
-        with console.status("timing sparse against dense decoding...") if not as_json else contextlib.nullcontext():
-            res.update(bench_sparse_decode(cfg, rule))
+    if strategy is not None:
+        name = strategy_name(strategy)
+        with console.status(f"timing {name} against dense decoding...") if not as_json else contextlib.nullcontext():
+            res.update(bench_decode_strategy(cfg, strategy, name))
     res["peak_gflops"] = matmul_peak_gflops()
     if res.get("generate_tokens_per_s"):
         res["memory_gbs"] = memory_bandwidth_gbs()
@@ -117,11 +116,11 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
                             f"of it")
         t.add_row("generate", f"{res['generate_tokens_per_s']:.0f} tokens/s at batch 1 "
                               f"({res['generate_tokens']} tokens, {'no ' if no_kv_cache else ''}KV cache)")
-    if rule is not None:
-        d, s = res["decode_dense_tokens_per_s"], res["decode_sparse_tokens_per_s"]
-        t.add_row("sparse decode", f"{rule.kind}, K {rule.budget}, at a cache of {res['decode_cache']:,}: "
-                                   f"{s:.0f} tokens/s against dense {d:.0f} "
-                                   f"({res['decode_sparse_speedup']:.2f}×, paired round by round)")
+    if strategy is not None:
+        d, s = res["decode_dense_tokens_per_s"], res[f"decode_{name}_tokens_per_s"]
+        t.add_row(f"{name} decode", f"{strategy.describe()}, at a cache of {res['decode_cache']:,}: "
+                                    f"{s:.0f} tokens/s against dense {d:.0f} "
+                                    f"({res[f'decode_{name}_speedup']:.2f}×, paired round by round)")
     m = res["machine"]
     t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
                          + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else "")

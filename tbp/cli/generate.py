@@ -16,7 +16,7 @@ from ..errors import TbpError
 from ..generate.sampling import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run
 from ..data.tokenizer import END
-from .options import FiniteFloat, check_sparse, sparse_options, sparse_rule, stop_strings
+from .options import FiniteFloat, check_strategy, stop_strings, strategy_name, strategy_options, strategy_record
 
 
 def _prompt_text(prompt, prompt_file) -> tuple[str, bool]:
@@ -138,12 +138,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Print text as it is generated (one sample only).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-@sparse_options("Sparse decoding: each new token attends to --budget cached tokens, chosen at the selection "
-                "layers (lessismore: one set merged across heads, plus sinks and a recency window; topk: per "
-                "head; window: sinks + the most recent).", recency=True)
+@strategy_options("sample")
 def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, seed,
-             num_samples, stop, kv_cache, stream, best, sparse=None, budget=64, sparse_layers="1",
-             recency=None):
+             num_samples, stop, kv_cache, stream, best, strategy=None):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -165,9 +162,9 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
       tbp generate --prompts prompts.txt --max-new-tokens 100 --seed 0 --json > samples.jsonl
     """
     sampling = Sampling(temperature, top_k, top_p)
-    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers, recency)
-    if rule is not None and not kv_cache:
-        raise click.UsageError("--sparse thins the KV cache's attention: it cannot run with --no-kv-cache")
+    if strategy is not None and not kv_cache:
+        raise click.UsageError(f"--{strategy_name(strategy)} decodes from the KV cache: it cannot run with "
+                               f"--no-kv-cache")
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
     if seed is None and as_json:              # a record names the seed that makes it again
@@ -186,8 +183,8 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
         except (TbpError, click.BadParameter) as e:
             what = e.message if isinstance(e, click.BadParameter) else str(e)
             raise TbpError(f"{where}:{n}: {what.removeprefix('prompt: ')}") from None
-    if rule is not None:
-        check_sparse(model.config, rule)
+    if strategy is not None:
+        check_strategy(model.config, strategy)
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
                       f"sampling {num_samples} sequence(s) from {run}")
     if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker
@@ -196,15 +193,14 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
                       f"conversation[/]")
     settings = {"run": str(run), "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "max_new_tokens": max_new_tokens, "stop": list(stop), "kv_cache": kv_cache,
-                "sparse": None if rule is None else {"kind": rule.kind, "budget": rule.budget,
-                                                     "layers": list(rule.layers), "recency": rule.recency}}
+                **strategy_record(strategy)}
     for k, (text, streamed) in enumerate(texts):
         if len(texts) > 1 and not as_json:
             sys.stdout.write(f"=== prompt {k + 1} ===\n")
         seed_k = None if seed is None else seed + k
         stream_k = stream and num_samples == 1 and not as_json and len(texts) == 1
         completions, prompt_shown = _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed_k,
-                                            num_samples, max_new_tokens, kv_cache, tuple(stop), rule, stream_k, run)
+                                            num_samples, max_new_tokens, kv_cache, tuple(stop), strategy, stream_k, run)
         if as_json:
             for i, completion in enumerate(completions):
                 sys.stdout.write(json.dumps({"prompt": text, "prompt_index": k, "sample": i, "seed": seed_k,
@@ -218,7 +214,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
 
 
 def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_samples, max_new_tokens, kv_cache,
-            stop, rule, streaming, run) -> tuple[list[str], str]:
+            stop, strategy, streaming, run) -> tuple[list[str], str]:
     """One prompt's samples: (each sample's completion, the prompt text the output shows before
     it). Streams to stdout as it goes when ``streaming``; prints the stats line on stderr."""
     n_ctx = model.config.n_ctx
@@ -242,7 +238,7 @@ def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_
         out.write(text)
         out.flush()
     for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
-                                  kv_cache, stop, stats, rule):
+                                  kv_cache, stop, stats, strategy):
         if streaming:
             out.write(piece)
             out.flush()
@@ -252,9 +248,8 @@ def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_
         out.flush()
     tps = stats.new_tokens / max(stats.decode_s + stats.prefill_s, 1e-9)
     cache = f" · KV cache {fmt_bytes(stats.cache_bytes)}" if kv_cache else " · no KV cache"
-    if rule is not None:
-        cache += (f" · sparse {rule.kind}, budget {rule.budget}, selection layer{'s' * (len(rule.layers) > 1)} "
-                  f"{','.join(map(str, rule.layers))}")
+    if strategy is not None:
+        cache += f" · {strategy.describe()}"
     # one line in a log too: not wrapped at 80 columns mid-phrase
     console.print(f"[dim]{stats.new_tokens} tokens × {num_samples} sample(s) in "
                   f"{stats.prefill_s + stats.decode_s:.2f}s ({tps:.0f} tokens/s; prompt {stats.prompt_tokens} "

@@ -6,6 +6,8 @@ default and help, so adding a field to a config adds its flag, its --config key 
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import typing
@@ -45,17 +47,7 @@ def config_options(cls, defaults: dict | None = None):
     """A decorator adding one click option per user-facing field of ``cls`` (in declaration
     order), named --field-name, typed and ranged from the field's metadata. ``defaults``
     overrides a field's default for this command."""
-    opts = []
-    for f in cls.options():
-        base = next((a for a in typing.get_args(f.kind) if a is not type(None)), f.kind)
-        default = (defaults or {}).get(f.name, f.default)
-        flag = "--" + f.name.replace("_", "-")
-        if base is bool:
-            decl = f.metadata["flag"] or f"{flag}/--no-{flag[2:]}"
-            opts.append(click.option(decl, f.name, default=default, show_default=True, help=f.metadata["help"]))
-            continue
-        opts.append(click.option(flag, f.name, type=_param_type(f, base), default=default,
-                                 show_default=default is not None, help=f.metadata["help"]))
+    opts = [_click_option(f, (defaults or {}).get(f.name, f.default)) for f in cls.options()]
 
     def decorate(fn):
         for o in reversed(opts):
@@ -64,11 +56,14 @@ def config_options(cls, defaults: dict | None = None):
     return decorate
 
 
+# where a value the user set comes from (command line, environment or --config), not a default
+USER_SOURCES = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+
+
 def given(ctx: click.Context, cls) -> dict:
     """The values of ``cls``'s options that the user set (command line, environment or --config)."""
-    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
     return {f.name: ctx.params[f.name] for f in cls.options()
-            if f.name in ctx.params and ctx.get_parameter_source(f.name) in sources}
+            if f.name in ctx.params and ctx.get_parameter_source(f.name) in USER_SOURCES}
 
 
 class ByteSize(click.ParamType):
@@ -130,9 +125,8 @@ def refuse_unused(ctx: click.Context, names: tuple[str, ...], mode: str) -> None
     """Exit 2 if the user gave any of ``names`` (parameter names), which only ``mode`` reads: an
     option silently ignored would let a user believe it took effect. Whether it was given is
     where its value came from (command line, environment, --config), never the value itself."""
-    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
     flags = {p.name: p.opts[0] for p in ctx.command.params}
-    used = [flags[n] for n in names if ctx.get_parameter_source(n) in sources]
+    used = [flags[n] for n in names if ctx.get_parameter_source(n) in USER_SOURCES]
     if used:
         raise click.UsageError(f"{', '.join(used)} {'is' if len(used) == 1 else 'are'} for {mode}; "
                                f"drop {'it' if len(used) == 1 else 'them'} or add {mode.split(' (')[0]}")
@@ -208,52 +202,88 @@ def _flat_designs(designs, value, ctx, param) -> dict:
     return {prefixes[key] + name: v for key, d in designs.items() for name, v in d.items()}
 
 
-# --- sparse decoding: the options and checks tbp generate, attention and bench share ----------
-def sparse_options(sparse_help: str, budget: int = 64, recency: bool = False):
-    """--sparse RULE, --budget K, --sparse-layers L (and --recency, for a command that samples):
-    the sparse decoding strategy's, where the designs wing has it (registry.STRATEGY); without it
-    the command has none of them and decodes densely."""
-    rules = registry.STRATEGY.get("sparse")
-    if rules is None:
-        return lambda f: f
+# --- decoding strategies: the options and checks the commands that decode share -------------
+USES = ("sample", "time", "show", "show instead")     # how a command uses a strategy (its switch's help)
 
-    def wrap(f):
-        if recency:
-            f = click.option("--recency", type=FiniteFloat(0, 1, max_open=True), default=0.25, show_default=True,
-                             help="With --sparse lessismore: the share of the budget given to the most recent "
-                                  "tokens.")(f)
-        f = click.option("--sparse-layers", default="1", show_default=True,
-                         help="With --sparse: comma-separated selection layers (dense, and choosing the set for "
-                              "the layers after them); layers before the first stay dense.")(f)
-        f = click.option("--budget", type=click.IntRange(min=2), default=budget, show_default=True,
-                         help="With --sparse: cached tokens each new token attends to.")(f)
-        return click.option("--sparse", type=click.Choice(list(rules.kinds)), default=None, help=sparse_help)(f)
+
+def _click_option(f, default):
+    """One click option for the Flag ``f`` (a config field) with this command's ``default``."""
+    base = next((a for a in typing.get_args(f.kind) if a is not type(None)), f.kind)
+    flag = "--" + f.name.replace("_", "-")
+    if base is bool:
+        decl = f.metadata["flag"] or f"{flag}/--no-{flag[2:]}"
+        return click.option(decl, f.name, default=default, show_default=True, help=f.metadata["help"])
+    return click.option(flag, f.name, type=_param_type(f, base), default=default,
+                        show_default=default is not None, help=f.metadata["help"])
+
+
+def strategy_options(use: str, **defaults):
+    """A decorator giving a command that decodes the options of every registered decoding
+    strategy (registry.STRATEGY: each declares its ``FLAGS``, the first its switch, the switch's
+    ``HELP`` for each of :data:`USES`, and its ``SAMPLING_ONLY`` flags), with ``defaults`` for
+    this command, and handing the command ``strategy=``: the one the user switched on, built
+    and checked against the flags given, or None (dense decoding; then a companion flag given
+    is a usage error). No strategy registered, no options: the command decodes densely."""
+    if use not in USES:
+        raise ValueError(f"a command uses a decoding strategy to one of {', '.join(USES)}, not {use!r}")
+    chosen = []
+    for name, cls in registry.STRATEGY.items():
+        flags = [f for f in cls.FLAGS.flags() if use == "sample" or f.name not in cls.SAMPLING_ONLY]
+        chosen.append((name, cls, flags))
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def command(*args, **kw):
+            ctx = click.get_current_context()
+            on = []
+            for name, cls, flags in chosen:
+                values = {f.name: kw.pop(f.name) for f in flags}
+                switch, companions = flags[0].name, tuple(f.name for f in flags[1:])
+                if values[switch] is None:
+                    refuse_unused(ctx, companions, "--" + switch.replace("_", "-"))
+                    continue
+                try:
+                    on.append(cls.from_flags(values, {f.name for f in flags
+                                                              if ctx.get_parameter_source(f.name) in USER_SOURCES}))
+                except ValueError as e:
+                    raise click.UsageError(str(e)) from None
+            if len(on) > 1:
+                raise click.UsageError("one decoding strategy at a time: "
+                                       + ", ".join("--" + f[0].name for _, _, f in chosen))
+            return fn(*args, strategy=on[0] if on else None, **kw)
+        for name, cls, flags in reversed(chosen):
+            for f in reversed(flags):
+                help_ = cls.HELP[use] if f is flags[0] else f.metadata["help"]
+                command = _click_option(f if f is not flags[0] else _with_help(f, help_),
+                                        defaults.get(f.name, f.default))(command)
+        return command
     return wrap
 
 
-def sparse_rule(ctx: click.Context, sparse=None, budget: int = 64, sparse_layers: str = "1",
-                recency: float | None = None):
-    """The SparseRule the options ask for, or None without --sparse (whose companions are then
-    refused); a bad budget or layer list is a usage error."""
-    companions = ("budget", "sparse_layers") + (("recency",) if recency is not None else ())
-    if sparse is None:
-        refuse_unused(ctx, companions, "--sparse")
-        return None
-    if recency is not None and sparse != "lessismore":
-        refuse_unused(ctx, ("recency",), "--sparse lessismore")
-    try:
-        layers = tuple(int(x) for x in sparse_layers.split(",") if x.strip())
-        return registry.STRATEGY["sparse"](sparse, budget, layers, 0.25 if recency is None else recency)
-    except ValueError as e:
-        raise click.UsageError(f"--sparse-layers / --budget: {e}") from None
+def _with_help(f, text: str):
+    """The Flag ``f`` with another help text."""
+    return dataclasses.replace(f, metadata={**f.metadata, "help": text})
 
 
-def check_sparse(cfg: ModelConfig, rule) -> None:
-    """Usage errors of a rule for this model: a variant that refuses sparse decoding, or a
-    selection layer past the model's."""
-    why = build.refusal(cfg, rule.use)
+def strategy_name(strategy) -> str:
+    """The name a decoding strategy is registered under ("sparse" for a sparse rule)."""
+    return next(name for name, cls in registry.STRATEGY.items() if isinstance(strategy, cls))
+
+
+def strategy_record(strategy) -> dict:
+    """Each registered strategy's JSON record for a command's --json output: the one in use as
+    its ``record()``, the others None."""
+    return {name: strategy.record() if isinstance(strategy, cls) else None for name, cls in registry.STRATEGY.items()}
+
+
+def check_strategy(cfg: ModelConfig, strategy) -> None:
+    """Usage errors of a strategy for this model: a variant that refuses it (its ``use``), or
+    what its own ``check`` refuses (a selection layer past the model's)."""
+    flag = "--" + strategy_name(strategy).replace("_", "-")
+    why = build.refusal(cfg, strategy.use)
     if why is not None:
-        raise click.UsageError(f"--sparse: {why}")
-    L = cfg.n_layer
-    if max(rule.layers) >= L:
-        raise click.UsageError(f"--sparse-layers: the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})")
+        raise click.UsageError(f"{flag}: {why}")
+    try:
+        strategy.check(cfg)
+    except ValueError as e:
+        raise click.UsageError(f"{flag}: {e}") from None

@@ -15,7 +15,7 @@ from ..runs import disk
 from ..errors import TbpError
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
-from .options import check_sparse, sparse_options, sparse_rule
+from .options import check_strategy, strategy_name, strategy_options
 
 
 def _run_curves(run: Path) -> dict:
@@ -108,12 +108,11 @@ def _terminal_map(weights: np.ndarray, labels: list[str], title: str) -> Table:
               help="Write a picture (.png or .svg, needs tbp[plot]) instead of drawing in the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON on stdout.")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-@sparse_options("Instead of weights, show which positions a sparse decoder keeps at each step of the prompt "
-                "(rows: the token being decoded; for topk, the share of heads keeping it).", budget=16)
+@strategy_options("show instead", budget=16)
 @click.option("--depth", is_flag=True,
               help="Attention Residuals: what each sublayer's input takes from the embedding and each earlier "
                    "output (mean over the prompt's tokens) instead of the heads' maps.")
-def attention(run, prompt, layer, out, as_json, best, depth, sparse=None, budget=16, sparse_layers="1"):
+def attention(run, prompt, layer, out, as_json, best, depth, strategy=None):
     """Show what each attention head looks at, for a prompt, from the model's own forward.
 
     Row t of a head's map is query token t; its cells are the weights that token gives each
@@ -127,14 +126,13 @@ def attention(run, prompt, layer, out, as_json, best, depth, sparse=None, budget
       tbp attention --prompt "hello" --layer 0 --json
       tbp attention --prompt "def main():" --depth               # Attention Residuals' depth weights
     """
-    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
-    if rule is not None and depth:
-        raise click.UsageError("--depth shows Attention Residuals' weights, --sparse a sparse decoder's choices: "
-                               "give one of them")
+    if strategy is not None and depth:
+        raise click.UsageError(f"--depth shows the weights over depth, --{strategy_name(strategy)} a decoder's "
+                               f"choices: give one of them")
     run = the_run(run, ("text", "pairs"))
     model, tok, _ = disk.load_model(run, best=best)
-    if rule is not None:
-        check_sparse(model.config, rule)
+    if strategy is not None:
+        check_strategy(model.config, strategy)
     if model.reads_source:
         _show_cross(model, tok, prompt, layer, out, as_json, run)
         return
@@ -151,8 +149,8 @@ def attention(run, prompt, layer, out, as_json, best, depth, sparse=None, budget
     if layer is not None and layer >= L:
         raise click.BadParameter(f"the model has {L} layer{'s' * (L != 1)} (0 .. {L - 1})", param_hint="--layer")
     tokens = [tok.decode([i]) for i in ids]
-    if rule is not None:
-        _show_kept(model, ids, tokens, rule, out, as_json, run)
+    if strategy is not None:
+        _show_kept(model, ids, tokens, strategy, out, as_json, run)
         return
     chosen = [layer] if layer is not None else (list(range(L)) if out or as_json else [L - 1])
     weights = {i: maps[i] for i in chosen}                            # layer -> (H, T, T)

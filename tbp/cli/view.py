@@ -10,7 +10,7 @@ from ..errors import TbpError
 from ..files.atomic import atomic_write_text
 from .common import console, the_run
 from .generate import source_tokens, start_tokens
-from .options import check_sparse, sparse_options, sparse_rule
+from .options import check_strategy, strategy_options
 
 
 def _runs(main: Path, more: tuple) -> list[dict]:
@@ -59,8 +59,8 @@ def _claim(out: Path, force: bool) -> None:
               help="inline: the chart library inside the page, one self-contained file (most of its ~5 MiB); "
                    "beside: the library written once next to the page as plotly-<version>.min.js, which pages in "
                    "the same folder share, and each page a few hundred KiB. Both open offline.")
-@sparse_options("Also show the positions a sparse decoder keeps at each step of the prompt.", budget=16)
-def view(run, prompt, out, more, best, force, plotly_mode, sparse=None, budget=16, sparse_layers="1"):
+@strategy_options("show", budget=16)
+def view(run, prompt, out, more, best, force, plotly_mode, strategy=None):
     """Write one HTML page of a run that any browser opens: no server, no network.
 
     Training and validation curves (of --compare runs too), each layer's gradient norm, update
@@ -76,13 +76,12 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse=None, budget=1
       tbp view --checkpoint checkpoints/attnres --compare checkpoints/pydoc --prompt "x = 1" --out attnres.html
       tbp view --prompt "The cat sat on the mat" --sparse lessismore --budget 8 --out sparse.html
     """
-    rule = sparse_rule(click.get_current_context(), sparse, budget, sparse_layers)
     _claim(out, force)
     run = the_run(run, ("text", "pairs"))
     model, tok, _ = disk.load_model(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
-    if rule is not None:
-        check_sparse(model.config, rule)
+    if strategy is not None:
+        check_strategy(model.config, strategy)
     if model.reads_source:
         ids, _ = source_tokens(tok, prompt, model.config.n_ctx, seq2seq=True)
     else:
@@ -92,7 +91,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, sparse=None, budget=1
                                      f"{model.config.n_ctx:,}", param_hint="--prompt")
     from ..look.view import page
     src = _library_beside(out) if plotly_mode == "beside" else None
-    text = page(runs, model, tok, ids, rule, title=f"tbp view · {Path(run).name}", plotly_src=src)
+    text = page(runs, model, tok, ids, strategy, title=f"tbp view · {Path(run).name}", plotly_src=src)
     atomic_write_text(out, text)
     console.print(f"wrote {out} ({len(text) / 2 ** 20:.1f} MiB, {len(ids)} prompt tokens)")
 

@@ -92,22 +92,23 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
                  rng: np.random.Generator, num_samples: int = 1,
-                 use_cache: bool = True, sparse=None, start: int | None = None) -> Iterator[np.ndarray]:
+                 use_cache: bool = True, strategy=None, start: int | None = None) -> Iterator[np.ndarray]:
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
 
     ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
-    ``sparse``: a tbp.nn.designs.sparse.SparseRule for the cached decoder (sparse decoding), or None.
+    ``strategy``: how the cached decoder's one-token steps decode beyond dense attention
+    (decode.Inference's; a registered decoding strategy), or None.
     An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
     (the <|sep|> token); its target ends at n_ctx tokens.
     """
-    why = build.refusal(model.config, sparse.use) if sparse is not None else None
+    why = build.refusal(model.config, strategy.use) if strategy is not None else None
     if why is not None:
         raise ValueError(why)
     if model.reads_source:
         yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start)
         return
-    if sparse is not None and not use_cache:
-        raise ValueError("sparse decoding thins the KV cache's attention: it needs the cache")
+    if strategy is not None and not use_cache:
+        raise ValueError("a decoding strategy decodes from the KV cache: it needs the cache")
     n_ctx = model.config.n_ctx
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
@@ -119,7 +120,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     buf = np.empty((num_samples, reach + n_ctx + 1), dtype=np.int64)          # whatever max_new_tokens
     n = len(prompt)                           # tokens in the window
     buf[:, :n] = np.asarray(prompt, dtype=np.int64)
-    decoder = Inference(model, num_samples, sparse) if use_cache else None
+    decoder = Inference(model, num_samples, strategy) if use_cache else None
     if decoder is not None:
         logits = decoder.forward(buf[:, :n])[:, -1]                             # (B, V)
     else:
@@ -243,7 +244,7 @@ class Stats:
 def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens: int,
                   sampling: Sampling, rng: np.random.Generator, num_samples: int = 1,
                   use_cache: bool = True, stop: tuple[str, ...] = (),
-                  stats: Stats | None = None, sparse=None) -> Iterator[tuple[int, str]]:
+                  stats: Stats | None = None, strategy=None) -> Iterator[tuple[int, str]]:
     """Yield (sample index, text piece) as tokens arrive; a sample ends at a stop string,
     at the tokenizer's end-of-text token, or after ``max_new_tokens``."""
     stats = stats if stats is not None else Stats()
@@ -252,7 +253,7 @@ def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens:
     if use_cache:
         stats.cache_bytes = Inference.cache_size(model, num_samples)
     t0 = time.perf_counter()
-    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, sparse,
+    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, strategy,
                        start=tok.sep_id)
     first = True
     for nxt in gen:

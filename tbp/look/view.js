@@ -166,20 +166,17 @@ headSel.addEventListener("change", drawMap);
 makeStrip();
 drawMap();
 
-if (D.figures.depth) {
-  const s = section("Attention Residuals over depth",
-    "What each sublayer's input takes from the embedding and each earlier output, averaged over the prompt.");
-  figureIn(s, "depth"); noteAfter(s.lastChild, "depth");
-}
 if (D.figures.kept) {
   const s = section("Sparse decoding: kept positions",
     "Row t: the cached positions the layers after the selection layer attend to when decoding token t.");
   figureIn(s, "kept"); noteAfter(s.lastChild, "kept");
 }
-const mta = Object.keys(D.figures).filter(k => k.startsWith("mta-"));
-if (mta.length) {
-  const s = section("Multi-Token Attention kernels",
-    "Each layer's learned key-query convolution; the menu of each chart chooses the head.");
-  mta.forEach(k => figureIn(s, k));
-  noteAfter(s.lastChild, "mta");
+// what each design draws of itself (view.py's sections, from its declaration's draw)
+for (const d of D.sections) {
+  const s = section(d.title, d.caption);
+  d.charts.forEach(k => figureIn(s, k));
+  const p = document.createElement("p");
+  p.className = "note look";
+  p.textContent = d.look_for;
+  s.lastChild.after(p);
 }

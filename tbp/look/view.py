@@ -129,6 +129,23 @@ def heatmap(go, z, x, y, title: str, xlabel: str, ylabel: str, colorscale=None):
     return fig
 
 
+def chart_figure(go, chart):
+    """A design's chart (variant.Chart): one labelled heat map, or one map per head behind a menu."""
+    maps = chart.maps
+    if len(maps) == 1 and chart.x is not None:
+        return heatmap(go, maps[0], chart.x, chart.y, _text(chart.title), chart.xlabel, chart.ylabel,
+                       "RdBu" if chart.signed else None)
+    scale = {"colorscale": "RdBu", "zmid": 0} if chart.signed else {"colorscale": "Blues", "reversescale": True}
+    fig = go.Figure()
+    for h, z in enumerate(maps):
+        fig.add_trace(go.Heatmap(z=z, **scale, visible=h == 0, name=f"head {h}"))
+    menu = [{"label": f"head {h}", "method": "update", "args": [{"visible": [j == h for j in range(len(maps))]}]}
+            for h in range(len(maps))]
+    fig.update_layout(title=_text(chart.title), xaxis_title=chart.xlabel, yaxis_title=chart.ylabel, height=300,
+                      margin={"t": 60}, updatemenus=[{"buttons": menu, "x": 1, "y": 1.25}] if len(maps) > 1 else [])
+    return fig
+
+
 # a dropped position (0) salmon, a kept one (a share of heads, up to 1) pale to dark blue; a
 # future position has no value (None) and shows the grey of the plot behind it
 KEPT_COLOURS = [[0.0, "#f4a582"], [1e-6, "#deebf7"], [1.0, "#08519c"]]
@@ -183,13 +200,9 @@ NOTES = {   # one line under each chart: what to look for in it
                   "growth that steepens over training means late layers drown what earlier ones wrote.",
     "overview": "Every layer's heads at once, the same maps in small: click one to open it above. Look for "
                 "heads that repeat across layers and the few with a sharp pattern (a line, a column).",
-    "depth": "What to look for: a plain residual gives every source the same weight; an operation that "
-             "puts most of its weight on the embedding or on one earlier output has learned to skip the rest.",
     "kept": "Blue: kept (darker where more heads keep it); salmon: cached but dropped; grey: not yet "
             "written when that row is decoded. Look for the positions every row keeps (often the first tokens "
             "and the latest): what the rule finds indispensable.",
-    "mta": "What to look for: weight away from a kernel's centre mixes neighbouring queries' or keys' scores, "
-           "so a position's attention depends on several tokens matching at once, not one.",
 }
 
 
@@ -225,29 +238,19 @@ def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "
     plotly, go = _plotly()
     figs = {"curves": curves_figure(go, runs), **layers_figures(go, runs[0]["metrics"])}
     data = data_for_prompt(model, tok, ids, rule)
-    if "depth" in data:
-        dep = data["depth"]
-        figs["depth"] = heatmap(go, _r(dep["mean"]), dep["sources"], dep["operations"],
-                                "Attention Residuals: mean depth weights over the prompt", "source",
-                                "operation: a sublayer's input")
     if "kept" in data:
         k = data["kept"]
         figs["kept"] = heatmap(go, kept_map(k["map"]), data["tokens"], data["tokens"],
                                f"{k['rule']}, K = {k['budget']}: the positions each decoding step keeps",
                                "cached position", "token being decoded", colorscale=KEPT_COLOURS)
         figs["kept"].update_layout(plot_bgcolor="#e8e8e8")
-    for layer, ks in data.get("mta", {}).items():
-        for name, theta in ks.items():
-            H = len(theta)
-            fig = go.Figure()
-            for h in range(H):
-                fig.add_trace(go.Heatmap(z=theta[h], colorscale="RdBu", zmid=0, visible=h == 0, name=f"head {h}"))
-            menu = [{"label": f"head {h}", "method": "update", "args": [{"visible": [j == h for j in range(H)]}]}
-                    for h in range(H)]
-            fig.update_layout(title=f"MTA layer {layer}: {name} (query rows × key columns)",
-                              xaxis_title="key offset", yaxis_title="query row (last: current)", height=300,
-                              margin={"t": 60}, updatemenus=[{"buttons": menu, "x": 1, "y": 1.25}])
-            figs[f"mta-{layer}-{name}"] = fig
+    sections = []                                   # what each design draws of itself (its declaration's draw)
+    for variant in build.active(model.config):
+        for section in variant.draw(data) if variant.draw else ():
+            for chart in section.charts:
+                figs[chart.key] = chart_figure(go, chart)
+            sections.append({"title": section.title, "caption": section.caption, "look_for": section.look_for,
+                             "charts": [chart.key for chart in section.charts]})
     cfg = model.config
     about = {"runs": [r["label"] for r in runs],
              "model": f"{cfg.n_layer} layer{'s' * (cfg.n_layer > 1)} × {cfg.d_model}, {cfg.n_head} heads",
@@ -257,7 +260,7 @@ def page(runs: list[dict], model, tok, ids: list[int], rule=None, title: str = "
         plotly=(f"<script>{plotly.offline.get_plotlyjs()}</script>" if plotly_src is None
                 else f'<script src="{html.escape(plotly_src)}"></script>'),
         about=html.escape(json.dumps(about)),
-        data=_script_json({"about": about, "prompt": data, "notes": NOTES,
+        data=_script_json({"about": about, "prompt": data, "notes": NOTES, "sections": sections,
                            "figures": {k: json.loads(f.to_json()) for k, f in figs.items()}}),
         script=(Path(__file__).with_name("view.js")).read_text(encoding="utf-8"))
 

@@ -37,8 +37,8 @@ class CausalSelfAttention(Module):
     positions sets it to its context, so a sequence longer than the context is sliding-window
     attention -- exactly what the sliding KV cache computes. None: no limit.
 
-    The keys and values are ``n_kv_head`` heads (here H, one per query head): a kind of
-    attention whose query heads share them passes fewer and says how they are read (the
+    The keys and values are :attr:`kv_heads` heads, Hkv (here H, one per query head): a kind of
+    attention whose query heads share them has fewer and says how they are read (the
     expansion and its transpose, :meth:`_expand` and :meth:`_reduce`; for decoding, the scratch's
     shapes and the cache's, :meth:`_scratch` and :meth:`_by_cache_head`).
     """
@@ -46,16 +46,15 @@ class CausalSelfAttention(Module):
     def __init__(self, d_model: int, n_head: int, d_qk: int, d_v: int, rng: np.random.Generator,
                  dtype=np.float32, bias: bool = True, causal: bool = True, proj_std: float = 0.02,
                  impl: str = "dense", positions: Positions = LEARNED, tiles: tuple | None = None,
-                 window: int | None = None, split_rows: int = SPLIT_ROWS, n_kv_head: int | None = None):
+                 window: int | None = None, split_rows: int = SPLIT_ROWS):
         super().__init__()
         self.n_head, self.d_qk, self.d_v, self.causal = n_head, d_qk, d_v, causal
-        self.n_kv_head = n_kv_head or n_head
         self.impl, self.positions, self.window = impl, positions, window
         # the key bias adds one constant to every score of a row, which the softmax ignores: its
         # gradient is exactly zero, unless rotation by position makes the shift differ per key
         self.key_bias_inert = not positions.rotates
         self.kernel = kernel(impl, causal, window, split_rows, tiles, positions.bias)
-        self.c_attn = Linear(d_model, (n_head + self.n_kv_head) * d_qk + self.n_kv_head * d_v, rng, dtype, bias)
+        self.c_attn = Linear(d_model, (n_head + self.kv_heads) * d_qk + self.kv_heads * d_v, rng, dtype, bias)
         self.c_proj = Linear(n_head * d_v, d_model, rng, dtype, bias, std=proj_std)
         self.scale = np.dtype(dtype).type(1.0 / np.sqrt(d_qk))   # a scalar of the model's dtype
 
@@ -67,10 +66,15 @@ class CausalSelfAttention(Module):
         return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias, cfg.causal, proj_std,
                    cfg.attn_kernel, positions=positions, window=positions.window(cfg.n_ctx))
 
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, the key/value heads this layer computes and caches: here one per query head."""
+        return self.n_head
+
     def _heads(self, qkv: np.ndarray):
         """(B, T, H*Dk + Hkv*(Dk+Dv)) -> q (B, H, T, Dk), k (B, Hkv, T, Dk), v (B, Hkv, T, Dv) views."""
         B, T, _ = qkv.shape
-        H, Hkv, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
+        H, Hkv, Dk, Dv = self.n_head, self.kv_heads, self.d_qk, self.d_v
         q = qkv[..., :H * Dk].reshape(B, T, H, Dk).transpose(0, 2, 1, 3)
         k = qkv[..., H * Dk:(H + Hkv) * Dk].reshape(B, T, Hkv, Dk).transpose(0, 2, 1, 3)
         v = qkv[..., (H + Hkv) * Dk:].reshape(B, T, Hkv, Dv).transpose(0, 2, 1, 3)
@@ -159,14 +163,14 @@ class CausalSelfAttention(Module):
         kept key would cost Dk cache lines, and at K = n/16 the gather read as much memory as
         the dense product it replaced); the values' last column is ones, so that p @ [v, 1]
         gives both the weighted sum and the softmax's normaliser."""
-        Hkv = self.n_kv_head
+        Hkv = self.kv_heads
         return DecodeState(self.fold(ln), lambda Tn: self._scratch(batch, Tn, n_ctx, dtype),
                            keys=np.zeros((batch, Hkv, n_ctx, self.d_qk), dtype),
                            values=np.ones((batch, Hkv, n_ctx, self.d_v + 1), dtype))
 
     def _scratch(self, B: int, Tn: int, n_ctx: int, dtype) -> SimpleNamespace:
         """The intermediates of one step over Tn new rows of B sequences, with views into them."""
-        H, Hkv, Dk, Dv = self.n_head, self.n_kv_head, self.d_qk, self.d_v
+        H, Hkv, Dk, Dv = self.n_head, self.kv_heads, self.d_qk, self.d_v
         s = SimpleNamespace()
         s.qkv = np.empty((B * Tn, self.c_attn.d_out), dtype)
         s.q, s.k, s.v = self._heads(s.qkv.reshape(B, Tn, -1))  # (B, H, Tn, Dk), (B, Hkv, Tn, Dk), (.., Dv)

@@ -35,7 +35,7 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         if isinstance(value, Module):
             self._children[name] = value
-        elif name in self._children:
+        elif name in self.__dict__.get("_children", ()):   # a subclass may set a number before __init__
             del self._children[name]     # e.g. lm_head = None
         object.__setattr__(self, name, value)
 

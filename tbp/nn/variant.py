@@ -30,6 +30,30 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+@dataclass(frozen=True)
+class Chart:
+    """One heat map of a design's section of ``tbp view``: ``maps`` one 2-D grid, or one per
+    head (the chart's menu picks the head); ``x``/``y`` the columns' and rows' labels (None:
+    their indices); ``signed``: values of either sign, coloured red-blue about 0."""
+    key: str
+    title: str
+    maps: list
+    xlabel: str
+    ylabel: str
+    x: list | None = None
+    y: list | None = None
+    signed: bool = False
+
+
+@dataclass(frozen=True)
+class Section:
+    """What a design draws of itself on ``tbp view``'s page: a heading, a line under it, its
+    charts and what to look for in them."""
+    title: str
+    caption: str
+    look_for: str
+    charts: tuple[Chart, ...]
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -63,6 +87,7 @@ class Variant:
         that reads only pairs is checked on random pairs its collation lays out.
     inspect: (model, prompt ids) -> what ``tbp view`` shows of the design beyond the attention
         maps: {section: arrays, or dicts of them}, each section a part of the page's data.
+    draw: (that data, as JSON lists) -> the :class:`Section` s that ``tbp view`` draws of it.
     convert: (base config, config) -> (trained model -> model of ``config``): how a trained
         model without the variant (or with other values of its options) becomes one with it,
         for a fine-tune that switches it on (``tbp train --init-from RUN`` with the variant's
@@ -85,6 +110,7 @@ class Variant:
     part_cases: tuple | Callable = ()
     model_cases: tuple | Callable = ()
     inspect: Callable | None = None
+    draw: Callable | None = None
     convert: Callable | None = None
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from ... import registry
 from ...config import ConfigError, Options, option
 from ...module import Module
-from ...variant import Variant
+from ...variant import Chart, Section, Variant
 from .depth import DepthAttention, Reads, Sources, StackedSources, rms_inverse
 
 
@@ -242,6 +242,18 @@ def _inspect(model, ids: list[int]) -> dict:
     return {"depth": depth_map(model, ids)}
 
 
+def _draw(shown: dict) -> list[Section]:
+    """tbp view's section: the mean depth weights over the prompt."""
+    dep = shown["depth"]
+    return [Section("Attention Residuals over depth",
+                    "What each sublayer's input takes from the embedding and each earlier output, averaged over "
+                    "the prompt.",
+                    "What to look for: a plain residual gives every source the same weight; an operation that puts "
+                    "most of its weight on the embedding or on one earlier output has learned to skip the rest.",
+                    (Chart("depth", "Attention Residuals: mean depth weights over the prompt", [dep["mean"]],
+                           "source", "operation: a sublayer's input", dep["sources"], dep["operations"]),))]
+
+
 VARIANT = registry.declare(Variant(
     key="attnres", name="Attention Residuals", active=lambda cfg: cfg.residual == "attention", axis="residual",
     options=AttnResOptions, switch="--residual attention",
@@ -253,7 +265,7 @@ VARIANT = registry.declare(Variant(
              "export": "GPT-2 adds every sublayer into one residual sum; it has no softmax over depth",
              "gguf": "llama.cpp's GPT-style graphs add every sublayer into one residual sum; none has a softmax "
                      "over depth (Attention Residuals)"},
-    check=_check, describe=_describe, inspect=_inspect,
+    check=_check, describe=_describe, inspect=_inspect, draw=_draw,
     part_cases=(("depth-attention [4 sources]", _depth_part),),
     activations=lambda cfg: 2 * (2 * cfg.n_layer + 1) * cfg.d_model,    # partial sums, each source's gradient
     model_cases=(("gpt [attention residuals: full]", dict(n_layer=3, residual="attention")),

@@ -43,7 +43,7 @@ class GQAOptions(Options):
                                    min=1, max=128)
 
 
-def kv_heads(cfg) -> int:
+def kv_heads_of(cfg) -> int:
     """Hkv of a model of ``cfg``: its grouped-query key/value heads, or one per query head."""
     return cfg.designs["gqa"].n_kv_head or cfg.n_head
 
@@ -57,13 +57,19 @@ class GroupedQueryAttention(CausalSelfAttention):
                  dtype=np.float32, n_kv_head: int = 1, **kw):
         if n_kv_head < 1 or n_head % n_kv_head:
             raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
-        super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, n_kv_head=n_kv_head, **kw)
+        self.n_kv_head = n_kv_head                                         # before the base sizes c_attn by it
+        super().__init__(d_model, n_head, d_qk, d_v, rng, dtype, **kw)
         self.group = n_head // n_kv_head                                   # G: query heads per key head
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv: ``n_kv_head``, shared by groups of G query heads."""
+        return self.n_kv_head
 
     @classmethod
     def from_config(cls, cfg, rng: np.random.Generator, dtype, layer: int, proj_std: float,
                     positions: Positions = LEARNED):
-        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, kv_heads(cfg), bias=cfg.bias,
+        return cls(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, kv_heads_of(cfg), bias=cfg.bias,
                    causal=cfg.causal, proj_std=proj_std, impl=cfg.attn_kernel,
                    positions=positions, window=positions.window(cfg.n_ctx))
 
@@ -81,7 +87,7 @@ class GroupedQueryAttention(CausalSelfAttention):
     # --- inference (decode.py) --------------------------------------------------------------
     @classmethod
     def key_value_heads(cls, cfg) -> int:
-        return kv_heads(cfg)
+        return kv_heads_of(cfg)
 
     def _scratch(self, B: int, Tn: int, n_ctx: int, dtype):
         """The shared scratch, with the query-side arrays grouped (B, Hkv, G, Tn, .): one
@@ -119,7 +125,7 @@ def pool_kv_heads(model, n_kv_head: int):
     why = _unpoolable(cfg, n_kv_head)
     if why:
         raise ValueError(why)
-    H, Hs, Dk, Dv = cfg.n_head, kv_heads(cfg), cfg.d_qk, cfg.d_v
+    H, Hs, Dk, Dv = cfg.n_head, kv_heads_of(cfg), cfg.d_qk, cfg.d_v
     R = Hs // n_kv_head
     first = next(iter(model.params.values()))
     pooled = type(model)(cfg.replace(attention="gqa", n_kv_head=n_kv_head), dtype=first.dtype)
@@ -141,7 +147,7 @@ def _unpoolable(cfg, n_kv_head: int) -> str | None:
     if cfg.arch != "gpt" or cfg.attention not in ("standard", "gqa"):
         return (f"pooling key/value heads needs a GPT with standard or grouped-query attention, "
                 f"not {cfg.arch} with {cfg.attention} attention")
-    heads = kv_heads(cfg)
+    heads = kv_heads_of(cfg)
     if n_kv_head < 1 or heads % n_kv_head:
         return f"n_kv_head ({n_kv_head}) must divide the model's {heads} key/value heads"
     return None
@@ -151,7 +157,7 @@ def _pooling(base, cfg):
     """A fine-tune into grouped-query attention (``--init-from RUN --attention gqa --n-kv-head
     K``): the base's key/value heads mean-pooled, K dividing them; refused before any weight
     is read."""
-    want = kv_heads(cfg)
+    want = kv_heads_of(cfg)
     why = _unpoolable(base, want)
     if why:
         raise ConfigError(f"--init-from with --n-kv-head {want}: the base run's key/value heads are "
@@ -176,8 +182,8 @@ VARIANT = registry.declare(Variant(
              "export": "GPT-2 has a key and a value head for every query head"},
     check=_check,
     convert=_pooling,
-    describe=lambda cfg: ("grouped-query", f"{kv_heads(cfg)} key/value head{'s' * (kv_heads(cfg) != 1)} for "
-                                           f"{cfg.n_head} query heads · KV cache {cfg.n_head // kv_heads(cfg)}× "
+    describe=lambda cfg: ("grouped-query", f"{kv_heads_of(cfg)} key/value head{'s' * (kv_heads_of(cfg) != 1)} for "
+                                           f"{cfg.n_head} query heads · KV cache {cfg.n_head // kv_heads_of(cfg)}× "
                                            f"smaller"),
     layer_cases=lambda: (
         ("attention [gqa: 4 heads, 2 key/value heads]",

@@ -36,7 +36,7 @@ from ... import registry
 from ...attention import CausalSelfAttention
 from ...config import ConfigError, Options, option
 from ...module import DecodeState
-from ...variant import Variant
+from ...variant import Chart, Section, Variant
 from .map import MTAParams, depth_scale
 
 
@@ -218,6 +218,18 @@ def kernels(model) -> dict[int, dict[str, np.ndarray]]:
     return out
 
 
+def _draw(shown: dict) -> list[Section]:
+    """tbp view's section: each layer's kernels, a chart per kernel, a head per menu entry."""
+    charts = tuple(Chart(f"mta-{layer}-{name}", f"MTA layer {layer}: {name} (query rows × key columns)", theta,
+                         "key offset", "query row (last: current)", signed=True)
+                   for layer, ks in shown["mta"].items() for name, theta in ks.items())
+    return [Section("Multi-Token Attention kernels",
+                    "Each layer's learned key-query convolution; the menu of each chart chooses the head.",
+                    "What to look for: weight away from a kernel's centre mixes neighbouring queries' or keys' "
+                    "scores, so a position's attention depends on several tokens matching at once, not one.",
+                    charts)]
+
+
 VARIANT = registry.declare(Variant(
     key="mta", name="Multi-Token Attention", active=lambda cfg: cfg.attention == "mta", axis="attention",
     options=MTAOptions, switch="--attention mta",
@@ -236,7 +248,7 @@ VARIANT = registry.declare(Variant(
                        "read; rewinding would need rows it has overwritten",
              "rows": "Multi-Token Attention's decoding keeps rows of scores at one shared position; sequences "
                      "at their own positions are decoded one at a time"},
-    check=_check, describe=_describe, inspect=lambda model, ids: {"mta": kernels(model)},
+    check=_check, describe=_describe, inspect=lambda model, ids: {"mta": kernels(model)}, draw=_draw,
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
     step_work=step_work,

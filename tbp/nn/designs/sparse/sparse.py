@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from ... import registry
+from ...config import Options, option
 from .step import SparseStep
 
 SELECTIONS: dict = {}           # each kind of rule's Selection, registered below, in the command line's order
@@ -54,6 +55,18 @@ class Selection:
     every_layer: bool = False
 
 
+@dataclass(frozen=True)
+class SparseFlags(Options):
+    """Sparse decoding's options on the command lines that decode (tbp generate, attention,
+    view, bench): ``sparse`` is the switch (None: dense decoding), the rest its companions."""
+    sparse: str | None = option(None, "", choices=SELECTIONS)    # the kinds, as registered below
+    budget: int = option(64, "With --sparse: cached tokens each new token attends to.", min=2)
+    sparse_layers: str = option("1", "With --sparse: comma-separated selection layers (dense, and choosing the set "
+                                     "for the layers after them); layers before the first stay dense.")
+    recency: float = option(0.25, "With --sparse lessismore: the share of the budget given to the most recent "
+                                  "tokens.", min=0, max=1, max_open=True)
+
+
 @registry.strategy("sparse")
 @dataclass(frozen=True)
 class SparseRule:
@@ -67,6 +80,18 @@ class SparseRule:
     sinks: int = 4
     use = "thin"                       # what a variant that cannot decode sparsely refuses (registry.USES)
     kinds = SELECTIONS                 # the rule kinds, the command line's choices
+    # the command line (registry.STRATEGY's protocol): the flags, the switch's help for each use
+    # of a decoder, and the flags only a command that samples has
+    FLAGS = SparseFlags
+    HELP = {"sample": "Sparse decoding: each new token attends to --budget cached tokens, chosen at the selection "
+                      "layers (lessismore: one set merged across heads, plus sinks and a recency window; topk: per "
+                      "head; window: sinks + the most recent).",
+            "time": "Also time sparse decoding with this rule against dense, paired in one process, at a cache of "
+                    "nearly the whole context (decode_*_tokens_per_s in --json).",
+            "show": "Also show the positions a sparse decoder keeps at each step of the prompt.",
+            "show instead": "Instead of weights, show which positions a sparse decoder keeps at each step of the "
+                            "prompt (rows: the token being decoded; for topk, the share of heads keeping it)."}
+    SAMPLING_ONLY = ("recency",)
 
     def __post_init__(self) -> None:
         if self.kind not in SELECTIONS:
@@ -88,6 +113,28 @@ class SparseRule:
         """Every layer from the first selection layer on chooses its own set from its own scores
         (layer-topk), rather than reusing the last selection layer's."""
         return SELECTIONS[self.kind].every_layer
+
+    @classmethod
+    def from_flags(cls, flags: dict, given: set) -> SparseRule:
+        """The rule the command line's flags (:class:`SparseFlags`, switched on) ask for;
+        ``given``: the flags the user set. ValueError, naming the flag, for a bad budget or
+        layer list or a flag this rule does not read."""
+        if "recency" in given and flags["sparse"] != "lessismore":
+            raise ValueError("--recency is for --sparse lessismore; drop it or add --sparse lessismore")
+        try:
+            layers = tuple(int(x) for x in flags["sparse_layers"].split(",") if x.strip())
+            return cls(flags["sparse"], flags["budget"], layers, flags.get("recency", cls.recency))
+        except ValueError as e:
+            raise ValueError(f"--sparse-layers / --budget: {e}") from None
+
+    def record(self) -> dict:
+        """The rule as a JSON record (tbp generate --json, tbp bench --json)."""
+        return {"kind": self.kind, "budget": self.budget, "layers": list(self.layers), "recency": self.recency}
+
+    def describe(self) -> str:
+        """The rule in a few words, for a stats line or a table."""
+        return (f"sparse {self.kind}, budget {self.budget}, selection layer{'s' * (len(self.layers) > 1)} "
+                f"{','.join(map(str, self.layers))}")
 
     def check(self, cfg) -> None:
         """ValueError unless every selection layer is one of the model's."""

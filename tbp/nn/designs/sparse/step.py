@@ -42,7 +42,7 @@ class SparseStep:
         """The set kept from the new row's scores ``att`` (B, H.., 1, span): the rule's, or where
         query heads share key/value heads, a set per key/value head (B, Hkv, K) ranked over its
         group (topk: over their highest score per position)."""
-        B, H, Hkv = att.shape[0], layer.n_head, layer.n_kv_head
+        B, H, Hkv = att.shape[0], layer.n_head, layer.kv_heads
         buf = getattr(state, "sparse_scores", None)
         if buf is None or buf.shape[-1] < span:
             buf = state.sparse_scores = np.empty((B, H, state.keys.shape[2]), att.dtype)
