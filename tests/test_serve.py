@@ -1,7 +1,6 @@
 """tbp serve against the real clients: the openai package, curl and raw HTTP, on loopback."""
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -25,16 +24,15 @@ class Server:
     """``tbp serve``'s application on a free loopback port, in a thread, for one test module."""
 
     def __init__(self, run_dir, **kw):
-        from tbp.generate.server import app
+        from tbp.cli.serve import listen
         from tbp.generate.requests import Served
+        from tbp.generate.server import config
         model, tok, _ = disk.load_model(run_dir)
         self.served = Served(model, tok, "m")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = uvicorn.Config(app(self.served, **kw), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sock = listen("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(config(self.served, sock, log_level="error", **kw))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

@@ -38,7 +38,8 @@ def free_port() -> int:
 def start(checkpoint: str, parallel: int, queue: int):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", checkpoint, "--port", str(port),
-                             "--parallel", str(parallel), "--queue", str(queue)], stderr=subprocess.DEVNULL)
+                             "--parallel", str(parallel), "--queue", str(queue), "--name", "m"],
+                            stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
         try:

@@ -1,6 +1,8 @@
 """`tbp serve`: a run behind OpenAI's HTTP API on this machine."""
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 
 import click
@@ -27,18 +29,33 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback:
 @click.option("--queue", type=click.IntRange(0, 4096), default=16, show_default=True,
               help="Requests that may wait for a place; beyond them a request is answered 429.")
 @click.option("--best", is_flag=True, help="Serve the weights with the best validation loss.")
-def serve(run, host, port, api_key, name, parallel, queue, best):
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Another name clients reach the server by (repeatable; '*' any): a request's Host header must "
+                   "be a loopback name, the --host address or one of these, so that no web page can reach it "
+                   "through a name of its own (DNS rebinding).")
+@click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN",
+              help="A web page's origin allowed to use the server from a browser, e.g. http://localhost:3000 "
+                   "(repeatable; '*' any): it gets CORS headers. Requests from any other page are refused.")
+def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins):
     """Serve a run with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions.
 
     Any OpenAI client works: point its base URL at http://HOST:PORT/v1. Streaming (server-sent
     events), max_tokens, temperature, top_p, stop, seed and usage counts are supported; chat
-    needs a model trained on conversations. The server only reads the run.
+    needs a model trained on conversations. GET /health answers {"status": "ok"}. The server
+    only reads the run.
+
+    Web pages cannot use it unless allowed: a request whose Host header is not one of the
+    server's names, or whose Origin is another site's, is refused (--allowed-host,
+    --allowed-origin). Slow or idle clients are cut off (headers within 10 s, a body within
+    30 s, idle connections after 5 s), and the oldest idle connection makes room for a new one.
+    SIGTERM or Ctrl-C stops it within seconds, whatever the clients do.
 
     \b
     Examples:
       tbp serve --checkpoint checkpoints/dialogue
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
            -d '{"model": "dialogue", "prompt": "ROMEO:", "max_tokens": 40}'
+      tbp serve --port 0                        # any free port; the line it prints names it
     """
     api_key = api_key or None               # TBP_API_KEY="" is no key
     if host not in LOCAL_HOSTS and not api_key:
@@ -49,12 +66,40 @@ def serve(run, host, port, api_key, name, parallel, queue, best):
         import starlette  # noqa: F401
     except ImportError:
         raise TbpError("tbp serve needs Starlette and uvicorn: pip install 'tbp[serve]'") from None
-    from ..generate.server import app
+    from ..generate.server import config
     from ..generate.requests import Served
     run = the_run(run)
     model, tok, _ = disk.load_model(run, best=best)
     served = Served(model, tok, name or Path(run).resolve().name)
+    sock = listen(host, port)                # before anything says "serving": a port in use is one line
+    port = sock.getsockname()[1]
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_ids else "")
     where = f"[{host}]" if ":" in host else host                # an IPv6 address goes in brackets
-    console.print(f"serving {run} as {served.name!r} on http://{where}:{port}/v1 ({routes}); Ctrl-C stops")
-    uvicorn.run(app(served, parallel, queue, api_key), host=host, port=port, log_level="warning")
+    console.print(f"serving {run} as {served.name!r} on http://{where}:{port}/v1 ({routes}); Ctrl-C stops",
+                  soft_wrap=True)
+    server = uvicorn.Server(config(served, sock, parallel, queue, api_key, allowed_hosts=allowed_hosts,
+                                   allowed_origins=allowed_origins))
+    # uvicorn stops on SIGTERM or Ctrl-C (waiting 2 s at most for clients), then raises the signal
+    # again, into tbp's handlers: "terminated", 143, or "interrupted", 130
+    server.run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port and listening; TbpError naming the port if it is taken."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise TbpError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise TbpError(f"--port {port}: the port is in use on {host} (another server?); choose another, "
+                           f"or --port 0 for any free one") from None
+        raise TbpError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+    sock.set_inheritable(True)
+    return sock

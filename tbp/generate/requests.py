@@ -78,6 +78,7 @@ class Served:
     def completion(self, body) -> Request:
         body = self._object(body)
         self._fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "stream"})
+        self._model(body)
         prompt = body.get("prompt", None)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -100,6 +101,7 @@ class Served:
                              f"use /v1/completions", "messages")
         self._fields(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                             "stop", "seed", "stream"})
+        self._model(body)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise BadRequest("messages must be a non-empty array", "messages")
@@ -116,6 +118,8 @@ class Served:
                     raise BadRequest(f"messages[{i}].content: only text parts are supported", "messages")
                 content = "".join(p["text"] for p in content)
             messages.append({"role": role, "content": content})
+        texts = [m["content"] for m in messages if isinstance(m["content"], str)]
+        self._bound(sum(self.tok.min_tokens(t) for t in texts), "messages", chat=True)
         try:
             messages = chatfmt.check_messages(messages, "messages", need_reply=False)
         except TbpError as e:
@@ -148,7 +152,26 @@ class Served:
                 raise BadRequest(f"{k} = {json.dumps(v)[:40]} is not supported by tbp serve", k)
             raise BadRequest(f"unrecognized request argument: {k}", k)
 
+    def _model(self, body: dict) -> None:
+        """The ``model`` a request names, if it names one, must be this server's."""
+        model = body.get("model")
+        if model is None or model == self.name:
+            return
+        if not isinstance(model, str):
+            raise BadRequest("model must be a string", "model")
+        raise BadRequest(f"The model {json.dumps(model)[:80]} does not exist: this server serves {self.name!r} "
+                         f"(GET /v1/models)", "model", status=404, code="model_not_found")
+
+    def _bound(self, at_least: int, param: str, chat: bool = False) -> None:
+        """Refuse a prompt that holds at least ``at_least`` tokens (a bound from its length),
+        more than the context, before the tokenizer spends memory on all of it."""
+        if at_least > self.n_ctx:
+            raise BadRequest(f"This model's maximum context length is {self.n_ctx} tokens; the "
+                             f"{'messages hold' if chat else 'prompt holds'} at least {at_least:,} tokens",
+                             param, code="context_length_exceeded")
+
     def _encode(self, text: str, param: str) -> list[int]:
+        self._bound(self.tok.min_tokens(text), param)
         try:
             return self.tok.encode(text, param)
         except TbpError as e:

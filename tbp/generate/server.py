@@ -22,9 +22,9 @@ import json
 import weakref
 
 from ..errors import TbpError
+from ..files import jsonio
+from .guard import Gatekeeper, Limits, limit_logs, protocol
 from .requests import BadRequest, Request, Served
-
-MAX_BODY = 16 * 2 ** 20          # bytes of one request: far more than any context holds, refused beyond
 
 
 class Gate:
@@ -57,10 +57,12 @@ class Ticket:
             self.gate = None
 
 
-def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None = None):
+def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None = None,
+        limits: Limits = Limits()):
     """The Starlette application answering OpenAI's routes for ``served``."""
-    from anyio import CapacityLimiter, to_thread
+    from anyio import CapacityLimiter, fail_after, to_thread
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
@@ -70,7 +72,9 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
     workers = CapacityLimiter(parallel + 1)
 
     def error(e: BadRequest) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        # a body refused unread (too large, too slow) is not drained: the connection ends with the answer
+        unread = {"connection": "close"} if e.status in (408, 413) else None
+        return JSONResponse(e.body(), status_code=e.status, headers=unread)
 
     def authorised(request) -> bool:
         if not api_key:
@@ -79,16 +83,31 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
         return hmac.compare_digest(given, f"Bearer {api_key}".encode())       # in constant time
 
     async def read(request):
+        """The body as JSON: counted as it arrives (chunked or not), whole within the deadline,
+        through the JSON reader every outside file takes (depth bounded, text checked)."""
+        too_big = BadRequest(f"the request body is over {limits.body_bytes // 2 ** 20} MiB", status=413,
+                             code="request_too_large")
         size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY:
-            raise BadRequest(f"the request body is over {MAX_BODY // 2 ** 20} MiB", status=413)
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            raise BadRequest(f"the request body is over {MAX_BODY // 2 ** 20} MiB", status=413)
+        if size is not None and size.isdigit() and int(size) > limits.body_bytes:
+            raise too_big
+        body = bytearray()
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("the request body is not valid JSON") from None
+            with fail_after(limits.body_s):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limits.body_bytes:
+                        raise too_big
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {limits.body_s:g} s", status=408,
+                             code="request_timeout") from None
+        except ClientDisconnect:            # gone mid-body (or the server is stopping): nobody to answer
+            raise BadRequest("the client left before its body arrived", status=408) from None
+        try:
+            return jsonio.parse(body.decode("utf-8"), "the request body")
+        except UnicodeDecodeError:
+            raise BadRequest("the request body is not UTF-8 text") from None
+        except TbpError as e:
+            raise BadRequest(str(e)) from None
 
     async def models(request):
         if not authorised(request):
@@ -103,10 +122,14 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             gate = Gate(parallel, queue)
         try:
             body = await read(request)
-            # encoding a long prompt takes a while: off the event loop, where other streams are sent
-            req = await to_thread.run_sync(served.chat if chat else served.completion, body, limiter=workers)
-            gate.admit()
+            gate.admit()                        # a place in the queue before any model work
         except BadRequest as e:
+            return error(e)
+        try:
+            # encoding a prompt takes a while: off the event loop, where other streams are sent
+            req = await to_thread.run_sync(served.chat if chat else served.completion, body, limiter=workers)
+        except BadRequest as e:
+            gate.leave()
             return error(e)
         if req.stream:
             # the place is given back when the stream ends, fails or is cancelled -- or, for a
@@ -115,6 +138,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             events = stream(req, ticket)
             weakref.finalize(events, ticket.release)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        steps = None
         try:
             async with gate.places:
                 steps = served.steps(req)
@@ -122,9 +146,13 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 while finish is None:
                     piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
                     text.append(piece)
+                    if finish is None and await request.is_disconnected():
+                        return error(BadRequest("the client left", status=408))     # its place, back now
         except TbpError as e:               # the model itself failed (its logits overflow): said, not a traceback
             return error(BadRequest(str(e), status=500, kind="server_error"))
         finally:
+            if steps is not None:
+                steps.close()
             gate.leave()
         return JSONResponse(served.whole(req, "".join(text), finish, n))
 
@@ -161,6 +189,34 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
     async def chat_completions(request):
         return await answer(request, chat=True)
 
+    async def health(request):
+        # llama-server's probe: the model is loaded once the server listens
+        return JSONResponse({"status": "ok"})
+
+    async def not_found(request, exc):
+        if exc.status_code == 405:
+            return error(BadRequest(f"{request.method} is not allowed on {request.url.path}", status=405,
+                                    code="method_not_allowed"))
+        return error(BadRequest(f"no route {request.url.path}: this server answers /v1/models, /v1/completions, "
+                                f"/v1/chat/completions and /health", status=404, code="not_found"))
+
     return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
                              Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/v1/chat/completions", chat_completions, methods=["POST"])])
+                             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                             Route("/health", health, methods=["GET"])],
+                     exception_handlers={404: not_found, 405: not_found})
+
+
+def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: str | None = None,
+           limits: Limits = Limits(), allowed_hosts=(), allowed_origins=(), log_level: str = "warning"):
+    """uvicorn's Config for ``served`` on the bound, listening socket ``sock``: the routes behind
+    the Host and Origin gate, the HTTP protocol with the connection limits, and a shutdown that
+    waits for no client (guard.py)."""
+    import uvicorn
+    host, port = sock.getsockname()[:2]
+    application = Gatekeeper.around(app(served, parallel, queue, api_key, limits), host, port,
+                                    allowed_hosts, allowed_origins)
+    limit_logs(limits)
+    return uvicorn.Config(application, http=protocol(limits), log_level=log_level, lifespan="off",
+                          timeout_keep_alive=int(max(1, limits.idle_s)), timeout_graceful_shutdown=2,
+                          h11_max_incomplete_event_size=limits.header_bytes, backlog=2048)

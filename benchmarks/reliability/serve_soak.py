@@ -1,0 +1,206 @@
+"""tbp serve held against ordinary and hostile clients at once, for minutes, under ulimit -n 1024.
+
+    python benchmarks/reliability/serve_soak.py --checkpoint checkpoints/pydoc --minutes 10 --record
+
+A server is started as a user starts it (``tbp serve``, its own process, its file-descriptor
+limit lowered to 1,024). Then, together, until the time is up:
+
+- ``--clients`` clients ask completions back to back, drawn from 16 fixed (prompt, seed) pairs
+  whose answers were first asked alone: every answer must equal its pair's;
+- ``--idle`` sockets are held open without a byte sent, and reopened as the server closes them;
+- ``--tricklers`` clients send their headers a byte a second, and as many send a body a byte a
+  second after whole headers, reconnecting when cut off;
+- a fresh client asks a short completion every two seconds and times the answer.
+
+Recorded: the fresh client's worst and median time, how many of its requests failed, the
+answers and the wrong ones, the server's resident memory after the first minute and at the end,
+and how often the tricklers were cut off.
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import records
+
+PROMPTS = ["The list ", "A function ", "In Python, ", "The module "]
+PAIRS = [(p, s) for p in PROMPTS for s in range(4)]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start(checkpoint: str, parallel: int):
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    proc = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", checkpoint, "--port", "0",
+                             "--parallel", str(parallel), "--name", "m"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=low_limit)
+    for line in proc.stdout:
+        if "serving" in line:
+            port = int(line.split("/v1")[0].rsplit(":", 1)[1])
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()   # drain the log
+            return proc, port
+    raise SystemExit("the server did not start")
+
+
+def ask(client: httpx.Client, url: str, prompt: str, seed: int, max_tokens: int) -> str:
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8, "seed": seed}
+    r = client.post(url + "/completions", json=body)
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+    return r.json()["choices"][0]["text"]
+
+
+def soak(a) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))      # this process holds the idle sockets
+    proc, port = start(a.checkpoint, a.parallel)
+    url = f"http://127.0.0.1:{port}/v1"
+    with httpx.Client(timeout=60) as c:
+        expected = {pair: ask(c, url, *pair, a.max_tokens) for pair in PAIRS}
+    stop = time.monotonic() + 60 * a.minutes
+    lock = threading.Lock()
+    n = {"answers": 0, "wrong": 0, "client_errors": 0, "busy": 0, "idle_reopened": 0, "trickle_cut": 0,
+         "probe_failed": 0}
+    probes: list[float] = []
+    rss: list[tuple[float, float]] = []
+
+    def count(key, k=1):
+        with lock:
+            n[key] += k
+
+    def client(k: int):
+        i = k
+        with httpx.Client(timeout=60) as h:
+            while time.monotonic() < stop:
+                pair = PAIRS[i % len(PAIRS)]
+                i += a.clients
+                try:
+                    text = ask(h, url, *pair, a.max_tokens)
+                except RuntimeError as e:
+                    count("busy" if "HTTP 429" in str(e) else "client_errors")
+                    time.sleep(0.05)
+                    continue
+                except httpx.HTTPError:
+                    count("client_errors")
+                    continue
+                count("answers")
+                if text != expected[pair]:
+                    count("wrong")
+
+    def idle():
+        held: list[socket.socket] = []
+        while time.monotonic() < stop:
+            alive = []
+            for s in held:                         # the server closed some: reopen them
+                try:
+                    s.setblocking(False)
+                    if s.recv(1) == b"":
+                        s.close()
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    continue
+                alive.append(s)
+            held = alive
+            while len(held) < a.idle and time.monotonic() < stop:
+                try:
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                    count("idle_reopened")
+                except OSError:
+                    time.sleep(0.1)
+                    break
+            time.sleep(1)
+        for s in held:
+            s.close()
+
+    def trickle(body: bool):
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 40\r\n\r\n")
+        while time.monotonic() < stop:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                if body:
+                    s.sendall(head)
+                for byte in (b'{"prompt": "the", "max_tokens": 2}     ' if body else head):
+                    if time.monotonic() > stop:
+                        break
+                    s.send(bytes([byte]))
+                    time.sleep(1)
+                s.close()
+            except OSError:
+                count("trickle_cut")
+
+    def probe():
+        while time.monotonic() < stop:
+            t = time.perf_counter()
+            try:
+                with httpx.Client(timeout=30) as h:      # a fresh connection every time
+                    ask(h, url, "The list ", 0, 4)
+                probes.append(time.perf_counter() - t)
+            except (RuntimeError, httpx.HTTPError):
+                count("probe_failed")
+            time.sleep(2)
+
+    def memory():
+        t0 = time.monotonic()
+        while time.monotonic() < stop:
+            rss.append((time.monotonic() - t0, rss_mib(proc.pid)))
+            time.sleep(5)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(a.clients)]
+    threads += [threading.Thread(target=idle), threading.Thread(target=probe), threading.Thread(target=memory)]
+    threads += [threading.Thread(target=trickle, args=(k % 2 == 1,)) for k in range(2 * a.tricklers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end_rss = rss_mib(proc.pid)
+    proc.terminate()
+    code = proc.wait(30)
+    after_minute = next((m for t, m in rss if t >= 60), rss[0][1] if rss else float("nan"))
+    return {"minutes": a.minutes, "clients": a.clients, "parallel": a.parallel, "idle_sockets": a.idle,
+            "tricklers": 2 * a.tricklers, "max_tokens": a.max_tokens, **n,
+            "probes": len(probes), "probe_max_s": max(probes, default=float("nan")),
+            "probe_p50_s": statistics.median(probes) if probes else float("nan"),
+            "rss_after_1min_mib": after_minute, "rss_end_mib": end_rss,
+            "rss_max_mib": max((m for _, m in rss), default=float("nan")), "exit_code": code}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--idle", type=int, default=2000)
+    ap.add_argument("--tricklers", type=int, default=10, help="of each kind (headers, bodies)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--record", action="store_true", help="append the result to benchmarks/results/serve_soak.jsonl")
+    a = ap.parse_args()
+    res = soak(a)
+    print(json.dumps(res, indent=1))
+    if a.record:
+        records.append("serve_soak", {"commit": records.commit(), "checkpoint": Path(a.checkpoint).name, **res})
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TBP_GEMM", "numpy")
+    main()

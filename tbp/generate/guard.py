@@ -1,0 +1,217 @@
+"""What a client can make ``tbp serve`` spend, bounded before it is spent; and who may drive it.
+
+The connection side (below the application, in uvicorn's HTTP protocol):
+
+- a request's headers must arrive whole within ``header_s`` of its first byte (of the
+  connection, for the first request), however they are trickled: one deadline per request,
+  not per read, so a byte a second cannot hold a connection;
+- an idle keep-alive connection closes after ``idle_s``;
+- at most ``connections`` are open: one more evicts the oldest that has no request being
+  answered (idle, or still sending its headers), so a fresh client is served whatever a crowd
+  of idle sockets does, and the process never meets its file-descriptor limit;
+- a header block over ``header_bytes`` is refused by the HTTP parser (h11's limit);
+- log lines: each kind of message at most ``log_burst`` times a minute, then one line counting
+  the rest (a client cannot fill the disk with "invalid HTTP request");
+- a stop (SIGTERM, Ctrl-C) closes every connection at once: no client can hold it.
+
+The application side (server.py): the body must arrive within ``body_s`` and hold at most
+``body_bytes``, counted as it arrives (chunked or not), and is only read once the key, the Host
+and the Origin have passed; a request is admitted to the queue before any of its text is
+encoded, and a prompt is refused by a cheap bound on its tokens before the tokenizer runs.
+
+Who may drive it (:class:`Gatekeeper`, an ASGI middleware). A web page the user opens can send
+a request to a server on loopback (a ``text/plain`` POST needs no preflight), and by DNS
+rebinding -- a name the page controls, pointed at 127.0.0.1 -- read the answer. So the Host
+header must name an address the server is reached by (the loopback names and the listening
+address by default, ``--allowed-host`` more), and a request with an Origin other than the
+server's own is refused unless ``--allowed-origin`` names it, in which case (and only then)
+CORS headers let that page read the answers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from dataclasses import dataclass
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def fd_budget() -> int:
+    """Connections the process can hold open: well under its soft file-descriptor limit, which
+    also counts the model's files, the listening socket, the log and the threads' pipes."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(8, min(1024, soft // 2 - 16))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds on what one client can make the server spend (seconds, bytes, sockets)."""
+    header_s: float = 10.0
+    body_s: float = 30.0
+    idle_s: float = 5.0
+    connections: int = 0                 # 0: from the file-descriptor limit (fd_budget)
+    header_bytes: int = 16 * 1024
+    body_bytes: int = 16 * 2 ** 20
+    log_burst: int = 20
+
+    def open_connections(self) -> int:
+        return self.connections or fd_budget()
+
+
+def protocol(limits: Limits):
+    """uvicorn's h11 HTTP protocol with the request deadline and the connection cap (a class,
+    which uvicorn.Config takes as ``http``)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    cap = limits.open_connections()
+
+    class Guarded(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.opened = time.monotonic()
+            self.headers_due = None
+            self._await_headers()
+            if len(self.connections) > cap:
+                self._evict()
+
+        def _busy(self) -> bool:
+            """A request is being answered: its headers are in and its response not finished."""
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _await_headers(self) -> None:
+            if self.headers_due is None:
+                self.headers_due = self.loop.call_later(limits.header_s, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self.headers_due = None
+            if not self._busy():
+                self.transport.close()
+
+        def _evict(self) -> None:
+            idle = [c for c in self.connections if c is not self and not c._busy()
+                    and not c.transport.is_closing()]
+            victim = min(idle, key=lambda c: c.opened) if idle else self
+            victim.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._busy():
+                self._await_headers()           # a next request on a kept-alive connection: its own deadline
+            super().data_received(data)
+            if self._busy() and self.headers_due is not None:
+                self.headers_due.cancel()       # the headers are in: the body has the application's deadline
+                self.headers_due = None
+
+        def shutdown(self) -> None:
+            # the server is stopping (SIGTERM, Ctrl-C): every connection ends now, so no client can
+            # hold the stop; an answer being decoded sees its client gone after the current token
+            self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            if self.headers_due is not None:
+                self.headers_due.cancel()
+                self.headers_due = None
+            super().connection_lost(exc)
+
+    return Guarded
+
+
+class RateLimitedLog(logging.Filter):
+    """At most ``burst`` lines of each message kind (its format string) a minute; the first
+    line after a quiet spell says how many were left out."""
+
+    def __init__(self, burst: int, window_s: float = 60.0):
+        super().__init__()
+        self.burst, self.window_s = burst, window_s
+        self.seen: dict[str, list] = {}          # kind -> [window start, lines in it, left out]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        key = str(record.msg)[:200]
+        if len(self.seen) > 1000:                # bounded too: old kinds forgotten
+            self.seen = {k: v for k, v in self.seen.items() if now - v[0] < self.window_s}
+        start, n, left = self.seen.setdefault(key, [now, 0, 0])
+        if now - start >= self.window_s:
+            start, n = now, 0
+        if n >= self.burst:
+            self.seen[key] = [start, n, left + 1]
+            return False
+        if left:
+            record.msg = f"{record.msg} ({left} more like this left out of the log)"
+        self.seen[key] = [start, n + 1, 0]
+        return True
+
+
+def limit_logs(limits: Limits) -> None:
+    """Put the rate limit on the loggers a client's behaviour can make write: uvicorn's and
+    asyncio's."""
+    for name in ("uvicorn.error", "uvicorn", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RateLimitedLog) for f in logger.filters):
+            logger.addFilter(RateLimitedLog(limits.log_burst))
+
+
+def _host_name(value: str) -> str:
+    """The name part of a Host header or an origin's authority: without the port, IPv6
+    brackets dropped, lower-case."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class Gatekeeper:
+    """ASGI middleware: refuse (403, OpenAI's error shape) a request whose Host is not an
+    address the server is reached by, or whose Origin is a page not allowed to drive it."""
+
+    def __init__(self, app, hosts: set[str], origins: set[str], port: int):
+        self.app, self.hosts, self.origins, self.port = app, hosts, origins, port
+
+    @classmethod
+    def around(cls, app, listen: str, port: int, allowed_hosts=(), allowed_origins=()):
+        """The application behind the gate, with CORS for the origins named (none by default)."""
+        hosts = {*LOOPBACK_NAMES, *(_host_name(h) for h in allowed_hosts)}
+        if listen not in ("0.0.0.0", "::"):
+            hosts.add(_host_name(listen))
+        origins = {o.rstrip("/").lower() for o in allowed_origins}
+        if origins:
+            from starlette.middleware.cors import CORSMiddleware
+            app = CORSMiddleware(app, allow_origins=sorted(origins), allow_methods=["GET", "POST"],
+                                 allow_headers=["authorization", "content-type"])
+        return cls(app, hosts, origins, port)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in (b"host", b"origin")}
+        host = _host_name(headers.get("host", ""))
+        if "*" not in self.hosts and host not in self.hosts:
+            return await _refuse(send, f"Host {headers.get('host', '')!r} is not an address this server answers "
+                                       f"to (tbp serve --allowed-host NAME adds one)", "host_not_allowed")
+        origin = headers.get("origin")
+        if origin is not None and not self._allowed(origin):
+            return await _refuse(send, f"requests from the web page at {origin} are refused (tbp serve "
+                                       f"--allowed-origin {origin} lets it use this server)", "origin_not_allowed")
+        return await self.app(scope, receive, send)
+
+    def _allowed(self, origin: str) -> bool:
+        origin = origin.rstrip("/").lower()
+        if "*" in self.origins or origin in self.origins:
+            return True
+        scheme, _, authority = origin.partition("://")
+        # the server's own origin (it serves no page, but a browser may name it): its scheme,
+        # one of its names and its port -- another port on this machine is another site
+        port = authority.rsplit(":", 1)[1] if authority.rsplit("]", 1)[-1].count(":") == 1 else "80"
+        return scheme == "http" and _host_name(authority) in self.hosts and port == str(self.port)
+
+
+async def _refuse(send, message: str, code: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    await send({"type": "http.response.start", "status": 403,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
