@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..machine import memory
 from ..runs import disk
 from ..data.datasets import Dataset
 from ..errors import TbpError
@@ -27,8 +28,11 @@ from .options import refuse_unused
 @click.option("--zero-encoder", is_flag=True,
               help="Encoder-decoder: zero the encoder's output first (an ablation: a decoder that "
                    "reads its source falls to chance).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Sequences per forward. Default: the run's training batch size, so that the figure is the one "
+                   "training reported and the memory within what training needed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object on stdout.")
-def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
+def evaluate_cmd(run, data_dir, limit, best, zero_encoder, batch_size, as_json):
     """Evaluate a run on the validation split of a dataset.
 
     Loss per token and bits per byte over the whole split (every window of a text dataset;
@@ -55,9 +59,12 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, as_json):
         if not model.reads_source:
             raise click.UsageError("--zero-encoder is for an encoder-decoder run")
         model.source_scale = 0.0
+    batch_size = batch_size or (cfg.get("train") or {}).get("batch_size") or 32
+    memory.check_fits(memory.eval_bytes(model.config, batch_size, model.dtype),
+                      f"evaluating {run} at --batch-size {batch_size}")
     t0 = time.perf_counter()
     with console.status(f"evaluating {run} on the validation split of {ds.path}..."):
-        out = evaluate(model, ds, limit)
+        out = evaluate(model, ds, limit, batch_size)
     if not math.isfinite(out["val_loss"]):
         # the weights load finite, but the forward overflows float32 somewhere: say so, not NaN
         raise TbpError(f"{run}: the model's loss on {ds.path} is {out['val_loss']} (its forward overflows "

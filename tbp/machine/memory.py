@@ -56,15 +56,44 @@ def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
     the gradient, in place), plus what
     each active variant keeps beyond that (its declared ``activations``: flash and recomputation
     keep fewer, Multi-Token Attention and Attention Residuals more)."""
-    C, T, H, V, L = cfg.d_model, cfg.n_ctx, cfg.n_head, cfg.vocab_size, cfg.n_layer
-    blocks = L * (26 * C + 2 * H * T) + sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
+    T, L = cfg.n_ctx, cfg.n_layer
+    blocks = L * _block_numbers(cfg) + sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
     if cfg.recompute:                  # recompute.py: one block's share at a time, and every block's input
-        blocks = blocks // L + L * C
-    per_token = blocks + V + 4 * C                                     # the logits: one (N, V) array (loss.py)
+        blocks = blocks // L + L * cfg.d_model
+    per_token = blocks + _head_numbers(cfg)
     workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
     weights = model_bytes(cfg, tcfg.dtype)
+    train = tcfg.batch_size * T * per_token * np.dtype(tcfg.dtype).itemsize
+    # the run's evaluations read batches of batch_size rows, one per worker at a time
+    evaluating = eval_activation_bytes(cfg, tcfg.batch_size, workers, tcfg.dtype)
     return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,
-            "activations": tcfg.batch_size * T * per_token * np.dtype(tcfg.dtype).itemsize}
+            "activations": max(train, evaluating)}
+
+
+def _block_numbers(cfg: ModelConfig) -> int:
+    """Numbers a block keeps per token for its backward: about 26 C, plus two rows of H x T
+    attention scores and weights."""
+    return 26 * cfg.d_model + 2 * cfg.n_head * cfg.n_ctx
+
+
+def _head_numbers(cfg: ModelConfig) -> int:
+    """Per token: the logits, one (N, V) array made the probabilities in place (loss.py), and
+    the final norm's few rows."""
+    return cfg.vocab_size + 4 * cfg.d_model
+
+
+def eval_activation_bytes(cfg: ModelConfig, rows: int, workers: int = 1, dtype=np.float32) -> int:
+    """An evaluation's activations: each of ``workers`` reads a batch of ``rows`` sequences,
+    through a forward that lets each block go as soon as it is done (GPT.forward's ``keep``):
+    one block's numbers at a time, the residual stream, and the logits."""
+    extra = max((v.activations(cfg) for v in build.active(cfg) if v.activations is not None), default=0)
+    per_token = _block_numbers(cfg) + max(extra, 0) + 2 * cfg.d_model + _head_numbers(cfg)
+    return workers * rows * cfg.n_ctx * per_token * np.dtype(dtype).itemsize
+
+
+def eval_bytes(cfg: ModelConfig, rows: int, dtype=np.float32) -> int:
+    """``tbp eval``'s memory: the weights and one worker's evaluation at ``rows`` sequences."""
+    return model_bytes(cfg, dtype) + eval_activation_bytes(cfg, rows, 1, dtype)
 
 
 def train_bytes(cfg: ModelConfig, tcfg) -> int:

@@ -275,12 +275,14 @@ class GPT(LanguageModel):
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, idx: np.ndarray, outputs: list | None = None, noise=None,
-                inputs: list | None = None) -> np.ndarray:
+                inputs: list | None = None, keep: bool = True) -> np.ndarray:
         """Logits (B, T, V) of token ids idx (B, T). ``outputs``, if given, collects each
         sublayer's output (N, C), in order, for looking inside; ``inputs`` each sublayer's input
         before its norm (the residual stream under a sum), then the state handed to ln_f: 2 L + 1
         arrays (N, C). ``noise``: one dropout seed per row (B,), training with ``dropout`` > 0
-        only (dropout.py); None: no dropout."""
+        only (dropout.py); None: no dropout. ``keep``: False for a forward that no backward
+        follows (evaluation): each block lets go of what it keeps for the backward as soon as it
+        is done, so one block's activations are alive at a time, not L."""
         idx = self.check_tokens(idx)
         if noise is not None:
             if not self.config.dropout:
@@ -292,15 +294,19 @@ class GPT(LanguageModel):
         if inputs is not None:
             stream = ReadsKept(stream, inputs)
         # recompute.py: keep each block's input and drop the rest (not while looking inside)
-        kept = self._block_inputs = [] if self.config.recompute and outputs is None and inputs is None else None
+        recompute = keep and self.config.recompute and outputs is None and inputs is None
+        kept = self._block_inputs = [] if recompute else None
         for block in self.blocks:
             if kept is not None:              # recompute.py: the block's input, where its dropout draws start
                 kept.append((stream.x, noise.state() if noise is not None else None))
             block.forward_stream(stream, None, noise)
-            if kept is not None:
+            if kept is not None or not keep:
                 drop_caches(block)
         self._noise = noise
-        return self._head(self.ln_f.forward(stream.finish()))                 # (B, T, V)
+        logits = self._head(self.ln_f.forward(stream.finish()))              # (B, T, V)
+        if not keep:
+            drop_caches(self)
+        return logits
 
     reports_blocks = True
 
@@ -349,13 +355,17 @@ class GPT(LanguageModel):
         return [op.weights().reshape(-1, B, T) for op in ops]
 
     def loss(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
-             noise: np.ndarray | None = None) -> float:
+             noise: np.ndarray | None = None, keep: bool = True) -> float:
         """Mean cross-entropy of the next-token predictions (weighted by ``weights`` (B, T),
         e.g. 0 on a prompt and 1 on its completion); forward only. ``noise``: dropout's row
-        seeds (training); evaluation passes none."""
+        seeds (training); evaluation passes none. ``keep``: False when no backward follows
+        (``forward``'s), the probabilities let go of too."""
         # the logits are this call's own: the loss turns them into probabilities in place
-        return self.loss_fn.forward(self.forward(idx, noise=noise), self._check_targets(targets, idx), weights,
-                                    overwrite=True)
+        value = self.loss_fn.forward(self.forward(idx, noise=noise, keep=keep), self._check_targets(targets, idx),
+                                     weights, overwrite=True)
+        if not keep:
+            self.loss_fn.cache = None
+        return value
 
     def loss_and_backward(self, idx: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None,
                           noise: np.ndarray | None = None) -> float:
@@ -373,7 +383,8 @@ class GPT(LanguageModel):
         return loss
 
     def batch_loss(self, batch: Batch) -> float:
-        return self.loss(batch.idx, batch.targets, batch.weights, batch.noise)
+        """The batch's mean loss, for evaluation: nothing is kept for a backward."""
+        return self.loss(batch.idx, batch.targets, batch.weights, batch.noise, keep=False)
 
     def batch_accumulate(self, batch: Batch, scale: float = 1.0) -> float:
         return self.accumulate(batch.idx, batch.targets, scale, batch.weights, batch.noise)

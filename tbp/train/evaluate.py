@@ -9,7 +9,7 @@ import numpy as np
 
 from ..data.batches import PairBatches, batches_for
 from ..data.datasets import Dataset
-from ..nn.gpt import LanguageModel
+from ..nn.gpt import LanguageModel, drop_caches
 from ..nn.decode import Inference
 
 
@@ -50,7 +50,11 @@ def token_accuracy(model: LanguageModel, ds: Dataset, split: str = "val", batch_
     batches = batches_for(ds, model.config, model.collation)
     right = total = 0
     for batch in batches.ordered(split, batch_size):
-        logits = model.forward(batch.idx) if batch.source is None else model.forward(batch.source, batch.idx)
+        if batch.source is None:
+            logits = model.forward(batch.idx, keep=False)            # nothing kept for a backward
+        else:
+            logits = model.forward(batch.source, batch.idx)
+            drop_caches(model)
         scored = batch.weights > 0
         right += int(np.count_nonzero((logits.argmax(-1) == batch.targets) & scored))
         total += int(np.count_nonzero(scored))
@@ -120,12 +124,12 @@ def exact_match(model: LanguageModel, ds: Dataset, split: str = "val", limit: in
     return right / max(n, 1), n
 
 
-def evaluate(model: LanguageModel, ds: Dataset, limit: int | None = None) -> dict:
+def evaluate(model: LanguageModel, ds: Dataset, limit: int | None = None, batch_size: int = 32) -> dict:
     """val_loss, val_bpb and the number of loss-bearing tokens; for pairs also token_accuracy,
-    exact_match and examples."""
-    loss, tokens = split_loss(model, ds)
+    exact_match and examples. ``batch_size``: sequences per forward (memory.eval_bytes)."""
+    loss, tokens = split_loss(model, ds, batch_size=batch_size)
     out = {"val_loss": loss, "val_bpb": loss / math.log(2) / ds.bytes_per_loss_token, "val_tokens": tokens}
     if ds.kind == "pairs":
-        out["token_accuracy"] = token_accuracy(model, ds)
+        out["token_accuracy"] = token_accuracy(model, ds, batch_size=batch_size)
         out["exact_match"], out["examples"] = exact_match(model, ds, limit=limit)
     return out

@@ -197,6 +197,7 @@ class Trainer:
                 break
             lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
             is_eval = (st.step + 1) % cfg.eval_interval == 0 or st.step + 1 == cfg.max_iters
+            final = st.step + 1 == cfg.max_iters
             stats = LayerStats(self.model) if is_eval else None     # per-layer figures, at evals
             loss, gnorm, tokens_per_step = self._step(lr, stats)
             st.step += 1
@@ -214,15 +215,14 @@ class Trainer:
                     metrics.update(self.evaluate())
                     stats.stream(self.eval_sets["val"][0])
                     metrics["layers"] = stats.record()
-                    if st.step == cfg.max_iters:                   # the run's final figure: the split itself
-                        self.cb.evaluating_split(self)
-                        metrics.update(self.evaluate_split())
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     self._checked(metrics)
                 t_log = time.perf_counter()                            # tokens/s: training steps only
-                self._log(json.dumps(metrics))
+                if not final:
+                    self._log(json.dumps(metrics))
             self.last_loss = loss
-            self.cb.step(self, metrics)
+            if not final:
+                self.cb.step(self, metrics)
             if is_eval:
                 val = metrics["val_loss"]
                 self._count_eval(val)
@@ -232,6 +232,14 @@ class Trainer:
                     st.stopped = (f"early stop: no lower validation loss in {since} evaluations (best "
                                   f"{best:.4f} at step {st.best_step})")
                 self.save(val)                          # the reason rides in this commit's state.json
+                if final:
+                    # the run's final figure, the split itself, once the run is saved: nothing it
+                    # does (a long read, running out of memory, a signal) can lose the run
+                    self.cb.evaluating_split(self)
+                    metrics.update(self.evaluate_split())
+                    metrics["elapsed_s"] = time.perf_counter() - t_start
+                    self._log(json.dumps(metrics))
+                    self.cb.step(self, metrics)
                 if st.stopped:
                     break
         if self.interrupted and self.last_saved_step != st.step:
@@ -272,7 +280,9 @@ class Trainer:
         rather than over the fixed batches (an estimate, the curve's): every window of a text
         split up to SPLIT_EVAL_TOKENS, every k-th beyond (``val_split_every``)."""
         every = split_stride(self.data)
-        loss, tokens = split_loss(self.model, self.data, "val", losses=self.workers.losses, every=every)
+        # batches of the training's rows, one per worker at a time: within the step's memory (memory.py)
+        loss, tokens = split_loss(self.model, self.data, "val", self.cfg.batch_size, losses=self.workers.losses,
+                                  every=every)
         return {"val_split_loss": loss, "val_split_tokens": tokens, "val_split_every": every,
                 "val_split_bpb": loss / math.log(2) / self.data.bytes_per_loss_token}
 

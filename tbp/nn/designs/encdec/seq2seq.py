@@ -18,7 +18,7 @@ from ...config import ConfigError, ModelConfig, Options, option
 from .cross import CrossAttention
 from ...embedding import Embedding
 from ...batch import Batch
-from ...gpt import Block, LanguageModel
+from ...gpt import Block, LanguageModel, drop_caches
 from ...kernels import padding_mask
 from ...layernorm import LayerNorm
 from ...module import Module, Stack
@@ -268,8 +268,12 @@ class EncoderDecoder(LanguageModel):
 
     def batch_loss(self, batch: Batch) -> float:
         """A batch's ``source`` to the encoder, its ``idx`` (tgt_in) and ``targets`` (tgt_out)
-        to the decoder; no dropout here (``noise`` must be None)."""
-        return self.loss(batch.source, batch.idx, batch.targets, batch.weights)
+        to the decoder; no dropout here (``noise`` must be None). For evaluation: what the
+        layers kept for a backward is let go of once the loss is known."""
+        value = self.loss(batch.source, batch.idx, batch.targets, batch.weights)
+        drop_caches(self)
+        self.loss_fn.cache = None
+        return value
 
     def batch_accumulate(self, batch: Batch, scale: float = 1.0) -> float:
         return self.accumulate(batch.source, batch.idx, batch.targets, scale, batch.weights)
