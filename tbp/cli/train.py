@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from ..errors import TbpError
 from ..train import distributed, ranks, launch
 from ..runs.disk import read_metrics
 from ..nn.config import ModelConfig
@@ -286,6 +287,9 @@ def train(ctx, data, tokenizer, vocab_size, out, resume, init_from, force, unkno
         progress.close()
         if board is not None:
             board.close()
+    if trainer.last_saved_step is None:      # a fresh run stopped by the clock before its first step ended
+        raise TbpError(f"--max-time {trainer.cfg.max_time:g} s: no step finished in that time, so nothing was "
+                       f"saved and {trainer.run} holds no run; give it more time")
     if world.is_root:
         _summary(trainer, state, trainer.interrupted)
     if trainer.interrupted:                # every rank stopped after the same step and saved

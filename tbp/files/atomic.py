@@ -9,6 +9,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from ..errors import TbpError
 
 TMP_SUFFIX = ".tmp"
+TMP_MARK = "tbp-"                       # in atomic_file's temporary names: a user's own never match
 UMASK = os.umask(0o022)
 os.umask(UMASK)                         # read once: mkstemp makes 0600 files, tbp's follow the umask
 
@@ -43,13 +45,16 @@ def atomic_file(path: str | Path):
     replaced, never written through.
 
     A failure (a full disk, a file-size limit, Ctrl-C) removes the temporary file, leaves
-    ``path`` as it was, and an OSError names ``path``, not the temporary file."""
+    ``path`` as it was, and an OSError names ``path``, not the temporary file. A writer killed
+    with ``kill -9`` cannot: its temporary file, flocked while it lived, is removed by the next
+    writer of ``path`` (:func:`sweep_stale`), and only then (another writer's, alive, stays)."""
     path = Path(path)
+    sweep_stale(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        held, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{TMP_MARK}", suffix=TMP_SUFFIX)
     except OSError as e:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-    os.close(fd)
+    _hold(held)                                # released when the process ends, however it ends
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~UMASK)
@@ -65,7 +70,47 @@ def atomic_file(path: str | Path):
         if isinstance(e, OSError):
             raise OSError(e.errno, e.strerror or str(e), str(path)) from None
         raise
+    finally:
+        os.close(held)
     fsync_dir(path.parent)
+
+
+def _hold(fd: int) -> None:
+    """Lock the temporary file open at ``fd`` while this writer lives (where flock exists)."""
+    with contextlib.suppress(ImportError, OSError):
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def sweep_stale(path: Path) -> None:
+    """Remove the temporary files of ``path`` that a killed writer left (``.NAME.tbp-XXXXXXXX.tmp``,
+    exactly the names :func:`atomic_file` makes, plain files only), each only if no live
+    writer holds its lock."""
+    try:
+        import fcntl
+    except ImportError:                        # no flock: no way to tell a live writer's apart
+        return
+    mine = re.compile(rf"\.{re.escape(path.name)}\.{TMP_MARK}[a-z0-9_]{{8}}{re.escape(TMP_SUFFIX)}")
+    try:
+        candidates = [p for p in path.parent.iterdir() if mine.fullmatch(p.name)]
+    except OSError:                            # the folder cannot be read: mkstemp will say why
+        return
+    for p in candidates:
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue                       # its writer lives
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        finally:
+            os.close(fd)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -182,11 +227,13 @@ def refuse_inputs(out: Path, inputs: tuple, kind: str) -> None:
 
 
 def foreign_files(folder: Path, patterns: tuple[str, ...]) -> list[str]:
-    """The files under ``folder`` (relative names) that match none of ``patterns`` (fnmatch):
-    what tbp did not write there."""
+    """The entries under ``folder`` (relative names) that tbp did not write there: tbp writes
+    plain files at the top of its folders only, so a file is tbp's when it sits there and its
+    name matches one of ``patterns`` (fnmatch, one path component: a ``*`` never crosses a
+    "/"); any folder, and anything inside one, is not -- a user's ``.notes.tmp/`` included."""
     folder = Path(folder)
-    names = (str(p.relative_to(folder)) for p in folder.rglob("*"))
-    return [n for n in names if not any(fnmatch.fnmatch(n, pat) for pat in patterns)]
+    return [str(p.relative_to(folder)) for p in folder.rglob("*")
+            if p.parent != folder or p.is_dir() or not any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
 
 
 def sweep_temporaries(folder: Path) -> None:
