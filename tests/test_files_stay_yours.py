@@ -82,3 +82,15 @@ def test_an_export_sweeps_what_a_killed_export_left(tmp_path, corpus_file):
     r = run(["export", "--checkpoint", tmp_path / "r", "--format", "gguf", "--out", tmp_path / "m.gguf"])
     assert r.exit_code == 0, r.output
     assert not stale.exists() and (tmp_path / "m.gguf").stat().st_size > 0
+
+
+def test_a_full_disk_while_appending_names_the_file(tmp_path, monkeypatch):
+    import errno
+    from tbp.files.atomic import append_line
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as e:
+        append_line(tmp_path / "metrics.jsonl", "{}")
+    assert e.value.filename == str(tmp_path / "metrics.jsonl") and e.value.errno == errno.ENOSPC

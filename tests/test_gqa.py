@@ -257,3 +257,16 @@ def test_a_fine_tune_into_grouped_query_attention_starts_from_the_pooled_heads(t
                                   str(tmp_path / "x"), "--attention", "gqa", "--n-kv-head", "2", "--n-head", "2"])
     assert r.exit_code == 2 and "a model's shape is fixed once trained" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_adapters_on_pooled_heads_are_refused_before_a_run_nothing_could_load(tmp_path, corpus_file):
+    """LoRA trains adapters on the base's own weights; pooling its key/value heads makes new
+    ones that no file would hold: refused up front, nothing written."""
+    from helpers import clean_fail, run
+    tiny = ["--n-layer", "1", "--n-head", "4", "--d-model", "16", "--n-ctx", "16", "--batch-size", "2"]
+    full = tmp_path / "full"
+    assert run(["train", "--data", corpus_file, "--out", full, "--max-iters", "2", *tiny]).exit_code == 0
+    clean_fail(run(["train", "--data", corpus_file, "--init-from", full, "--out", tmp_path / "lora",
+                    "--attention", "gqa", "--n-kv-head", "2", "--lora-rank", "2", "--max-iters", "2"]),
+               2, "--n-kv-head 2")
+    assert not (tmp_path / "lora").exists()

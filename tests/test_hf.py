@@ -126,3 +126,47 @@ def test_import_refusals(tmp_path, tok):
     r = run(["import", tmp_path / "hf", "--out", tmp_path / "x"])
     assert r.exit_code == 1 and "has shape" in r.output and "config.json implies" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def _folder_from(tmp_path, tok, change):
+    """A GPT-2 folder from a tbp run, its tensors changed by ``change(arrays)``."""
+    make_run(tmp_path / "run", tok)
+    assert run(["export", tmp_path / "run", "--out", tmp_path / "hf"]).exit_code == 0
+    from safetensors.numpy import load_file
+    arrays = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    change(arrays)
+    save_file(arrays, str(tmp_path / "hf" / "model.safetensors"))
+    return tmp_path / "hf"
+
+
+NAME = "transformer.h.0.ln_1.weight"
+
+
+@pytest.mark.parametrize("change, msg", [
+    (lambda a: a.update({NAME: np.ones(16, np.int32)}), f"{NAME} is int32"),
+    (lambda a: a.update({NAME: np.ones(16, bool)}), f"{NAME} is bool"),
+    (lambda a: a.update({NAME: np.ones(16, np.float64)}), f"{NAME} is float64"),
+    (lambda a: a.update({NAME[len("transformer."):]: a[NAME] + 1}), "are both GPT-2's"),
+])
+def test_an_import_never_coerces_a_dtype_or_picks_between_duplicates(tmp_path, tok, change, msg):
+    src = _folder_from(tmp_path, tok, change)
+    r = run(["import", src, "--out", tmp_path / "x"])
+    assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_an_import_names_what_is_not_a_file(tmp_path, tok, kind):
+    import os
+    src = _folder_from(tmp_path, tok, lambda a: None)
+    weights = src / "model.safetensors"
+    weights.unlink()
+    if kind == "fifo":
+        os.mkfifo(weights)
+    elif kind == "device":
+        weights.symlink_to("/dev/zero")
+    else:
+        weights.mkdir()
+    r = run(["import", src, "--out", tmp_path / "x"])
+    said = {"fifo": "a FIFO, not a file", "device": "a character device, not a file", "folder": "a folder"}[kind]
+    assert r.exit_code == 1 and said in r.output and "missing" not in r.output, r.output

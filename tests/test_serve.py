@@ -26,12 +26,12 @@ class Server:
     def __init__(self, run_dir, **kw):
         from tbp.cli.serve import listen
         from tbp.generate.requests import Served
-        from tbp.generate.server import config
+        from tbp.generate.server import config, server
         model, tok, _ = disk.load_model(run_dir)
         self.served = Served(model, tok, "m")
         sock = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(config(self.served, sock, log_level="error", **kw))
+        self.server = server(config(self.served, sock, log_level="error", **kw))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

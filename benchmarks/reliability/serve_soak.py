@@ -18,6 +18,7 @@ and how often the tricklers were cut off.
 """
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import socket
@@ -66,42 +67,14 @@ def ask(client: httpx.Client, url: str, prompt: str, seed: int, max_tokens: int)
     return r.json()["choices"][0]["text"]
 
 
-def soak(a) -> dict:
+def hostile(port: int, stop: float, idle_n: int, tricklers: int, out) -> None:
+    """Until ``stop`` (time.monotonic): ``idle_n`` sockets held open without a byte, reopened as
+    the server closes them; ``tricklers`` clients sending headers a byte a second and as many
+    sending a body a byte a second. Puts their counts on ``out``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))      # this process holds the idle sockets
-    proc, port = start(a.checkpoint, a.parallel)
-    url = f"http://127.0.0.1:{port}/v1"
-    with httpx.Client(timeout=60) as c:
-        expected = {pair: ask(c, url, *pair, a.max_tokens) for pair in PAIRS}
-    stop = time.monotonic() + 60 * a.minutes
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    n = {"idle_reopened": 0, "trickle_cut": 0}
     lock = threading.Lock()
-    n = {"answers": 0, "wrong": 0, "client_errors": 0, "busy": 0, "idle_reopened": 0, "trickle_cut": 0,
-         "probe_failed": 0}
-    probes: list[float] = []
-    rss: list[tuple[float, float]] = []
-
-    def count(key, k=1):
-        with lock:
-            n[key] += k
-
-    def client(k: int):
-        i = k
-        with httpx.Client(timeout=60) as h:
-            while time.monotonic() < stop:
-                pair = PAIRS[i % len(PAIRS)]
-                i += a.clients
-                try:
-                    text = ask(h, url, *pair, a.max_tokens)
-                except RuntimeError as e:
-                    count("busy" if "HTTP 429" in str(e) else "client_errors")
-                    time.sleep(0.05)
-                    continue
-                except httpx.HTTPError:
-                    count("client_errors")
-                    continue
-                count("answers")
-                if text != expected[pair]:
-                    count("wrong")
 
     def idle():
         held: list[socket.socket] = []
@@ -120,10 +93,11 @@ def soak(a) -> dict:
                     continue
                 alive.append(s)
             held = alive
-            while len(held) < a.idle and time.monotonic() < stop:
+            while len(held) < idle_n and time.monotonic() < stop:
                 try:
                     held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-                    count("idle_reopened")
+                    with lock:
+                        n["idle_reopened"] += 1
                 except OSError:
                     time.sleep(0.1)
                     break
@@ -146,17 +120,80 @@ def soak(a) -> dict:
                     time.sleep(1)
                 s.close()
             except OSError:
-                count("trickle_cut")
+                with lock:
+                    n["trickle_cut"] += 1
+
+    threads = [threading.Thread(target=idle)]
+    threads += [threading.Thread(target=trickle, args=(k % 2 == 1,)) for k in range(2 * tricklers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(n)
+
+
+def soak(a) -> dict:
+    proc, port = start(a.checkpoint, a.parallel)
+    url = f"http://127.0.0.1:{port}/v1"
+    with httpx.Client(timeout=60) as c:
+        expected = {pair: ask(c, url, *pair, a.max_tokens) for pair in PAIRS}
+    stop = time.monotonic() + 60 * a.minutes
+    lock = threading.Lock()
+    n = {"answers": 0, "wrong": 0, "client_errors": 0, "busy": 0, "probe_failed": 0}
+    probes: list[float] = []
+    connects: list[float] = []                 # a fresh connection accepted
+    healths: list[float] = []                  # a fresh connection's GET /health answered
+    rss: list[tuple[float, float]] = []
+
+    def count(key, k=1):
+        with lock:
+            n[key] += k
+
+    errors: dict[str, int] = {}
+
+    def kind(what: str):
+        with lock:
+            errors[what] = errors.get(what, 0) + 1
+
+    def client(k: int):
+        i = k
+        with httpx.Client(timeout=60) as h:
+            while time.monotonic() < stop:
+                pair = PAIRS[i % len(PAIRS)]
+                i += a.clients
+                try:
+                    text = ask(h, url, *pair, a.max_tokens)
+                except RuntimeError as e:
+                    count("busy" if "HTTP 429" in str(e) else "client_errors")
+                    kind(str(e)[:40])
+                    time.sleep(0.05)
+                    continue
+                except httpx.HTTPError as e:
+                    count("client_errors")
+                    kind(type(e).__name__)
+                    continue
+                count("answers")
+                if text != expected[pair]:
+                    count("wrong")
 
     def probe():
         while time.monotonic() < stop:
             t = time.perf_counter()
             try:
+                with socket.create_connection(("127.0.0.1", port), timeout=30):
+                    connects.append(time.perf_counter() - t)
+                t = time.perf_counter()
                 with httpx.Client(timeout=30) as h:      # a fresh connection every time
+                    if h.get(url.removesuffix("/v1") + "/health").status_code != 200:
+                        raise RuntimeError("health")
+                    healths.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                with httpx.Client(timeout=30) as h:
                     ask(h, url, "The list ", 0, 4)
                 probes.append(time.perf_counter() - t)
-            except (RuntimeError, httpx.HTTPError):
+            except (RuntimeError, httpx.HTTPError) as e:
                 count("probe_failed")
+                kind("probe: " + (str(e)[:40] if isinstance(e, RuntimeError) else type(e).__name__))
             time.sleep(2)
 
     def memory():
@@ -165,13 +202,19 @@ def soak(a) -> dict:
             rss.append((time.monotonic() - t0, rss_mib(proc.pid)))
             time.sleep(5)
 
+    # the hostile clients in a process of their own, as an attacker is: their threads do not
+    # slow the measuring clients down through this process's GIL
+    counts = multiprocessing.Queue()
+    attacker = multiprocessing.Process(target=hostile, args=(port, stop, a.idle, a.tricklers, counts))
+    attacker.start()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(a.clients)]
-    threads += [threading.Thread(target=idle), threading.Thread(target=probe), threading.Thread(target=memory)]
-    threads += [threading.Thread(target=trickle, args=(k % 2 == 1,)) for k in range(2 * a.tricklers)]
+    threads += [threading.Thread(target=probe), threading.Thread(target=memory)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    n.update(counts.get(timeout=60))
+    attacker.join(30)
     end_rss = rss_mib(proc.pid)
     proc.terminate()
     code = proc.wait(30)
@@ -180,8 +223,10 @@ def soak(a) -> dict:
             "tricklers": 2 * a.tricklers, "max_tokens": a.max_tokens, **n,
             "probes": len(probes), "probe_max_s": max(probes, default=float("nan")),
             "probe_p50_s": statistics.median(probes) if probes else float("nan"),
+            "connect_max_s": max(connects, default=float("nan")), "health_max_s": max(healths, default=float("nan")),
+            "health_p50_s": statistics.median(healths) if healths else float("nan"),
             "rss_after_1min_mib": after_minute, "rss_end_mib": end_rss,
-            "rss_max_mib": max((m for _, m in rss), default=float("nan")), "exit_code": code}
+            "rss_max_mib": max((m for _, m in rss), default=float("nan")), "errors": errors, "exit_code": code}
 
 
 def main():

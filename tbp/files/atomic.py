@@ -75,6 +75,22 @@ def atomic_file(path: str | Path):
     fsync_dir(path.parent)
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why ``path`` is not a regular file to read (following links), in words -- "missing", "a
+    FIFO, not a file", "a character device, not a file" (a link to /dev/zero) -- or None if it is one."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a broken link" if os.path.islink(path) else "missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((f"{name}, not a file" for test, name in kinds if test(mode)), "not a regular file")
+
+
 def _hold(fd: int) -> None:
     """Lock the temporary file open at ``fd`` while this writer lives (where flock exists)."""
     with contextlib.suppress(ImportError, OSError):
@@ -161,12 +177,18 @@ def open_own(path: str | Path, flags: int) -> int:
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line and fsync: a crash loses at most the line being written."""
+    """Append one line and fsync: a crash loses at most the line being written; a full disk
+    is an OSError naming ``path`` (a write's own error names no file)."""
     fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "ab") as f:
-        f.write((line.rstrip("\n") + "\n").encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "ab") as f:
+            f.write((line.rstrip("\n") + "\n").encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
 def write_raw(path: Path, a) -> None:

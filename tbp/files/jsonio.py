@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import TbpError
+from .atomic import not_a_file
 
 BOM = "\ufeff"
 MAX_DEPTH = 64                 # deeper than any file tbp reads needs; far below the stack's limit
@@ -70,8 +71,9 @@ def _check_text(s: str, where: str) -> None:
 def read_text(path: Path) -> str:
     """A UTF-8 file's text, its BOM dropped; TbpError naming the file if it is missing or not UTF-8."""
     path = Path(path)
-    if not path.is_file():
-        raise TbpError(f"{path}: missing")
+    why = not_a_file(path)
+    if why is not None:
+        raise TbpError(f"{path}: {why}")
     try:
         return strip_bom(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:

@@ -6,9 +6,11 @@ The connection side (below the application, in uvicorn's HTTP protocol):
   connection, for the first request), however they are trickled: one deadline per request,
   not per read, so a byte a second cannot hold a connection;
 - an idle keep-alive connection closes after ``idle_s``;
-- at most ``connections`` are open: one more evicts the oldest that has no request being
-  answered (idle, or still sending its headers), so a fresh client is served whatever a crowd
-  of idle sockets does, and the process never meets its file-descriptor limit;
+- at most ``connections`` are open (the descriptor limit less a margin): one more evicts the
+  oldest that has no request being answered and never had one (a silent socket first, then one
+  trickling its headers) -- a client's
+  kept-alive connection only if there is no such one -- so a fresh client is served whatever a
+  crowd of idle sockets does, and the process never meets its file-descriptor limit;
 - a header block over ``header_bytes`` is refused by the HTTP parser (h11's limit);
 - log lines: each kind of message at most ``log_burst`` times a minute, then one line counting
   the rest (a client cannot fill the disk with "invalid HTTP request");
@@ -38,13 +40,20 @@ from dataclasses import dataclass
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
+# connections accepted in one turn of the event loop (asyncio accepts up to the listen backlog
+# at once), before the evictions they cause have closed anything: room the cap must leave
+ACCEPT_BURST = 256
+
+
 def fd_budget() -> int:
-    """Connections the process can hold open: well under its soft file-descriptor limit, which
-    also counts the model's files, the listening socket, the log and the threads' pipes."""
+    """Connections the process can hold open: its soft file-descriptor limit less one turn's
+    accepts (ACCEPT_BURST) and a margin for what else it holds (the listening socket, the log,
+    the threads' pipes, a file being read), at most 4,096. A process that meets its limit
+    stops accepting for a second (asyncio), so the cap keeps it well below."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 16
-    return max(8, min(1024, soft // 2 - 16))
+    return max(8, min(4096, soft - ACCEPT_BURST - 64))
 
 
 @dataclass(frozen=True)
@@ -65,16 +74,24 @@ class Limits:
 def protocol(limits: Limits):
     """uvicorn's h11 HTTP protocol with the request deadline and the connection cap (a class,
     which uvicorn.Config takes as ``http``)."""
+    from collections import OrderedDict
+
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     cap = limits.open_connections()
+    # the connections that may be evicted, each in the order it entered (oldest first), in the
+    # order they go: silent ones, ones sending their first request's headers, then kept-alive
+    # clients between two requests; a connection whose request is being answered is in none.
+    # Dictionaries, so that admitting one more costs the same whatever the crowd.
+    silent, sending, kept = OrderedDict(), OrderedDict(), OrderedDict()
+    pools = (silent, sending, kept)
 
     class Guarded(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self.opened = time.monotonic()
             self.headers_due = None
             self._await_headers()
+            silent[self] = None
             if len(self.connections) > cap:
                 self._evict()
 
@@ -92,18 +109,35 @@ def protocol(limits: Limits):
                 self.transport.close()
 
         def _evict(self) -> None:
-            idle = [c for c in self.connections if c is not self and not c._busy()
-                    and not c.transport.is_closing()]
-            victim = min(idle, key=lambda c: c.opened) if idle else self
-            victim.transport.close()
+            for pool in pools:
+                while pool:
+                    victim, _ = pool.popitem(last=False)
+                    if not victim.transport.is_closing():
+                        victim.transport.close()
+                        return
+            self.transport.close()              # every other one is being answered: not this one
+
+        def _leave_pools(self) -> None:
+            for pool in pools:
+                pool.pop(self, None)
 
         def data_received(self, data: bytes) -> None:
+            if self in silent:
+                del silent[self]
+                sending[self] = None
             if not self._busy():
                 self._await_headers()           # a next request on a kept-alive connection: its own deadline
             super().data_received(data)
-            if self._busy() and self.headers_due is not None:
-                self.headers_due.cancel()       # the headers are in: the body has the application's deadline
-                self.headers_due = None
+            if self._busy():
+                self._leave_pools()
+                if self.headers_due is not None:
+                    self.headers_due.cancel()   # the headers are in: the body has the application's deadline
+                    self.headers_due = None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                kept[self] = None
 
         def shutdown(self) -> None:
             # the server is stopping (SIGTERM, Ctrl-C): every connection ends now, so no client can
@@ -111,6 +145,7 @@ def protocol(limits: Limits):
             self.transport.close()
 
         def connection_lost(self, exc) -> None:
+            self._leave_pools()
             if self.headers_due is not None:
                 self.headers_due.cancel()
                 self.headers_due = None

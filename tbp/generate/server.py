@@ -23,7 +23,7 @@ import weakref
 
 from ..errors import TbpError
 from ..files import jsonio
-from .guard import Gatekeeper, Limits, limit_logs, protocol
+from .guard import ACCEPT_BURST, Gatekeeper, Limits, limit_logs, protocol
 from .requests import BadRequest, Request, Served
 
 
@@ -207,6 +207,25 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                      exception_handlers={404: not_found, 405: not_found})
 
 
+LISTEN_QUEUE = 4096      # connections the kernel holds for accepting (a SYN beyond it waits a second)
+
+
+def server(config):
+    """uvicorn's Server for ``config``, with the listening socket's kernel queue deep
+    (LISTEN_QUEUE) while asyncio accepts few connections a turn (config.backlog, ACCEPT_BURST,
+    which asyncio also makes the queue's length): a burst of connections waits in the queue
+    instead of being refused by the kernel, and never outruns the descriptor limit."""
+    import uvicorn
+
+    class Listening(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            for sock in sockets or ():
+                sock.listen(LISTEN_QUEUE)
+
+    return Listening(config)
+
+
 def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: str | None = None,
            limits: Limits = Limits(), allowed_hosts=(), allowed_origins=(), log_level: str = "warning"):
     """uvicorn's Config for ``served`` on the bound, listening socket ``sock``: the routes behind
@@ -219,4 +238,4 @@ def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: st
     limit_logs(limits)
     return uvicorn.Config(application, http=protocol(limits), log_level=log_level, lifespan="off",
                           timeout_keep_alive=int(max(1, limits.idle_s)), timeout_graceful_shutdown=2,
-                          h11_max_incomplete_event_size=limits.header_bytes, backlog=2048)
+                          h11_max_incomplete_event_size=limits.header_bytes, backlog=ACCEPT_BURST)

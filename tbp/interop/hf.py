@@ -18,7 +18,7 @@ from ..runs import commit, disk
 from ..files import jsonio
 from ..machine import memory
 from ..errors import TbpError
-from ..files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output
+from ..files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, not_a_file
 from ..nn.gpt import GPT
 from ..nn.config import ModelConfig
 from ..nn import build
@@ -26,6 +26,7 @@ from ..files.staging import staged_dir
 from ..data.tokenizer import Tokenizer
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+WIDENED = ("float32", "float16")      # what an import reads as float32 exactly: a weight's dtype is never coerced
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", ".owner")
 PREFIX = "transformer."
 
@@ -140,21 +141,33 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
     src = Path(src)
     commit.claim_run_output(out, force, inputs=(src,))
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (src / f).is_file():
+        why = not_a_file(src / f)
+        if why == "missing":
             raise TbpError(f"{src}: missing {f} (a GPT-2 folder has config.json, model.safetensors, "
                            f"tokenizer.json)")
+        if why is not None:
+            raise TbpError(f"{src / f}: {why}")
     cfg = _config_from_hf(jsonio.read_json(src / "config.json"), src / "config.json")
     tok = Tokenizer.load(src / "tokenizer.json")
     if tok.vocab_size != cfg.vocab_size:
         raise TbpError(f"{src}: tokenizer has {tok.vocab_size} tokens but config.json says vocab_size "
                        f"{cfg.vocab_size}")
-    header = disk.read_shapes(src / "model.safetensors")
+    weights = src / "model.safetensors"
+    header = disk.read_header(weights)
     want = GPT.shapes(cfg)
-    for name, shape in header.items():
+    named: dict[str, str] = {}
+    for name, (shape, dtype) in header.items():
         t = tbp_name(name)
+        if t is None:
+            continue
+        if dtype not in WIDENED:              # float16 widens exactly; anything else would be coerced
+            raise TbpError(f"{weights}: {name} is {dtype}; GPT-2 weights are floating point (float32, "
+                           f"or float16, widened exactly)")
+        if t in named:                        # two tensors for one weight: neither is chosen silently
+            raise TbpError(f"{weights}: {named[t]} and {name} are both GPT-2's {hf_name(t)}; keep one")
+        named[t] = name
         if t in want and tuple(shape) != want[t]:
-            raise TbpError(f"{src / 'model.safetensors'}: {t} has shape {tuple(shape)}, but config.json "
-                           f"implies {want[t]}")
+            raise TbpError(f"{weights}: {t} has shape {tuple(shape)}, but config.json implies {want[t]}")
     memory.check_fits(2 * memory.model_bytes(cfg), f"importing {src}")
     raw, _ = disk.read_arrays(src / "model.safetensors")
     arrays, lm_head = {}, None

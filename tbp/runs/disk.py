@@ -32,7 +32,7 @@ from ..files import jsonio, schema
 from ..machine import memory
 from ..files.jsonio import read_json
 from ..errors import TbpError
-from ..files.atomic import from_recorded
+from ..files.atomic import from_recorded, not_a_file
 from ..nn.config import ModelConfig
 from ..nn.lora import add_lora
 from ..nn.build import build_model, model_class
@@ -153,10 +153,19 @@ _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float
            "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
 
 
+def _check_file(path: Path) -> None:
+    """MissingFile for a missing file, TbpError for one that is not a regular file (a FIFO,
+    a link to a device), which reading would block on or never finish."""
+    why = not_a_file(path)
+    if why == "missing":
+        raise MissingFile(f"{path}: missing")
+    if why is not None:
+        raise TbpError(f"{path}: {why}")
+
+
 def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from a safetensors file's header, without reading the tensors."""
-    if not path.is_file():
-        raise MissingFile(f"{path}: missing")
+    _check_file(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             slices = {k: f.get_slice(k) for k in f.keys()}
@@ -198,8 +207,7 @@ def check_shapes(shapes: dict, want: dict, source: Path) -> None:
 
 def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     """(arrays, metadata) of a safetensors file; data only, nothing executable."""
-    if not path.is_file():
-        raise MissingFile(f"{path}: missing")
+    _check_file(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}

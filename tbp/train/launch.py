@@ -306,8 +306,20 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
         _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
         _check_lora(lora, target)
+        if target != mcfg and model_class(target).shapes(target) != model_class(mcfg).shapes(mcfg):
+            # an adapter run is loaded as its base's weights plus the adapters: weights a conversion
+            # made (pooled key/value heads) would be in no file, and the run could not be loaded
+            raise ConfigError(f"--lora-rank trains adapters on the base run's own weights, but these options "
+                              f"change their shapes ({_changed(mcfg, target)}); fine-tune fully first "
+                              f"(tbp train --init-from {base_run} ...), then add adapters to that run")
     disk.verify_weights(base_run, base_cfg, mcfg)
     return dataclasses.replace(target, **_compute(model_overrides))
+
+
+def _changed(before: ModelConfig, after: ModelConfig) -> str:
+    """The flat options that differ between two configs, as flags with their new values."""
+    b, a = before.flat(), after.flat()
+    return ", ".join(f"--{k.replace('_', '-')} {a[k]}" for k in a if a[k] != b.get(k))
 
 
 def _compute(overrides: dict) -> dict:
