@@ -147,12 +147,17 @@ class PieceEncoder:
         self.tokens = self.seams = 0
 
     def feed(self, text: str) -> None:
-        if self.codes is not None:                  # every boundary is safe
-            self._emit(self.codes.ids(text, self.tok, self.where))
-            return
-        self.pending += text
-        if len(self.pending) >= PIECE_CHARS * BATCH_PIECES:
-            self._encode(self._pieces())
+        # a long text (one record of a JSON-lines file can be 64 Mi characters) is taken a
+        # slice at a time: what the library and the lookups hold follows the slice, not the text
+        step = PIECE_CHARS * BATCH_PIECES
+        for i in range(0, len(text), step):
+            part = text[i:i + step] if len(text) > step else text
+            if self.codes is not None:              # every boundary is safe
+                self._emit(self.codes.ids(part, self.tok, self.where))
+                continue
+            self.pending += part
+            if len(self.pending) >= step:
+                self._encode(self._pieces())
 
     def finish(self) -> None:
         if self.pending:

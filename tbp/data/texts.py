@@ -42,20 +42,27 @@ CHUNK_CHARS = 1 << 20               # the tokenizer trainer's chunks: whole line
 DEFAULT_SAMPLE = 256 << 20          # characters a BPE tokenizer trains on at most (--tokenizer-sample)
 
 
+READ_SLICE = 1 << 20             # characters the reading pass encodes and counts at once
+
+
 def _read(corpus: Corpus, report, char: bool) -> dict:
     """Pass 1: characters, bytes, SHA-256, non-blank, alphabet (for a char tokenizer)."""
     h, n, nbytes, blank, seen = hashlib.sha256(), 0, 0, True, np.zeros(0, np.int64)
     report.phase("reading", corpus.size())
-    for b in corpus.blocks(report.advance):
-        check_unicode(b, corpus.source)             # text given in memory may hold a lone surrogate
-        raw = b.encode("utf-8")
-        h.update(raw)
-        n, nbytes = n + len(b), nbytes + len(raw)
-        blank = blank and (not b or b.isspace())
-        if char:                                    # the code points present: a count per code point
-            counts = np.bincount(np.frombuffer(b.encode("utf-32-le", "surrogatepass"), np.uint32))
-            seen = np.pad(seen, (0, max(0, counts.size - seen.size)))
-            seen[:counts.size] += counts
+    for block in corpus.blocks(report.advance):
+        check_unicode(block, corpus.source)         # text given in memory may hold a lone surrogate
+        # a slice at a time: one block can be a whole JSON-lines record of 64 Mi characters, and
+        # its encodings and counts would cost many times that
+        for i in range(0, len(block), READ_SLICE):
+            b = block[i:i + READ_SLICE] if len(block) > READ_SLICE else block
+            raw = b.encode("utf-8")
+            h.update(raw)
+            n, nbytes = n + len(b), nbytes + len(raw)
+            blank = blank and (not b or b.isspace())
+            if char:                                # the code points present: a count per code point
+                counts = np.bincount(np.frombuffer(b.encode("utf-32-le", "surrogatepass"), np.uint32))
+                seen = np.pad(seen, (0, max(0, counts.size - seen.size)))
+                seen[:counts.size] += counts
     alphabet = {chr(c) for c in np.flatnonzero(seen)}
     return {"characters": n, "bytes": nbytes, "sha256": h.hexdigest(), "blank": blank, "alphabet": alphabet,
             "counts": {chr(c): int(seen[c]) for c in np.flatnonzero(seen)}}

@@ -11,6 +11,7 @@ field. A leading byte-order mark is dropped (:func:`strip_bom`).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -26,9 +27,18 @@ def strip_bom(text: str) -> str:
 
 
 def lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line) on "\\n" only, without the line's "\\r\\n" or "\\n"."""
-    for n, line in enumerate(text.split("\n"), 1):
-        yield n, line[:-1] if line.endswith("\r") else line
+    """(line number from 1, line) on "\\n" only, without the line's "\\r\\n" or "\\n". One
+    line at a time: no second copy of the whole text (a list of every line) is made."""
+    start, n = 0, 1
+    while True:
+        end = text.find("\n", start)
+        stop = len(text) if end < 0 else end
+        if stop > start and text[stop - 1] == "\r":
+            stop -= 1
+        yield n, text[start:stop]
+        if end < 0:
+            return
+        start, n = end + 1, n + 1
 
 
 def parse(text: str, where: str):
@@ -60,12 +70,14 @@ def _check_value(value, where: str) -> None:
             stack.extend((item, depth + 1) for item in v)
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _check_text(s: str, where: str) -> None:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise TbpError(f"{where}: a string holds lone surrogate U+{ord(s[e.start]):04X}, "
-                       f"which is not text (no UTF-8 file can carry it)") from None
+    found = SURROGATE.search(s)             # a search, not an encoding: no copy of a long string
+    if found:
+        raise TbpError(f"{where}: a string holds lone surrogate U+{ord(found.group()):04X}, "
+                       f"which is not text (no UTF-8 file can carry it)")
 
 
 def read_text(path: Path) -> str:
