@@ -87,13 +87,19 @@ def eval_activation_bytes(cfg: ModelConfig, rows: int, workers: int = 1, dtype=n
     through a forward that lets each block go as soon as it is done (GPT.forward's ``keep``):
     one block's numbers at a time, the residual stream, and the logits."""
     extra = max((v.activations(cfg) for v in build.active(cfg) if v.activations is not None), default=0)
-    per_token = _block_numbers(cfg) + max(extra, 0) + 2 * cfg.d_model + _head_numbers(cfg)
+    # the logits twice: the array and the loss's one temporary of its size
+    per_token = _block_numbers(cfg) + max(extra, 0) + 2 * cfg.d_model + _head_numbers(cfg) + cfg.vocab_size
     return workers * rows * cfg.n_ctx * per_token * np.dtype(dtype).itemsize
 
 
+RUNTIME = 128 << 20        # the interpreter, NumPy, the tokenizer library: measured 90-130 MiB resident
+
+
 def eval_bytes(cfg: ModelConfig, rows: int, dtype=np.float32) -> int:
-    """``tbp eval``'s memory: the weights and one worker's evaluation at ``rows`` sequences."""
-    return model_bytes(cfg, dtype) + eval_activation_bytes(cfg, rows, 1, dtype)
+    """``tbp eval``'s memory: the weights and their gradient buffers (every model holds one per
+    weight), one worker's evaluation at ``rows`` sequences and the runtime
+    (benchmarks/reliability/eval_memory.py measures it against this)."""
+    return 2 * model_bytes(cfg, dtype) + eval_activation_bytes(cfg, rows, 1, dtype) + RUNTIME
 
 
 def train_bytes(cfg: ModelConfig, tcfg) -> int:
