@@ -101,7 +101,7 @@ ALLOWED = {
     "tbp.machine": {"tbp.errors", "tbp.nn", "tbp.version"},
     "tbp.data": {"tbp.errors", "tbp.files", "tbp.nn", "tbp.version"},
     "tbp.runs": {"tbp.errors", "tbp.files", "tbp.machine", "tbp.data", "tbp.nn"},
-    "tbp.generate": {"tbp.errors", "tbp.data", "tbp.nn"},
+    "tbp.generate": {"tbp.errors", "tbp.files", "tbp.data", "tbp.nn"},   # files: jsonio, the one JSON door
     "tbp.train": {"tbp.errors", "tbp.files", "tbp.machine", "tbp.data", "tbp.runs", "tbp.nn", "tbp.version"},
     "tbp.interop": {"tbp.errors", "tbp.files", "tbp.machine", "tbp.data", "tbp.runs", "tbp.nn", "tbp.version"},
     "tbp.look": {"tbp.errors", "tbp.files", "tbp.generate", "tbp.nn"},

@@ -45,10 +45,12 @@ def test_what_cannot_recompute_is_refused_with_the_reason():
 def test_the_memory_estimate_counts_one_block_and_the_inputs():
     tcfg = TrainConfig(batch_size=4, threads=1)
     cfg = ModelConfig(vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, d_model=768)
-    full, kept = memory.train_bytes(cfg, tcfg), memory.train_bytes(dataclasses.replace(cfg, recompute=True), tcfg)
+    full = memory.step_activation_bytes(cfg, tcfg)
+    kept = memory.step_activation_bytes(dataclasses.replace(cfg, recompute=True), tcfg)
     weights = memory.model_bytes(cfg)
     per_block = 26 * 768 + 2 * 12 * 1024
     assert full - kept == 4 * 1024 * 4 * (12 * per_block - (per_block + 12 * 768))
+    full, kept = memory.train_bytes(cfg, tcfg), memory.train_bytes(dataclasses.replace(cfg, recompute=True), tcfg)
     assert kept < weights * 4 + 4 * 2 ** 30 and full > 10 * 2 ** 30       # 4 GiB of activations at most
     for kw in (dict(attn_impl="flash"), dict(attention="mta"), dict(dropout=0.1), dict(attn_impl="flash", n_layer=1)):
         small = ModelConfig.from_dict(dict(vocab_size=65, n_ctx=1024, **kw))

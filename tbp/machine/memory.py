@@ -49,25 +49,31 @@ def model_bytes(cfg: ModelConfig, dtype=np.float32) -> int:
 
 
 def train_parts(cfg: ModelConfig, tcfg) -> dict[str, int]:
-    """The bytes of a training step under ``tcfg`` (a TrainConfig), by what holds them: the
+    """The bytes of a training run under ``tcfg`` (a TrainConfig), by what holds them: the
     weights; their gradients, one buffer per worker (data_parallel's threads); AdamW's two
-    moments; and the activations the backward keeps: per token and layer about 26 C numbers plus
-    two rows of H x T attention scores and weights, plus the logits (made the probabilities, then
-    the gradient, in place), plus what
-    each active variant keeps beyond that (its declared ``activations``: flash and recomputation
-    keep fewer, Multi-Token Attention and Attention Residuals more)."""
-    T, L = cfg.n_ctx, cfg.n_layer
+    moments; and the activations: the larger of what a step's backward keeps
+    (:func:`step_activation_bytes`) and what the run's evaluations hold (they read batches of
+    batch_size rows, one per worker at a time; never at the same time as a step)."""
+    workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
+    weights = model_bytes(cfg, tcfg.dtype)
+    step = step_activation_bytes(cfg, tcfg)
+    evaluating = eval_activation_bytes(cfg, tcfg.batch_size, workers, tcfg.dtype)
+    return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,
+            "activations": max(step, evaluating)}
+
+
+def step_activation_bytes(cfg: ModelConfig, tcfg) -> int:
+    """What a training step's backward keeps: per token and layer about 26 C numbers plus two
+    rows of H x T attention scores and weights, plus the logits (made the probabilities, then the
+    gradient, in place), plus what each active variant keeps beyond that (its declared
+    ``activations``: flash and recomputation keep fewer, Multi-Token Attention and Attention
+    Residuals more)."""
+    L = cfg.n_layer
     blocks = L * _block_numbers(cfg) + sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
     if cfg.recompute:                  # recompute.py: one block's share at a time, and every block's input
         blocks = blocks // L + L * cfg.d_model
     per_token = blocks + _head_numbers(cfg)
-    workers = min(tcfg.threads or available_cores(), tcfg.batch_size)      # as data_parallel chooses
-    weights = model_bytes(cfg, tcfg.dtype)
-    train = tcfg.batch_size * T * per_token * np.dtype(tcfg.dtype).itemsize
-    # the run's evaluations read batches of batch_size rows, one per worker at a time
-    evaluating = eval_activation_bytes(cfg, tcfg.batch_size, workers, tcfg.dtype)
-    return {"weights": weights, "gradients": weights * workers, "AdamW moments": 2 * weights,
-            "activations": max(train, evaluating)}
+    return tcfg.batch_size * cfg.n_ctx * per_token * np.dtype(tcfg.dtype).itemsize
 
 
 def _block_numbers(cfg: ModelConfig) -> int:
@@ -86,9 +92,13 @@ def eval_activation_bytes(cfg: ModelConfig, rows: int, workers: int = 1, dtype=n
     """An evaluation's activations: each of ``workers`` reads a batch of ``rows`` sequences,
     through a forward that lets each block go as soon as it is done (GPT.forward's ``keep``):
     one block's numbers at a time, the residual stream, and the logits."""
-    extra = max((v.activations(cfg) for v in build.active(cfg) if v.activations is not None), default=0)
+    L = cfg.n_layer
+    extra = sum(v.activations(cfg) for v in build.active(cfg) if v.activations is not None)
+    # one block's share of what training keeps (flash keeps no score maps: its extra is negative),
+    # and all of what a design keeps across blocks (Attention Residuals' sources: positive)
+    one_block = max(0, L * _block_numbers(cfg) + extra) // L + max(extra, 0)
     # the logits twice: the array and the loss's one temporary of its size
-    per_token = _block_numbers(cfg) + max(extra, 0) + 2 * cfg.d_model + _head_numbers(cfg) + cfg.vocab_size
+    per_token = one_block + 2 * cfg.d_model + _head_numbers(cfg) + cfg.vocab_size
     return workers * rows * cfg.n_ctx * per_token * np.dtype(dtype).itemsize
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import registry
 from .variant import Variant
 
-# memory.train_parts counts it: one block's share of the stack's activations, plus L inputs (B, T, C)
+# memory.step_activation_bytes counts it: one block's share of the stack's activations, plus L inputs (B, T, C)
 
 
 VARIANT = registry.declare(Variant(
