@@ -97,6 +97,8 @@ DESIGN_WORDS = {"alibi": ("alibi",),
                            "n_enc_layer", "pad_id", "decoder block", "decoder-block"),
                 "flash": ("flash",), "gqa": ("gqa", "n_kv_head", "pool_kv_heads"), "mta": ("mta",),
                 "qknorm": ("qknorm", "qk_norm"), "rope": ("rope", "rotary", "Rotary"),
+                "rmsnorm": ("rmsnorm", "RMSNorm", '"norm": "rms"', "'--norm', 'rms'", '"--norm", "rms"', "Llama"),
+                "swiglu": ("swiglu", "SwiGLU", "Llama"),
                 "sparse": ("sparse", "SparseRule", "lessismore", "--budget")}
 
 

@@ -122,7 +122,18 @@ def run(seed: int = 0, eps: float = DEFAULT_EPS, rtol: float = DEFAULT_RTOL,
 
 
 # one spelling: a name of several words is hyphenated, as cross-attention and encoder-decoder are
-LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "cross-attention", "mlp", "block",
-          "decoder-block", "depth-attention", "cross-entropy", "gpt", "encoder-decoder")
+CORE_LAYERS = ("embedding", "linear", "lora", "layernorm", "attention", "cross-attention", "mlp", "block",
+               "decoder-block", "depth-attention", "cross-entropy", "gpt", "encoder-decoder")
+
+
+def _design_layers() -> tuple[str, ...]:
+    """The layers a design brings of its own: the first word of its layer cases' labels where the
+    core has no such layer (a normalisation, say); the core's own words first."""
+    from ..nn.build import VARIANTS
+    found = [label.split(" [")[0] for v in VARIANTS for label, _ in v.cases("layer_cases")]
+    return tuple(dict.fromkeys(name for name in found if name not in CORE_LAYERS))
+
+
+LAYERS = CORE_LAYERS + _design_layers()
 FORMER_NAMES = {"decoder block": "decoder-block", "depth attention": "depth-attention",
                 "cross_entropy": "cross-entropy"}      # still read: scripts that used them keep working

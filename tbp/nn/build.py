@@ -18,6 +18,7 @@ import numpy as np
 # the modules that register a choice, in the order each axis lists its choices (the command
 # line's order); then the designs wing
 from . import positions as _positions, residual as _residual, attention as _attention  # noqa: F401
+from . import layernorm as _layernorm, mlp as _mlp  # noqa: F401
 from . import config, gpt, designs, dropout, recompute, registry  # noqa: F401
 from .config import ConfigError, ModelConfig
 from .parts import parts

@@ -154,6 +154,7 @@ ATTN_IMPLS = _KernelChoices()
 POSITIONS = registry.POSITIONS        # the positions schemes the engine has registered (registry.py)
 # the choices of the design axes: what the engine has registered (registry.py)
 ARCHS, ATTENTIONS, RESIDUALS = registry.ARCH, registry.ATTENTION, registry.RESIDUAL
+NORMS, MLPS = registry.NORM, registry.MLP
 PROJ_INITS = ("flat", "scaled")
 
 
@@ -196,7 +197,11 @@ class ModelConfig(DictConfig):
     bias: bool = option(True, "Biases in every linear and layer-norm layer.", gpt2=True)
     activation: str = option("gelu", "MLP nonlinearity: gelu (GPT-2's tanh approximation) or relu.",
                              choices=ACTIVATIONS, gpt2="gelu")
-    ln_eps: float = option(1e-5, "Layer norm epsilon (the paper's checks use 0).", min=0.0)
+    ln_eps: float = option(1e-5, "The norms' epsilon (the paper's checks use 0).", min=0.0)
+    norm: str = option("layer", "The normalisation before each sublayer and the head: layer (GPT-2's layer norm).",
+                       choices=NORMS, gpt2="layer")
+    mlp: str = option("standard", "The feed-forward sublayer: standard (c_fc, --activation, c_proj; 4 C wide).",
+                      choices=MLPS, gpt2="standard")
     tie_head: bool = option(True, "Output head tied to the token embedding, or (untied) a separate "
                                   "layer with bias, the paper's FC_logits.",
                             flag="--tie-head/--untie-head", gpt2=True)

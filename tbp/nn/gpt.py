@@ -7,11 +7,9 @@ from . import gemm, init, registry
 from .batch import Batch, OneSequence
 from .config import ModelConfig
 from .embedding import Embedding
-from .layernorm import LayerNorm
 from .layout import Layout
 from .linear import Linear
 from .loss import CrossEntropy
-from .mlp import MLP
 from .dropout import Dropout, Noise
 from .module import Module, Stack, _join
 from .parts import Parts, parts as _parts
@@ -46,22 +44,25 @@ class Block(Module):
     x = x + attn(ln_1(x));  y = x + mlp(ln_2(x)):  ``forward``/``backward``, a block alone.
     In a model the residual scheme forms each sublayer's input (residual.py): the sum above,
     or Attention Residuals, whose per-block operations ``attn_res`` and ``mlp_res`` this block
-    owns and hands to the scheme (None under the sum). ``attention(rng, dtype, layer, proj_std)``
-    makes its self-attention (parts.py: the kind the config names, as the builder hands it in).
+    owns and hands to the scheme (None under the sum). ``parts`` makes its self-attention, its
+    norms and its MLP (parts.py: the kinds the config names, as the builder hands them in;
+    None: the registry's choices for ``cfg``). ln_1 and ln_2 are the config's norm (a layer
+    norm, or RMSNorm), whatever its kind.
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, layer: int = 0,
-                 residual=None, additions: int | None = None, attention=None):
+                 residual=None, additions: int | None = None, parts: Parts | None = None):
         super().__init__()
         # Every matrix starts N(0, 0.02), as in the PyTorch reference. GPT-2 also shrinks the
         # residual projections by 1/sqrt(2L) (--proj-init scaled); on nanoGPT's 4-layer recipe
         # that measured worse (val 1.904 vs 1.876 after 2000 steps), so it is not the default.
         # additions: the sums into this block's residual stream (default 2 per block).
         proj_std = init.residual_proj_std(cfg, additions or 2 * cfg.n_layer)
-        self.ln_1 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        self.attn = (attention or _parts(cfg, dtype).attention)(rng, dtype, layer, proj_std)
-        self.ln_2 = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
-        self.mlp = MLP(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
+        parts = parts or _parts(cfg, dtype)
+        self.ln_1 = parts.norm(dtype)
+        self.attn = parts.attention(rng, dtype, layer, proj_std)
+        self.ln_2 = parts.norm(dtype)
+        self.mlp = parts.mlp(rng, dtype, proj_std)
         self.attn_res, self.mlp_res = (residual or Sum()).block_ops(layer)
         self.attn_drop, self.mlp_drop = Dropout(), Dropout()        # residual dropout (training, p > 0)
 
@@ -135,10 +136,10 @@ class LanguageModel(Module):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         self.loss_fn = CrossEntropy()
 
-    def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator) -> None:
-        """The last layers every model has -- ``ln_f`` and the head (tied to ``wte``, or an
-        untied ``lm_head`` with a bias) -- then the layout of the whole tree."""
-        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, self.dtype, cfg.bias)
+    def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator, parts: Parts | None = None) -> None:
+        """The last layers every model has -- ``ln_f`` (the config's norm) and the head (tied to
+        ``wte``, or an untied ``lm_head`` with a bias) -- then the layout of the whole tree."""
+        self.ln_f = (parts or _parts(cfg, self.dtype)).norm(self.dtype)
         self.lm_head = None
         if not cfg.tie_head:
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
@@ -268,10 +269,9 @@ class GPT(LanguageModel):
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype,
                                learned_positions=parts.positions.embeds)
         residual = parts.residual
-        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual, attention=parts.attention)
-                            for i in range(cfg.n_layer))
+        self.blocks = Stack(Block(cfg, rng, self.dtype, i, residual, parts=parts) for i in range(cfg.n_layer))
         self.residual = residual            # after the blocks: its parameters follow theirs (res_f)
-        self._head_and_pack(cfg, rng)
+        self._head_and_pack(cfg, rng, parts)
 
     # --- training path ----------------------------------------------------------------------
     def forward(self, idx: np.ndarray, outputs: list | None = None, noise=None,

@@ -3,10 +3,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemm, init
+from . import gemm, init, registry
 from .module import Module
 
 
+def fold(gain: np.ndarray, shift: np.ndarray | None, W: np.ndarray, b: np.ndarray | None = None,
+         col_scale=None) -> np.ndarray:
+    """(C + 1, out) matrix M of the linear layer (W, b) that reads a norm's output xhat * gain +
+    shift, with [xhat, 1] @ M == ((xhat * gain + shift) @ W + b) * col_scale.
+
+    (xhat * g + s) @ W + b = xhat @ (g[:, None] * W) + (s @ W + b): the gain scales W's rows,
+    and the shift and the bias become one more row, read by a constant-1 column after xhat.
+    ``col_scale`` (out,) scales output columns (the attention scale on the queries, for example).
+    Every norm whose output is an affine map of its normalised rows folds this way.
+    """
+    d_in, d_out = W.shape
+    M = np.empty((d_in + 1, d_out), W.dtype)
+    np.multiply(W, gain[:, None], out=M[:d_in])
+    M[d_in] = 0 if shift is None else np.dot(shift, W)
+    if b is not None:
+        M[d_in] += b
+    if col_scale is not None:
+        M *= col_scale.astype(W.dtype)
+    return M
+
+
+@registry.norm("layer")
 class LayerNorm(Module):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, over channels.
 
@@ -22,6 +44,10 @@ class LayerNorm(Module):
         if bias:
             self.param("bias", init.zeros(d, dtype))
         self._avg = None
+
+    @classmethod
+    def from_config(cls, cfg, dtype) -> "LayerNorm":
+        return cls(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
 
     def _mean_vector(self, dtype) -> np.ndarray:
         """(C, 1) column of 1/C: a mean over channels as one matrix-vector product."""
@@ -75,23 +101,8 @@ class LayerNorm(Module):
     # --- inference (decode.py) --------------------------------------------------------------
     def fold(self, W: np.ndarray, b: np.ndarray | None = None, col_scale=None) -> np.ndarray:
         """(C + 1, out) matrix M of the linear layer (W, b) that reads this norm's output, with
-        [xhat, 1] @ M == (layernorm(x) @ W + b) * col_scale.
-
-        (xhat * g + s) @ W + b = xhat @ (g[:, None] * W) + (s @ W + b): the gain scales W's
-        rows, and the shift and the bias become one more row, read by a constant-1 column
-        after xhat. ``col_scale`` (out,) scales output columns (the attention scale on the
-        queries, for example).
-        """
-        d_in, d_out = W.shape
-        gain, shift = self.params["weight"], self.params.get("bias")
-        M = np.empty((d_in + 1, d_out), W.dtype)
-        np.multiply(W, gain[:, None], out=M[:d_in])
-        M[d_in] = 0 if shift is None else np.dot(shift, W)
-        if b is not None:
-            M[d_in] += b
-        if col_scale is not None:
-            M *= col_scale.astype(W.dtype)
-        return M
+        [xhat, 1] @ M == (layernorm(x) @ W + b) * col_scale (:func:`fold`)."""
+        return fold(self.params["weight"], self.params.get("bias"), W, b, col_scale)
 
     def decode_vectors(self, dtype) -> tuple[np.ndarray, np.ndarray]:
         """(C, 1) column of 1/C, and (C+1, 1) column [1/C, ..., 1/C, eps] for mean(xc^2) + eps."""

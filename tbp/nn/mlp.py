@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import registry
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
 
@@ -86,6 +87,7 @@ def gelu_backward(u: np.ndarray, s: np.ndarray, dg: np.ndarray) -> None:
         dg[rows] *= dg_du
 
 
+@registry.mlp("standard")
 class MLP(Module):
     """y = c_proj(g(c_fc(x))).  x, y: (B, T, C); c_fc.weight: (C, 4C); c_proj.weight: (4C, C).
 
@@ -98,6 +100,10 @@ class MLP(Module):
         self.activation = activation
         self.c_fc = Linear(d_model, 4 * d_model, rng, dtype, bias)
         self.c_proj = Linear(4 * d_model, d_model, rng, dtype, bias, std=proj_std)
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator, dtype, proj_std: float) -> "MLP":
+        return cls(cfg.d_model, rng, dtype, cfg.bias, cfg.activation, proj_std)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         u = self.c_fc.forward(x)                                           # (B, T, 4C)

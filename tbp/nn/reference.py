@@ -249,11 +249,13 @@ def cross_entropy_backward(cache):
 # --- §7 the whole model: the layers composed ---------------------------------------------------
 
 
-def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None):
+def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None, norm=None):
     """ln_f, the head (tied: logits = xf wte^T; or lm_head with bias) and the mean cross-entropy
     (with ``weights`` (B, T): sum(w CE) / sum(w)); returns the loss and the gradient of x, the
-    head's and ln_f's gradients put in ``grads``."""
-    xf, lnf = layernorm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
+    head's and ln_f's gradients put in ``grads``. ``norm``: (forward, backward) of ln_f, the
+    layer norm's when None."""
+    norm_forward, norm_backward = norm or (layernorm_forward, layernorm_backward)
+    xf, lnf = norm_forward(x, P["ln_f.weight"], P.get("ln_f.bias"), cfg.ln_eps)
     if cfg.tie_head:
         logits, head = linear_forward(xf, P["wte"].T)                  # eq. (7.5)
     else:
@@ -273,47 +275,51 @@ def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None):
         grads["wte"] = dw_head.T                                        # eq. (7.5)
     else:
         grads["lm_head.weight"], grads["lm_head.bias"] = dw_head, db_head
-    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dxf, lnf)
+    dx, grads["ln_f.weight"], grads["ln_f.bias"] = norm_backward(dxf, lnf)
     return loss, dx
 
 
-def gpt_loss_and_grads(params: dict, cfg, idx, targets, rotate=None):
+def gpt_loss_and_grads(params: dict, cfg, idx, targets, rotate=None, norm=None, mlp=None):
     """Mean cross-entropy of a GPT given as a dict of arrays under GPT-2 names, and the gradient
     of every parameter: pre-LN blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), then ln_f
     and the head (wte^T, tied, or an untied lm_head with bias). The backward is the forward's
     calls read bottom-up; a parameter read twice (the tied wte) sums its two gradients.
     Positions: ``wpe`` where the parameters hold one, and ``rotate`` (see attention_forward)
-    where given -- rotary positions come from their design's twin, not from here."""
+    where given -- rotary positions come from their design's twin, not from here; likewise
+    ``norm`` and ``mlp``, (forward, backward) pairs with the signatures of the layer norm's and
+    the MLP's below (RMSNorm's and SwiGLU's twins), the layer norm and the MLP when None."""
+    norm_forward, norm_backward = norm or (layernorm_forward, layernorm_backward)
+    mlp_fwd, mlp_bwd = mlp or (mlp_forward, mlp_backward)
     P = params
     grads = {}
     x, emb_cache = embedding_forward(idx, P["wte"], P.get("wpe"))
     caches = []
     for i in range(cfg.n_layer):
         h = f"h.{i}."
-        a, ln1 = layernorm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)   # eq. (7.1)
+        a, ln1 = norm_forward(x, P[h + "ln_1.weight"], P.get(h + "ln_1.bias"), cfg.ln_eps)   # eq. (7.1)
         a, attn = attention_forward(a, P[h + "attn.c_attn.weight"], P.get(h + "attn.c_attn.bias"),
                                     P[h + "attn.c_proj.weight"], P.get(h + "attn.c_proj.bias"),
                                     cfg.n_head, cfg.d_qk, cfg.causal, rotate)
         x = x + a                                                      # eq. (7.1)
-        m, ln2 = layernorm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)   # eq. (7.1)
-        m, mlp = mlp_forward(m, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"),
-                             P[h + "mlp.c_proj.weight"], P.get(h + "mlp.c_proj.bias"), cfg.activation)
+        m, ln2 = norm_forward(x, P[h + "ln_2.weight"], P.get(h + "ln_2.bias"), cfg.ln_eps)   # eq. (7.1)
+        m, mlp = mlp_fwd(m, P[h + "mlp.c_fc.weight"], P.get(h + "mlp.c_fc.bias"),
+                         P[h + "mlp.c_proj.weight"], P.get(h + "mlp.c_proj.bias"), cfg.activation)
         x = x + m                                                      # eq. (7.1)
         caches.append((ln1, attn, ln2, mlp))
-    loss, dx = head_loss_and_backward(P, cfg, x, targets, grads)
+    loss, dx = head_loss_and_backward(P, cfg, x, targets, grads, norm=(norm_forward, norm_backward))
     for i in reversed(range(cfg.n_layer)):
         h = f"h.{i}."
         ln1, attn, ln2, mlp = caches[i]
-        dm, *g = mlp_backward(dx, mlp)                                 # eq. (7.3)
+        dm, *g = mlp_bwd(dx, mlp)                                      # eq. (7.3)
         for name, gi in zip(("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"), g):
             grads[h + name] = gi
-        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = layernorm_backward(dm, ln2)   # eq. (7.3)
+        dln, grads[h + "ln_2.weight"], grads[h + "ln_2.bias"] = norm_backward(dm, ln2)   # eq. (7.3)
         dx = dx + dln                                                  # the residual's two paths   eq. (7.3)
         da, *g = attention_backward(dx, attn)                          # eq. (7.3)
         for name, gi in zip(("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
                              "attn.c_proj.bias"), g):
             grads[h + name] = gi
-        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = layernorm_backward(da, ln1)   # eq. (7.3)
+        dln, grads[h + "ln_1.weight"], grads[h + "ln_1.bias"] = norm_backward(da, ln1)   # eq. (7.3)
         dx = dx + dln                                                  # eq. (7.3)
     dwte, grads["wpe"] = embedding_backward(dx, emb_cache)          # None without wpe
     grads["wte"] = grads.get("wte", 0) + dwte                          # eq. (7.5): read twice, summed

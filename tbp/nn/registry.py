@@ -10,6 +10,10 @@ where a reader needs every choice (a config being checked) and may not have impo
     ATTENTION   ``attention``: name -> the self-attention class, built by its ``from_config``
     RESIDUAL    ``residual``: name -> the residual scheme's class, built by its ``from_config``
     POSITIONS   ``positions``: name -> make(cfg), the model's positions object (positions.py)
+    NORM        ``norm``: name -> the normalisation's class (layernorm.py; RMSNorm), built by its
+                ``from_config(cfg, dtype)``, one before each sublayer and before the head
+    MLP         ``mlp``: name -> the feed-forward sublayer's class (mlp.py; SwiGLU), built by its
+                ``from_config(cfg, rng, dtype, proj_std)``
     KERNEL      ``attn_impl``: name -> make(causal, window, rows, tiles, bias), the attention
                 kernel object (kernels.py: dense in query blocks; designs/flash: in tiles);
                 KERNEL_FROM: name -> the context from which ``auto`` picks it; KERNEL_ONE_THREAD:
@@ -27,6 +31,8 @@ ARCH: dict[str, type] = {}
 ATTENTION: dict[str, type] = {}
 RESIDUAL: dict[str, type] = {}
 POSITIONS: dict[str, Callable] = {}
+NORM: dict[str, type] = {}
+MLP: dict[str, type] = {}
 KERNEL: dict[str, Callable] = {}
 KERNEL_FROM: dict[str, int] = {}
 KERNEL_ONE_THREAD: set[str] = set()
@@ -36,9 +42,9 @@ VARIANTS: list = []
 
 def has(axis: str, name: str) -> bool:
     """Whether a choice is registered: ``has("positions", "rope")``; axis one of arch,
-    attention, residual, positions, kernel (a case that combines two designs asks it)."""
+    attention, residual, positions, norm, mlp, kernel (a case that combines two designs asks it)."""
     return name in {"arch": ARCH, "attention": ATTENTION, "residual": RESIDUAL, "positions": POSITIONS,
-                    "kernel": KERNEL}[axis]
+                    "norm": NORM, "mlp": MLP, "kernel": KERNEL}[axis]
 
 
 def complete() -> None:
@@ -78,6 +84,16 @@ def attention(name: str) -> Callable:
 def residual(name: str) -> Callable:
     """Register a residual scheme's class as ``name`` (a class decorator)."""
     return register_in(RESIDUAL, "residual", name)
+
+
+def norm(name: str) -> Callable:
+    """Register a normalisation's class as ``name`` (a class decorator)."""
+    return register_in(NORM, "norm", name)
+
+
+def mlp(name: str) -> Callable:
+    """Register a feed-forward sublayer's class as ``name`` (a class decorator)."""
+    return register_in(MLP, "mlp", name)
 
 
 _RANK: dict[str, int] = {}

@@ -9,3 +9,5 @@ from . import flash  # noqa: F401,E402
 from . import sparse  # noqa: F401,E402
 from . import encdec  # noqa: F401,E402
 from . import qknorm  # noqa: F401,E402
+from . import rmsnorm  # noqa: F401,E402
+from . import swiglu  # noqa: F401,E402

@@ -20,9 +20,8 @@ from ...embedding import Embedding
 from ...batch import Batch
 from ...gpt import Block, LanguageModel, drop_caches
 from ...kernels import padding_mask
-from ...layernorm import LayerNorm
 from ...module import Module, Stack
-from ...parts import Parts
+from ...parts import Parts, parts as make_parts
 from ...residual import Sum
 from ...variant import Variant
 
@@ -33,9 +32,10 @@ class DecoderBlock(Block):
     h = x + attn(ln_1(x));  c = h + cross(ln_cross(h), m);  y = c + mlp(ln_2(c)).
     """
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, attention=None):
-        super().__init__(cfg, rng, dtype, additions=3 * cfg.n_layer, attention=attention)
-        self.ln_cross = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+    def __init__(self, cfg: ModelConfig, rng: np.random.Generator, dtype=np.float32, parts: Parts | None = None):
+        parts = parts or make_parts(cfg, dtype)
+        super().__init__(cfg, rng, dtype, additions=3 * cfg.n_layer, parts=parts)
+        self.ln_cross = parts.norm(dtype)
         self.cross = CrossAttention(cfg.d_model, cfg.n_head, cfg.d_qk, cfg.d_v, rng, dtype, cfg.bias,
                                     init.residual_proj_std(cfg, 3 * cfg.n_layer))
 
@@ -84,7 +84,7 @@ class Encoder(Module):
         n_enc_layer = cfg.designs["encoder-decoder"].n_enc_layer
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, dtype)
         self.blocks = Stack(Block(bidirectional, rng, dtype, additions=2 * n_enc_layer) for _ in range(n_enc_layer))
-        self.ln_f = LayerNorm(cfg.d_model, cfg.ln_eps, dtype, cfg.bias)
+        self.ln_f = make_parts(cfg, dtype).norm(dtype)
 
     def forward(self, src: np.ndarray, key_mask: np.ndarray | None = None) -> np.ndarray:
         x = self.embed.forward(src)
@@ -161,11 +161,11 @@ class EncoderDecoder(LanguageModel):
         rng = np.random.default_rng(seed)
         self.encoder = Encoder(cfg, rng, self.dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.n_ctx, cfg.d_model, rng, self.dtype)
-        attention = parts.attention if parts is not None else None       # the builder's, or the registry's
-        self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype, attention) for _ in range(cfg.n_layer))
+        parts = parts or make_parts(cfg, self.dtype)                    # the builder's, or the registry's
+        self.blocks = Stack(DecoderBlock(cfg, rng, self.dtype, parts) for _ in range(cfg.n_layer))
         self.residual = Sum()        # the residual stream (Attention Residuals refuse this architecture)
         self.source_scale = 1.0      # 0 zeroes the encoder's output: the ablation that proves it is read
-        self._head_and_pack(cfg, rng)
+        self._head_and_pack(cfg, rng, parts)
 
     @property
     def pad_id(self) -> int | None:
