@@ -119,9 +119,9 @@ def test_import_refusals(tmp_path, tok):
     r = run(["import", tmp_path / "empty", "--out", tmp_path / "x"])
     assert r.exit_code == 1 and "missing config.json" in r.output
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
     r = run(["import", tmp_path / "hf", "--out", tmp_path / "x"])
-    assert r.exit_code == 1 and "not 'gpt2'" in r.output
+    assert r.exit_code == 1 and "model_type is 'bert'; tbp imports gpt2 and llama folders" in r.output
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "n_embd": 32, "n_head": 2}))
     r = run(["import", tmp_path / "hf", "--out", tmp_path / "x"])
     assert r.exit_code == 1 and "has shape" in r.output and "config.json implies" in r.output

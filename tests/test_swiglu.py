@@ -97,10 +97,11 @@ def test_the_memory_estimate_counts_its_rows():
 
 
 def test_the_llama_family_block_equals_the_core_twin_with_the_designs_twins(rng):
-    """RMSNorm, SwiGLU, rotary positions, no biases, an untied head: the model's loss and every
+    """RMSNorm, SwiGLU, rotary positions, no biases, an untied head without one: the model's loss and every
     gradient against reference.gpt_loss_and_grads with the three designs' twins plugged in."""
     cfg = ModelConfig.from_dict(dict(vocab_size=11, n_ctx=8, n_layer=2, n_head=2, d_model=8, norm="rms",
-                                     mlp="swiglu", positions="rope", bias=False, tie_head=False, swiglu_hidden=6))
+                                     mlp="swiglu", positions="rope", bias=False, tie_head=False, head_bias=False,
+                                     swiglu_hidden=6))
     model = GPT(cfg, seed=3, dtype=np.float64)
     for k, p in model.params.items():
         p[...] = (1 if ".ln_" in k or k.startswith("ln_") else 0) + 0.5 * rng.standard_normal(p.shape)

@@ -1,4 +1,4 @@
-"""`tbp export` and `tbp import`: Hugging Face GPT-2 folders, and GGUF files out."""
+"""`tbp export` and `tbp import`: Hugging Face GPT-2 and Llama folders, and GGUF files out."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +16,8 @@ from .common import console, one_run
 @click.option("--checkpoint", "run_opt", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="The run, as the other commands take it; the same as RUN.")
 @click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), default="hf", show_default=True,
-              help="hf: a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json); "
+              help="hf: a Hugging Face folder (config.json, model.safetensors, tokenizer.json), GPT-2's or, "
+                   "for a model of Llama blocks, LlamaForCausalLM's; "
                    "gguf: one file llama.cpp runs (and Ollama, LM Studio), its tokenizer inside.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Output folder (hf), or file ending in .gguf (gguf).")
@@ -26,11 +27,13 @@ from .common import console, one_run
 @click.option("--force", is_flag=True, help="Replace an existing --out that tbp wrote.")
 @click.option("--best", is_flag=True, help="Export the best-validation weights.")
 def export(run, run_opt, fmt, out, kind, force, best):
-    """Write a run as a Hugging Face GPT-2 folder or a GGUF file.
+    """Write a run as a Hugging Face folder or a GGUF file.
 
-    hf: transformers.GPT2LMHeadModel.from_pretrained(OUT) loads it, and so does anything
-    that reads GPT-2 safetensors. Models GPT-2 cannot represent (ReLU, d_qk != d_v, an
-    untied head with bias, no biases, rotary positions, the designs) are refused.
+    hf: a model of Llama blocks (--norm rms --mlp swiglu --positions rope --no-bias, an
+    untied head without bias or a tied one) is written as LlamaForCausalLM; any other as
+    GPT-2, which transformers.GPT2LMHeadModel.from_pretrained(OUT) loads. Models neither
+    represents (ReLU, d_qk != d_v, an untied head with bias, rotary positions with a layer
+    norm, the other designs) are refused.
 
     gguf: llama.cpp's gpt2 architecture (learned positions) or gptneox (rotary positions),
     grouped-query attention included; models no llama.cpp architecture computes exactly (ReLU,
@@ -55,10 +58,9 @@ def export(run, run_opt, fmt, out, kind, force, best):
                       f"{info['architecture']}, {kind}, tokenizer {info['tokenizer']}, "
                       f"{info['bytes'] / 2**20:.1f} MiB")
         return
-    hf.claim_export_output(out, force, inputs=(run,))
     model, tok, _ = disk.load_model(run, best=best)
-    hf.export_hf(model, tok, out, force, inputs=(run,))
-    console.print(f"exported {run} ({model.num_params():,} parameters) to {out} as GPT-2")
+    family = hf.export_folder(model, tok, out, force, inputs=(run,))
+    console.print(f"exported {run} ({model.num_params():,} parameters) to {out} as {family}")
 
 
 @click.command("import")
@@ -67,18 +69,20 @@ def export(run, run_opt, fmt, out, kind, force, best):
               help="Run directory to create.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def import_(src, out, force):
-    """Read a local Hugging Face GPT-2 folder into a tbp checkpoint (no network).
+    """Read a local Hugging Face GPT-2 or Llama-family folder into a tbp checkpoint (no network).
 
-    The folder needs config.json, model.safetensors (names with or without the
-    "transformer." prefix) and tokenizer.json. The result works with tbp generate and with
-    tbp train --init-from (full or LoRA fine-tuning).
+    The folder needs config.json, model.safetensors and tokenizer.json. GPT-2: names with or
+    without the "transformer." prefix. Llama (LlamaForCausalLM: SmolLM2, TinyLlama, Llama
+    3.2): RMSNorm, SwiGLU, rotary positions, grouped-query attention; bfloat16 and float16
+    weights widen to float32 exactly; rope scaling and sliding windows are refused. The result
+    works with tbp generate and with tbp train --init-from (full or LoRA fine-tuning).
 
     \b
     Example:
       tbp import ~/models/gpt2 --out checkpoints/gpt2
       tbp generate --checkpoint checkpoints/gpt2 --prompt "Hello" --top-k 40
     """
-    model, _ = hf.import_hf(src, out, force)
+    model, _, family = hf.import_folder(src, out, force)
     c = model.config
-    console.print(f"imported {src}: {c.n_layer} layers, {c.n_head} heads, d_model {c.d_model}, context {c.n_ctx}, "
+    console.print(f"imported {src} ({family}): {c.n_layer} layers, {c.n_head} heads, d_model {c.d_model}, context {c.n_ctx}, "
                   f"vocabulary {c.vocab_size} ({model.num_params():,} parameters) into {out}")

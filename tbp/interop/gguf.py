@@ -1,7 +1,7 @@
 """GGUF files that llama.cpp runs: a tbp GPT written as one of llama.cpp's own architectures.
 
 llama.cpp builds a fixed graph per architecture, so a file is only right if an existing graph
-computes exactly tbp's function. Two do:
+computes exactly tbp's function. Three do:
 
 - ``gpt2`` for learned positions: token + position embeddings, pre-norm blocks (LayerNorm,
   one fused q|k|v product, softmax(q k^T / sqrt(Dk)) v, output projection; LayerNorm, tanh-GELU
@@ -11,7 +11,14 @@ computes exactly tbp's function. Two do:
   Dk channels, at the rotation's base. Its head is always a separate tensor: a tied model writes the
   embedding twice.
 
-Both read n_head_kv, and split a fused row as q | k | v with query head h reading key/value head
+- ``llama`` for a model of Llama blocks (interop/llama.py: RMSNorm, SwiGLU, rotary positions, no
+  biases, a tied head or an untied one without bias): separate q, k, v, gate and up matrices, and
+  RMSNorm's epsilon. llama.cpp's llama graph rotates *adjacent* channels (2i, 2i + 1), where tbp
+  and Hugging Face rotate (i, i + Dk/2): within each head the query and key rows are reordered so
+  that channel i + j Dk/2 (j = 0, 1) lands at 2i + j -- the same function, with the pairs where
+  llama.cpp's rotation looks for them (:func:`interleave`).
+
+All read n_head_kv, and split a fused row as q | k | v with query head h reading key/value head
 h // (H / Hkv) -- tbp's grouped-query layout -- so grouped-query attention maps too. Both require
 every bias: a model without biases gets zeros (adding zero is the same function). Neither has a
 bias on the head (tbp's untied head always has one: only a tied head exports), a ReLU MLP, or any of Multi-Token Attention, Attention Residuals or the
@@ -45,6 +52,7 @@ from ..nn.config import ModelConfig
 from ..nn import build
 from ..nn.parts import parts
 from ..data.tokenizer import ASSISTANT, END, EOT, Tokenizer
+from . import llama
 
 TYPES = ("f32", "f16", "q8_0")
 MARK = "tbp.version"              # a metadata key only tbp writes: --force replaces only such files
@@ -52,8 +60,10 @@ Q8_BLOCK = 32                     # q8_0 quantizes rows in blocks of 32 values
 
 
 def architecture(cfg: ModelConfig) -> str:
-    """llama.cpp's architecture for ``cfg``: "gpt2" or "gptneox"; TbpError naming every reason
-    it has none."""
+    """llama.cpp's architecture for ``cfg``: "llama", "gpt2" or "gptneox"; TbpError naming every
+    reason it has none."""
+    if llama.is_llama(cfg):
+        return "llama"
     problems = []
     why = build.refusal(cfg, "gguf")
     if why:
@@ -79,10 +89,39 @@ def _linear(params: dict, name: str, n_out: int) -> tuple[np.ndarray, np.ndarray
     return np.ascontiguousarray(w.T), (np.zeros(n_out, np.float32) if b is None else b)
 
 
+def interleave(w: np.ndarray, heads: int) -> np.ndarray:
+    """Rows (heads D, in) of a query or key matrix, each head's row i + j D/2 (j = 0, 1) moved to
+    2i + j: rotate-half's pairs (i, i + D/2) become the adjacent pairs llama.cpp's llama graph rotates."""
+    D = w.shape[0] // heads
+    return np.ascontiguousarray(w.reshape(heads, 2, D // 2, -1).swapaxes(1, 2).reshape(w.shape))
+
+
+def _llama_tensors(cfg: ModelConfig, p: dict) -> dict[str, np.ndarray]:
+    """The llama architecture's tensors (HF's matrices, llama.py's table, in llama.cpp's names),
+    the query and key rows interleaved."""
+    hf = llama.to_hf(p, cfg)
+    Hkv = hf["model.layers.0.self_attn.k_proj.weight"].shape[0] // cfg.d_v
+    out = {"token_embd.weight": hf["model.embed_tokens.weight"], "output_norm.weight": hf["model.norm.weight"]}
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(cfg.n_layer):
+        for theirs, ours in names.items():
+            w = hf[f"model.layers.{i}.{theirs}.weight"]
+            if ours in ("attn_q", "attn_k"):
+                w = interleave(w, cfg.n_head if ours == "attn_q" else Hkv)
+            out[f"blk.{i}.{ours}.weight"] = w
+    if "lm_head.weight" in hf:
+        out["output.weight"] = hf["lm_head.weight"]         # absent: llama.cpp reads the embedding (tied)
+    return out
+
+
 def tensors(model: GPT) -> dict[str, np.ndarray]:
     """llama.cpp's tensors of ``model``, float32, in NumPy order (see the module's Layout)."""
     cfg, p = model.config, {k: np.asarray(v, dtype=np.float32) for k, v in model.params.items()}
     arch = architecture(cfg)
+    if arch == "llama":
+        return _llama_tensors(cfg, p)
     C = cfg.d_model
     if p.get("lm_head.bias") is not None and np.any(p["lm_head.bias"]):
         raise TbpError("llama.cpp has no architecture that computes this model: its untied head has a bias "
@@ -250,13 +289,18 @@ def export_gguf(model: GPT, tok: Tokenizer, out: Path, kind: str = "f32", name: 
         w.add_context_length(cfg.n_ctx)
         w.add_embedding_length(cfg.d_model)
         w.add_block_count(cfg.n_layer)
-        w.add_feed_forward_length(4 * cfg.d_model)
         w.add_head_count(cfg.n_head)
         w.add_head_count_kv(build.attention_class(cfg).key_value_heads(cfg))
-        w.add_layer_norm_eps(cfg.ln_eps)
-        if arch == "gptneox":
+        if arch == "llama":
+            w.add_feed_forward_length(arrays["blk.0.ffn_gate.weight"].shape[0])
+            w.add_layer_norm_rms_eps(cfg.ln_eps)
+        else:
+            w.add_feed_forward_length(4 * cfg.d_model)
+            w.add_layer_norm_eps(cfg.ln_eps)
+        if arch != "gpt2":                                           # both rotate queries and keys
             w.add_rope_dimension_count(cfg.d_qk)
             w.add_rope_freq_base(parts(cfg, np.float32).positions.base)      # the rotation's base
+        if arch == "gptneox":
             w.add_parallel_residual(False)
         w.add_tokenizer_model(voc["model"])
         if voc["pre"]:

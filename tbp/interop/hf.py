@@ -24,6 +24,7 @@ from ..nn.config import ModelConfig
 from ..nn import build
 from ..files.staging import staged_dir
 from ..data.tokenizer import Tokenizer
+from . import llama
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 WIDENED = ("float32", "float16")      # what an import reads as float32 exactly: a weight's dtype is never coerced
@@ -107,7 +108,8 @@ def export_hf(model: GPT, tok: Tokenizer, out: Path, force: bool = False, inputs
 
 def _config_from_hf(d: dict, path: Path) -> ModelConfig:
     if d.get("model_type") != "gpt2":
-        raise TbpError(f"{path}: model_type is {d.get('model_type')!r}, not 'gpt2'")
+        raise TbpError(f"{path}: model_type is {d.get('model_type')!r}; tbp imports gpt2 and "
+                       f"{', '.join(llama.MODEL_TYPES)} folders")
     missing = [k for k in ("n_embd", "n_layer", "n_head", "vocab_size") if k not in d]
     if missing or ("n_positions" not in d and "n_ctx" not in d):
         raise TbpError(f"{path}: missing GPT-2 config key {(missing or ['n_positions'])[0]!r}")
@@ -189,3 +191,27 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
     commit.save_plain(out, model, tok, record, force, inputs=(src,))
     return model, tok
 
+
+def import_folder(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer, str]:
+    """A local Hugging Face folder into a tbp run, by its config.json's model_type: GPT-2, or a
+    Llama-family model (llama.py). Returns the model, its tokenizer and the family's name."""
+    path = Path(src) / "config.json"
+    kind = jsonio.read_json(path).get("model_type") if not_a_file(path) is None else None
+    if kind in llama.MODEL_TYPES:
+        return (*llama.import_llama(src, out, force), "Llama")
+    return (*import_hf(src, out, force), "GPT-2")
+
+
+def export_folder(model: GPT, tok: Tokenizer, out: Path, force: bool = False, inputs: tuple = ()) -> str:
+    """``model`` as the Hugging Face folder of its family: a Llama block's as LlamaForCausalLM,
+    any other as GPT-2 (refused, with what each family lacks, where neither represents it).
+    Returns the family's name."""
+    if llama.is_llama(model.config):
+        llama.export_llama(model, tok, out, force, inputs)
+        return "Llama"
+    try:
+        exportable(model.config)
+    except TbpError as e:
+        raise TbpError(f"{e}; nor can a Llama folder: {'; '.join(llama.problems(model.config))}") from None
+    export_hf(model, tok, out, force, inputs)
+    return "GPT-2"

@@ -203,8 +203,10 @@ class ModelConfig(DictConfig):
     mlp: str = option("standard", "The feed-forward sublayer: standard (c_fc, --activation, c_proj; 4 C wide).",
                       choices=MLPS, gpt2="standard")
     tie_head: bool = option(True, "Output head tied to the token embedding, or (untied) a separate "
-                                  "layer with bias, the paper's FC_logits.",
+                                  "layer, the paper's FC_logits.",
                             flag="--tie-head/--untie-head", gpt2=True)
+    head_bias: bool = option(True, "The untied head's bias (the paper's FC_logits has one; imported heads often "
+                                   "have none). A tied head has none.", flag="--head-bias/--no-head-bias")
     causal: bool = option(True, "Causal mask; False gives permutation-equivariant attention.",
                           cli=False, gpt2=True)
     attn_impl: str = option("auto", "Attention kernel: dense keeps the T x T attention weights for the "

@@ -138,11 +138,12 @@ class LanguageModel(Module):
 
     def _head_and_pack(self, cfg: ModelConfig, rng: np.random.Generator, parts: Parts | None = None) -> None:
         """The last layers every model has -- ``ln_f`` (the config's norm) and the head (tied to
-        ``wte``, or an untied ``lm_head`` with a bias) -- then the layout of the whole tree."""
+        ``wte``, or an untied ``lm_head``, with a bias unless ``head_bias`` is off) -- then the
+        layout of the whole tree."""
         self.ln_f = (parts or _parts(cfg, self.dtype)).norm(self.dtype)
         self.lm_head = None
         if not cfg.tie_head:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=True)
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, self.dtype, bias=cfg.head_bias)
         self.pack()
 
     def pack(self) -> Layout | None:

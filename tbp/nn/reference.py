@@ -259,7 +259,7 @@ def head_loss_and_backward(P: dict, cfg, x, targets, grads: dict, weights=None, 
     if cfg.tie_head:
         logits, head = linear_forward(xf, P["wte"].T)                  # eq. (7.5)
     else:
-        logits, head = linear_forward(xf, P["lm_head.weight"], P["lm_head.bias"])
+        logits, head = linear_forward(xf, P["lm_head.weight"], P.get("lm_head.bias"))
     if weights is None:
         loss, ce = cross_entropy_forward(logits, targets)
         dlogits = cross_entropy_backward(ce)

@@ -194,8 +194,9 @@ def init_from(out: Path, base_run: Path, tcfg: TrainConfig, ds: Dataset, force: 
     lock = claim_run_dir(out, force, inputs=(base_run, ds.path))
     with _released_on_failure(lock):
         model, tok, _ = disk.load_model(base_run, dtype=np.dtype(tcfg.dtype), compute=_compute(model_overrides))
-        if model.config != mcfg:                              # a variant converts the base (_check_base)
-            model = build.conversion(model.config, mcfg)(model)
+        if model.config != mcfg:       # a variant converts the base, or only the context changes (_check_base)
+            convert = build.conversion(model.config, mcfg)
+            model = convert(model) if convert is not None else _with_context(model, mcfg)
         base = None
         if lora:
             add_lora(model, lora.rank, lora.alpha, lora.targets, seed=tcfg.seed)
@@ -302,7 +303,7 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
     mcfg = disk.read_model_config(base_run, base_cfg)
     shape = {k: v for k, v in model_overrides.items() if k not in COMPUTE_FIELDS}
     target = mcfg.replace(**shape)                            # a ConfigError names a bad combination
-    if build.conversion(mcfg, target) is None:
+    if build.conversion(mcfg, target) is None and not _context_only(mcfg, target):
         _refuse_model_changes(mcfg, model_overrides, f"the base run {base_run}")
     if lora:
         _check_lora(lora, target)
@@ -314,6 +315,23 @@ def _check_base(base_run: Path, lora: LoraSpec | None, model_overrides: dict) ->
                               f"(tbp train --init-from {base_run} ...), then add adapters to that run")
     disk.verify_weights(base_run, base_cfg, mcfg)
     return dataclasses.replace(target, **_compute(model_overrides))
+
+
+def _context_only(before: ModelConfig, after: ModelConfig) -> bool:
+    """Whether ``after`` differs from ``before`` only in its context and the weights keep their
+    shapes: a model without a position table (rotary positions) trains at any length, so a
+    fine-tune may choose its own (an imported model's 8,192 is more than a laptop trains at)."""
+    b, a = before.flat(), after.flat()
+    return {k for k in a if a[k] != b.get(k)} == {"n_ctx"} \
+        and model_class(after).shapes(after) == model_class(before).shapes(before)
+
+
+def _with_context(model, cfg: ModelConfig):
+    """``model``'s weights in a model of ``cfg``, which differs only in its context (_context_only)."""
+    twin = build.build_model(cfg, dtype=model.dtype)
+    for name, p in model.params.items():
+        twin.params[name][...] = p
+    return twin
 
 
 def _changed(before: ModelConfig, after: ModelConfig) -> str:

@@ -107,7 +107,8 @@ VARIANT = registry.declare(Variant(
             "(Llama's).",
     switch="--norm rms",
     refuses={"export": "a GPT-2 folder's blocks are layer norms; it has no RMSNorm",
-             "gguf": "llama.cpp's gpt2 and gptneox graphs normalise with a layer norm"},
+             "gguf": "llama.cpp's gpt2 and gptneox graphs normalise with a layer norm (a model of Llama "
+                     "blocks exports as llama)"},
     describe=lambda cfg: ("norm", f"RMSNorm before each sublayer and the head · eps {cfg.ln_eps:g} · a gain, no shift"),
     layer_cases=(
         ("rmsnorm [eps 1e-5]", lambda C, H, rng, dtype: RMSNorm(C, 1e-5, dtype)),

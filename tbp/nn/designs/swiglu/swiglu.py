@@ -135,8 +135,8 @@ def _check(cfg) -> None:
 
 def _llama_block() -> tuple:
     """The Llama family's block, where its designs are there: RMSNorm, SwiGLU, rotary positions,
-    grouped-query attention, no biases, an untied head."""
-    fields = {"mlp": "swiglu", "bias": False, "tie_head": False}
+    grouped-query attention, no biases, an untied head without one."""
+    fields = {"mlp": "swiglu", "bias": False, "tie_head": False, "head_bias": False}
     for axis, name, extra in (("norm", "rms", {"norm": "rms"}), ("positions", "rope", {"positions": "rope"}),
                               ("attention", "gqa", {"attention": "gqa", "n_kv_head": 1})):
         if registry.has(axis, name):
@@ -149,7 +149,8 @@ VARIANT = registry.declare(Variant(
     summary="swiglu: a gated MLP, c_proj(silu(x W_gate) * x W_up), F wide (--swiglu-hidden; Llama's).",
     options=SwiGLUOptions, switch="--mlp swiglu", check=_check,
     refuses={"export": "a GPT-2 folder's MLP is c_fc, GELU, c_proj; it has no gate",
-             "gguf": "llama.cpp's gpt2 and gptneox graphs have an ungated MLP"},
+             "gguf": "llama.cpp's gpt2 and gptneox graphs have an ungated MLP (a model of Llama blocks exports "
+                     "as llama)"},
     describe=lambda cfg: ("mlp", f"SwiGLU, c_proj(silu(a) * b) · F = {hidden_width(cfg)}"),
     # per token and layer: u (2F), the sigmoid (F) and c_proj's input (F), where the standard
     # MLP keeps u, its gate and c_proj's input, 4 C each
