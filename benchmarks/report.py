@@ -323,6 +323,28 @@ def gpt2_parity(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def llama_parity(rows: list[dict]) -> str:
+    """The newest comparison with transformers' LlamaForCausalLM at SmolLM2-135M's shape: as
+    gpt2_parity, and the same float64 comparison with transformers as shipped (its float32 steps)."""
+    r = [x for x in rows if x["shape"]["n_layer"] == 30][-1]
+    f64, s64, s32, shipped = r["float64"], r["float64_steps"], r["float32_steps"], r["float64_as_shipped"]
+    worst = max(f64["grads"], key=f64["grads"].get)
+    out = ["| what | largest difference | bound |", "| --- | ---: | ---: |",
+           f"| logits, float64 (relative to the largest) | {f64['logits']:.1e} | 10⁻¹⁰ |",
+           f"| loss, float64 (relative) | {f64['loss']:.1e} | 10⁻¹⁰ |",
+           f"| every gradient, float64 ({len(f64['grads'])} tensors; the worst: `{worst}`) | "
+           f"{f64['grad_max']:.1e} | 10⁻¹⁰ |",
+           f"| loss at each of {r['steps']} AdamW steps, float64 (absolute) | {s64['max_abs_diff']:.1e} | 10⁻⁶ |",
+           f"| loss at each of {r['steps']} AdamW steps, float32 (absolute) | {s32['max_abs_diff']:.1e} | 10⁻² |",
+           f"| logits / every gradient, float64 against transformers as shipped | {shipped['logits']:.1e} / "
+           f"{shipped['grad_max']:.1e} | (its float32 steps) |"]
+    out += ["", f"Losses, float64, step 1 → {r['steps']}: {s64['tbp'][0]:.6f} → {s64['tbp'][-1]:.6f} (PyTorch "
+                f"{s64['torch'][0]:.6f} → {s64['torch'][-1]:.6f}). Weights: {r['weights']}; batch "
+                f"{r['batch'][0]} × {r['batch'][1]}; torch {r['torch']}, transformers {r['transformers']}, NumPy "
+                f"{r['numpy']}. CPU: {r['cpu']}; commit {r['commit']}."]
+    return "\n".join(out)
+
+
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
           "attnres_timing": (attnres_timing, "attnres_timing"),
@@ -343,7 +365,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_speed": (tables_precision.speed, "precision_speed"),
           "precision_products": (tables_precision.products, "precision_products"),
           "decode_weights": (tables_precision.decode_weights, "decode_weights"),
-          "gpt2_parity": (gpt2_parity, "gpt2_parity"),
+          "gpt2_parity": (gpt2_parity, "gpt2_parity"), "llama_parity": (llama_parity, "llama_parity"),
           "gqa_quality": (tables_gqa.quality, "gqa_quality"), "gqa_speed": (tables_gqa.speed, "gqa_speed"),
           "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),

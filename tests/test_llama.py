@@ -160,3 +160,23 @@ def test_import_generate_adapt_with_lora_merge_and_export(tmp_path, corpus_file,
     r = run(["export", "merged", "--out", "out-folder"])
     assert r.exit_code == 0 and "as Llama" in r.output, r.output
     assert json.loads(Path("out-folder/config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_a_tokenizer_whose_byte_level_step_comes_after_another_reads_any_text():
+    """SmolLM2's pre-tokenizer splits digits, then works on bytes: any text encodes, as with
+    tbp's own byte-level BPE; a byte-fallback model (Llama 2's) likewise. Only tbp's char
+    tokenizer has an alphabet."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from tbp.data.tokenizer import Tokenizer
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    t = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    t.decoder = decoders.ByteLevel()
+    tok = Tokenizer(t)
+    assert tok.kind == "bpe"
+    assert tok.decode(tok.encode("café 2026 ✓")) == "café 2026 ✓"
+    fallback = HFTokenizer(models.BPE(vocab={"a": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}, merges=[],
+                                      byte_fallback=True))
+    assert Tokenizer(fallback).kind == "bpe" and train_char("abc").kind == "char"

@@ -7,6 +7,7 @@ tokenizer accepts the characters of the corpus it was built from and names any o
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -40,7 +41,7 @@ class Tokenizer:
         hf.encode_special_tokens = True         # not part of to_str(): the file and its hash are unchanged
         self.hf = hf
         vocab = hf.get_vocab()
-        self.kind = "bpe" if isinstance(hf.pre_tokenizer, pre_tokenizers.ByteLevel) else "char"
+        self.kind = "bpe" if _open_vocabulary(hf) else "char"
         self.eot_id = vocab.get(EOT)
         self.sep_id, self.pad_id = vocab.get(SEP), vocab.get(PAD)
         self._alphabet = None if self.kind == "bpe" else frozenset(vocab)
@@ -133,6 +134,16 @@ class Tokenizer:
     @classmethod
     def from_str(cls, s: str) -> "Tokenizer":
         return cls(HFTokenizer.from_str(s))
+
+
+def _open_vocabulary(hf: HFTokenizer) -> bool:
+    """Whether any text encodes: a byte-level pre-tokenizer (alone, as tbp's BPE has it, or in a
+    sequence, as SmolLM2's splits digits first), or a model that falls back to byte tokens
+    (Llama 2's and TinyLlama's). Otherwise the tokens are an alphabet (tbp's char tokenizer)."""
+    if isinstance(hf.pre_tokenizer, pre_tokenizers.ByteLevel):
+        return True
+    spec = json.loads(hf.to_str())
+    return '"ByteLevel"' in json.dumps(spec.get("pre_tokenizer")) or bool((spec.get("model") or {}).get("byte_fallback"))
 
 
 def check_unicode(text: str, where: str) -> None:
