@@ -127,15 +127,15 @@ def test_the_cache_kept_across_turns_gives_the_full_forward_replies(chat_run):
     talk = Conversation(model, tok, "Be loud.", Sampling(temperature=0), max_reply=10)
     for q in ("the sky?", "the snow?", "the coal?"):
         "".join(talk.reply(q))
-    sp = chat.chat_ids(tok)
+    tpl = chat.template(tok)
     ids = chat.render(tok, talk.messages, "all")[0]
     logits = model.forward(ids[None, :-1])[0]
-    logits[:, [sp["system"], sp["user"], sp["assistant"], sp["pad"]]] = -np.inf
+    logits[:, list(tpl.banned)] = -np.inf
     _, mask = chat.render(tok, talk.messages, "assistant")
     greedy = logits.argmax(-1)
     # every reply token was the argmax of the full forward over the whole history (an <|end|>
     # may be tbp's, closing a reply at max_reply: those are left out)
-    chosen = (mask[1:] == 1) & (ids[1:] != sp["end"])
+    chosen = (mask[1:] == 1) & (ids[1:] != tpl.stop)
     assert chosen.sum() >= 10
     assert np.array_equal(greedy[chosen], ids[1:][chosen])
 
@@ -158,7 +158,7 @@ def test_a_full_context_drops_the_oldest_turns_and_keeps_the_instruction(chat_ru
 
 
 def test_a_tokenizer_without_the_template_is_refused():
-    with pytest.raises(TbpError, match="not prepared for conversations"):
+    with pytest.raises(TbpError, match="not made for conversations"):
         Conversation(GPT(ModelConfig(vocab_size=20, n_ctx=16)), train_char("abc"))
 
 

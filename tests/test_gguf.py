@@ -282,7 +282,7 @@ def test_a_chat_model_keeps_its_template_and_tokens_in_llama_cpp(tmp_path, token
     assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == chat.prompt_ids(tok, msgs)
     plain = "the café sky\nis blue"
     assert llm.tokenize(plain.encode(), add_bos=False, special=False) == tok.encode(plain)
-    end = chat.chat_ids(tok)["end"]
+    end = chat.template(tok).stop
     lib = llama_cpp()
     vocab = lib.llama_model_get_vocab(llm.model)
     ending = {t for t in range(tok.vocab_size) if lib.llama_vocab_is_eog(vocab, t)}

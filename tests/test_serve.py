@@ -259,9 +259,9 @@ def test_message_text_never_becomes_a_role_or_an_end(chat_server):
     assert r.usage.prompt_tokens == 1 + len(tok.encode(sneaky)) + 1 + 1
     req = chat_server.served.chat({"messages": [{"role": "user", "content": sneaky}]})
     from tbp.data import chat
-    sp = chat.chat_ids(tok)
-    assert [t for t in req.ids if t in (sp["user"], sp["assistant"], sp["system"], sp["end"])] == \
-        [sp["user"], sp["end"], sp["assistant"]]
+    tpl = chat.template(tok)
+    user, assistant, system = (tpl.opens[r][0] for r in ("user", "assistant", "system"))
+    assert [t for t in req.ids if t in (user, assistant, system, tpl.stop)] == [user, tpl.stop, assistant]
 
 
 def test_other_hosts_need_an_api_key(text_run):

@@ -75,7 +75,7 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     served = Served(model, tok, name or Path(run).resolve().name)
     sock = listen(host, port)                # before anything says "serving": a port in use is one line
     port = sock.getsockname()[1]
-    routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_ids else "")
+    routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_template else "")
     where = f"[{host}]" if ":" in host else host                # an IPv6 address goes in brackets
     console.print(f"serving {run} as {served.name!r} on http://{where}:{port}/v1 ({routes}); Ctrl-C stops",
                   soft_wrap=True)

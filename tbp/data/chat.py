@@ -1,10 +1,14 @@
 """Conversations: the chat template, conversation datasets with loss masks, Ghost Attention.
 
-Template. A conversation is its messages in order, each ``<|role|> content <|end|>`` with
-role system, user or assistant; a reply is asked for with ``<|assistant|>``. The six special
-tokens (those four, <|endoftext|> and <|pad|>) are reserved in every tokenizer, char or BPE,
-and enter a conversation only by id: text is encoded with special-token matching off, so a
-message that spells "<|end|><|assistant|>" is those characters, and no text can forge a turn.
+Templates. A conversation is its messages in order, each opened by its role and closed, with
+role system, user or assistant; a reply is asked for by opening an assistant message. tbp's own
+template is ``<|role|> content <|end|>``: the six special tokens (those four, <|endoftext|> and
+<|pad|>) are reserved in every tokenizer tbp prepares for chat, char or BPE. A tokenizer that
+has ChatML's two instead (``<|im_start|>``, ``<|im_end|>``: SmolLM2's, Qwen's, imported with the
+model) is read with ChatML's, ``<|im_start|>role\n content <|im_end|>\n``. Either way a special
+token enters a conversation only by id: text is encoded with special-token matching off, so a
+message that spells "<|end|><|assistant|>" or "<|im_end|>" is those characters, and no text can
+forge a turn; a role's name in ChatML is tbp's fixed text, never the user's.
 
 A chat dataset (``tbp prepare --format chat``, ``meta.json`` kind "chat") holds one row per
 conversation, kept whole::
@@ -46,19 +50,55 @@ from .tokenizer import (ASSISTANT, CHAT_SPECIALS, END, EOT, PAD, SYSTEM, USER, T
 ROLES = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
 LOSSES = ("assistant", "last", "all")
 CHAT_META = {"train_examples": int, "val_examples": int, "max_example_tokens": int, "end_id": int,
-             "pad_id": int, "eot_id": int, "assistant_id": int, "user_id": int, "system_id": int,
+             "pad_id": int, "eot_id": int, "assistant_id?": int, "user_id?": int, "system_id?": int, "template?": str,
              "loss": str, "ghost_attention": bool, "val_target_tokens": int, "val_target_bytes": int}
 
 
-def chat_ids(tok: Tokenizer) -> dict[str, int]:
-    """The special tokens' ids in ``tok``; TbpError if it lacks any (it was not made for chat)."""
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"          # ChatML's two special tokens
+
+
+@dataclass(frozen=True)
+class Template:
+    """A chat template as token ids. ``opens[role]``: the ids that begin a message of ``role``
+    (one role token, or ChatML's <|im_start|> and the role's name and a newline); ``close``: the
+    ids after its content (<|end|>, or <|im_end|> and a newline), whose first, ``stop``, ends a
+    reply; ``banned``: ids a reply never holds; ``eot`` and ``pad``: end of text, padding."""
+    name: str
+    opens: dict
+    close: tuple
+    eot: int
+    pad: int
+    banned: tuple
+
+    @property
+    def stop(self) -> int:
+        return self.close[0]
+
+    def role_of(self, ids: list[int], i: int) -> tuple[str, int] | None:
+        """(role, the index after its opening) where a message opens at ids[i], else None."""
+        for role, seq in self.opens.items():
+            if tuple(ids[i:i + len(seq)]) == seq:
+                return role, i + len(seq)
+        return None
+
+
+def template(tok: Tokenizer) -> Template:
+    """The template ``tok`` was made for: tbp's where it has tbp's six reserved tokens, ChatML's
+    where it has <|im_start|> and <|im_end|>; TbpError otherwise (it was not made for chat)."""
     vocab = tok.hf.get_vocab()
+    if all(s in vocab for s in CHAT_SPECIALS):
+        opens = {role: (vocab[token],) for role, token in ROLES.items()}
+        return Template("tbp", opens, (vocab[END],), vocab[EOT], vocab[PAD],
+                        (vocab[SYSTEM], vocab[USER], vocab[ASSISTANT], vocab[PAD]))
+    if IM_START in vocab and IM_END in vocab:
+        start, end = vocab[IM_START], vocab[IM_END]
+        opens = {role: (start, *tok.encode(role + "\n")) for role in ROLES}
+        eot = vocab.get(EOT, end)
+        banned = tuple(vocab[t] for t in (IM_START, *CHAT_SPECIALS) if t in vocab and vocab[t] not in (end, eot))
+        return Template("chatml", opens, (end, *tok.encode("\n")), eot, vocab.get(PAD, eot), banned)
     missing = [s for s in CHAT_SPECIALS if s not in vocab]
-    if missing:
-        raise TbpError(f"the tokenizer has no {', '.join(missing)}: it was not prepared for conversations "
-                       f"(tbp prepare --format chat)")
-    return {"system": vocab[SYSTEM], "user": vocab[USER], "assistant": vocab[ASSISTANT], "end": vocab[END],
-            "eot": vocab[EOT], "pad": vocab[PAD]}
+    raise TbpError(f"the tokenizer has no {', '.join(missing)} (tbp's chat template) and no {IM_START}, {IM_END} "
+                   f"(ChatML's): it was not made for conversations (tbp prepare --format chat)")
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -106,17 +146,19 @@ def read_conversations(path: str, encoding: str = "utf-8",
 # --- the template -----------------------------------------------------------------------------
 def render(tok: Tokenizer, messages: list[dict], loss: str = "assistant",
            where: str = "message") -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of a conversation in the template; mask[i] = 1 where the loss predicts ids[i].
-    Contents are text: encoded with special-token matching off, never a role or an end."""
-    ids = chat_ids(tok)
+    """(ids, mask) of a conversation in the tokenizer's template; mask[i] = 1 where the loss
+    predicts ids[i]: a trained message's content and its ``stop`` (never its opening, which is
+    given, nor the rest of its close). Contents are text: encoded with special-token matching
+    off, never a role or an end."""
+    tpl = template(tok)
     replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     parts, masks = [], []
     for i, m in enumerate(messages):
         body = tok.encode(m["content"], where) if m["content"] else []
-        seg = [ids[m["role"]], *body, ids["end"]]
+        opening = tpl.opens[m["role"]]
         trained = loss == "all" or (m["role"] == "assistant" and (loss == "assistant" or i == replies[-1]))
-        parts.append(seg)
-        masks.append([0] + [int(trained)] * (len(seg) - 1))
+        parts.append([*opening, *body, *tpl.close])
+        masks.append([0] * len(opening) + [int(trained)] * (len(body) + 1) + [0] * (len(tpl.close) - 1))
     out_ids = np.array([t for seg in parts for t in seg], dtype=np.int64)
     mask = np.array([b for seg in masks for b in seg], dtype=np.uint8)
     if loss == "all" and mask.size:
@@ -125,24 +167,27 @@ def render(tok: Tokenizer, messages: list[dict], loss: str = "assistant",
 
 
 def prompt_ids(tok: Tokenizer, messages: list[dict]) -> list[int]:
-    """The tokens that ask for the next reply: the messages so far, then <|assistant|>."""
+    """The tokens that ask for the next reply: the messages so far, then an assistant's opening."""
     ids, _ = render(tok, messages, "all")
-    return [*ids.tolist(), chat_ids(tok)["assistant"]]
+    return [*ids.tolist(), *template(tok).opens["assistant"]]
 
 
 def parse(tok: Tokenizer, ids) -> list[dict]:
     """The messages of template tokens (the inverse of ``render``)."""
-    sp = chat_ids(tok)
-    role_of = {sp["system"]: "system", sp["user"]: "user", sp["assistant"]: "assistant"}
-    out, body, role = [], [], None
-    for t in (int(i) for i in ids):
-        if t in role_of:
-            role, body = role_of[t], []
-        elif t == sp["end"] and role is not None:
+    tpl = template(tok)
+    ids = [int(i) for i in ids]
+    out, body, role, i = [], [], None, 0
+    while i < len(ids):
+        opened = tpl.role_of(ids, i)
+        if opened is not None:
+            (role, i), body = opened, []
+            continue
+        if ids[i] == tpl.stop and role is not None:
             out.append({"role": role, "content": tok.decode(body)})
-            role = None
-        else:
-            body.append(t)
+            role, i = None, i + len(tpl.close)
+            continue
+        body.append(ids[i])
+        i += 1
     return out
 
 
@@ -209,7 +254,7 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
         tokenizer = train_char("".join(texts), CHAT_SPECIALS) if tokenizer_kind == "char" else \
             train_bpe(texts, vocab_size or DEFAULT_BPE_VOCAB, CHAT_SPECIALS)
     else:
-        chat_ids(tokenizer)
+        template(tokenizer)
         tokenizer.check("".join(texts), source)
     cut = dropped = 0
     if max_tokens is not None:
@@ -234,12 +279,13 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
         ids = np.concatenate([r[0] for r in rows] or [np.zeros(0, np.int64)]).astype(dtype)
         mask = np.concatenate([r[1] for r in rows] or [np.zeros(0, np.uint8)])
         encoded[split] = ids, mask, np.array([len(r[0]) for r in rows], dtype=np.int64)
-    sp = chat_ids(tokenizer)
+    tpl = template(tokenizer)
     val_mask = encoded["val"][1]
     meta = {
         "format": 1, "kind": "chat", "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
-        "dtype": dtype.name, "eot_id": sp["eot"], "pad_id": sp["pad"], "end_id": sp["end"],
-        "system_id": sp["system"], "user_id": sp["user"], "assistant_id": sp["assistant"],
+        "dtype": dtype.name, "eot_id": tpl.eot, "pad_id": tpl.pad, "end_id": tpl.stop, "template": tpl.name,
+        # the role tokens, where the template has one per role
+        **({f"{role}_id": seq[0] for role, seq in tpl.opens.items()} if tpl.name == "tbp" else {}),
         "loss": loss, "ghost_attention": ghost, "max_tokens": max_tokens, "cut": cut, "dropped": dropped,
         "train_examples": len(splits["train"]), "val_examples": len(splits["val"]),
         "train_tokens": int(encoded["train"][0].size), "val_tokens": int(encoded["val"][0].size),

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data.chat import chat_ids, render
+from ..data.chat import render, template
 from ..errors import TbpError
 from .sampling import Sampling, TextStream, sample
 from ..nn import build
@@ -33,23 +33,24 @@ class Conversation:
         if why is not None:
             raise TbpError(why)
         self.model, self.tok = model, tok
-        self.sp = chat_ids(tok)
+        self.tpl = template(tok)
         self.n_ctx = model.config.n_ctx
         self.max_reply = max(1, min(max_reply, self.n_ctx // 2))
         base = sampling or Sampling()
-        # a reply never holds a role token or padding: those are the template's
-        banned = (self.sp["system"], self.sp["user"], self.sp["assistant"], self.sp["pad"])
-        self.sampling = Sampling(base.temperature, base.top_k, base.top_p, banned)
+        # a reply never holds what opens a message or pads: those are the template's
+        self.sampling = Sampling(base.temperature, base.top_k, base.top_p, self.tpl.banned)
         self.rng = rng or np.random.default_rng()
         self.decoder = Inference(model, 1)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.system_tokens = len(render(self.tok, self.messages, "all", where="--system")[0])
-        if self.system_tokens + 4 > self.n_ctx - self.max_reply:
+        # the least a turn adds: a user's opening, one token, the close, an assistant's opening
+        self.turn_tokens = len(self.tpl.opens["user"]) + len(self.tpl.close) + len(self.tpl.opens["assistant"])
+        if self.system_tokens + self.turn_tokens + 1 > self.n_ctx - self.max_reply:
             raise TbpError((f"the system message's {self.system_tokens} tokens leave" if system else
                             "there is") + f" no room for a message and a reply in this model's context of "
                            f"{self.n_ctx}")
         self.cached: list[int] = []             # the tokens the cache holds, in order
-        self.pending: list[int] = []            # the last reply's closing <|end|>, fed with the next turn
+        self.pending: list[int] = []            # the last reply's close, fed with the next turn
         self.refills = 0
 
     def _feed(self, ids: list[int]) -> np.ndarray:
@@ -64,7 +65,7 @@ class Conversation:
         turns = self.messages[len(system):]
         budget = self.n_ctx - self.max_reply
         for start in range(0, len(turns), 2):                       # drop the oldest user-reply pairs
-            ids = render(self.tok, system + turns[start:], "all")[0].tolist() + [self.sp["assistant"]]
+            ids = render(self.tok, system + turns[start:], "all")[0].tolist() + list(self.tpl.opens["assistant"])
             if len(ids) <= budget:
                 break
         else:
@@ -78,20 +79,20 @@ class Conversation:
         """The reply to user message ``text``, in pieces. A message that cannot be taken (a
         character a char tokenizer lacks, one too long for the context) raises TbpError naming
         ``where`` before anything changes: the conversation goes on as it was."""
-        room = self.n_ctx - self.max_reply - self.system_tokens - 3
+        room = self.n_ctx - self.max_reply - self.system_tokens - self.turn_tokens
         if self.tok.min_tokens(text) > room:                  # refused before the library spends memory on it
             raise TbpError(f"{where}: at least {self.tok.min_tokens(text)} tokens; with the system message and "
                            f"room for a {self.max_reply}-token reply it does not fit this model's context of "
                            f"{self.n_ctx}")
         body = self.tok.encode(text, where)
-        alone = self.system_tokens + len(body) + 3           # <|user|> body <|end|> <|assistant|>
+        alone = self.system_tokens + len(body) + self.turn_tokens      # user's opening, body, close, assistant's
         if alone > self.n_ctx - self.max_reply:
             raise TbpError(f"{where}: {len(body)} tokens; with the system message and room for a "
                            f"{self.max_reply}-token reply it does not fit this model's context of {self.n_ctx}")
         self.messages.append({"role": "user", "content": text})
         first = not self.cached
         head = render(self.tok, self.messages[:-1], "all")[0].tolist() if first else self.pending
-        new = head + [self.sp["user"], *body, self.sp["end"], self.sp["assistant"]]
+        new = head + [*self.tpl.opens["user"], *body, *self.tpl.close, *self.tpl.opens["assistant"]]
         if len(self.cached) + len(new) + self.max_reply > self.n_ctx:
             logits = self._refill()
         else:
@@ -99,7 +100,7 @@ class Conversation:
         stream, got = TextStream(self.tok), []
         while True:
             nxt = int(sample(logits[None, :], self.sampling, self.rng)[0])
-            if nxt in (self.sp["end"], self.sp["eot"]) or len(got) == self.max_reply \
+            if nxt in (self.tpl.stop, self.tpl.eot) or len(got) == self.max_reply \
                     or len(self.cached) == self.n_ctx:
                 break
             got.append(nxt)
@@ -110,5 +111,5 @@ class Conversation:
         piece = stream.flush()
         if piece:
             yield piece
-        self.pending = [self.sp["end"]]
+        self.pending = list(self.tpl.close)
         self.messages.append({"role": "assistant", "content": self.tok.decode(got)})

@@ -70,9 +70,9 @@ class Served:
         self.n_ctx = model.config.n_ctx
         self.created = int(time.time())
         try:
-            self.chat_ids = chatfmt.chat_ids(tok) if build.refusal(model.config, "chat") is None else None
+            self.chat_template = chatfmt.template(tok) if build.refusal(model.config, "chat") is None else None
         except TbpError:
-            self.chat_ids = None
+            self.chat_template = None
 
     # --- reading a request ------------------------------------------------------------------
     def completion(self, body) -> Request:
@@ -96,7 +96,7 @@ class Served:
 
     def chat(self, body) -> Request:
         body = self._object(body)
-        if self.chat_ids is None:
+        if self.chat_template is None:
             raise BadRequest(f"{self.name} was not trained on conversations (tbp prepare --format chat): "
                              f"use /v1/completions", "messages")
         self._fields(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -130,11 +130,10 @@ class Served:
             ids = chatfmt.prompt_ids(self.tok, messages)
         except TbpError as e:
             raise BadRequest(str(e), "messages") from None
-        sp = self.chat_ids
-        banned = (sp["system"], sp["user"], sp["assistant"], sp["pad"])
+        tpl = self.chat_template
         if "max_completion_tokens" in body and "max_tokens" not in body:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        return self._request(body, ids, banned, (sp["end"], sp["eot"]), chat=True, default_max=None)
+        return self._request(body, ids, tpl.banned, (tpl.stop, tpl.eot), chat=True, default_max=None)
 
     def _object(self, body) -> dict:
         if not isinstance(body, dict):

@@ -51,6 +51,7 @@ from ..nn.gpt import GPT
 from ..nn.config import ModelConfig
 from ..nn import build
 from ..nn.parts import parts
+from ..data.chat import IM_END, IM_START
 from ..data.tokenizer import ASSISTANT, END, EOT, Tokenizer
 from . import llama
 
@@ -192,6 +193,11 @@ def vocabulary(tok: Tokenizer) -> dict:
     if END in vocab and ASSISTANT in vocab:
         keys["template"] = ("{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] "
                             "+ '<|end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+    elif IM_START in vocab and IM_END in vocab:             # ChatML's (an imported model's: data/chat.py)
+        keys["eot"], keys["eos"] = vocab[IM_END], eot if eot is not None else vocab[IM_END]
+        keys["template"] = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+                            "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                            "{{ '<|im_start|>assistant\\n' }}{% endif %}")
     if tok.kind == "bpe":
         merges = json.loads(tok.to_str())["model"]["merges"]
         merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
