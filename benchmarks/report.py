@@ -345,6 +345,27 @@ def llama_parity(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def llama_lora(rows: list[dict]) -> str:
+    """The newest LoRA-step comparison at SmolLM2-135M's shape: median step time and peak memory
+    per arm, and tbp's ratio to PyTorch + peft with and without recomputation."""
+    r = rows[-1]
+    m = r["medians"]
+    names = {"tbp": "tbp", "tbp-recompute": "tbp `--recompute`", "torch": "PyTorch + peft",
+             "torch-checkpointing": "PyTorch + peft, gradient checkpointing"}
+    out = ["| arm | step (median) | peak memory | steps/s against PyTorch + peft |", "| --- | ---: | ---: | ---: |"]
+    for arm, name in names.items():
+        if arm in m:
+            peer = m["torch-checkpointing" if "recompute" in arm or "checkpointing" in arm else "torch"]
+            out.append(f"| {name} | {m[arm]['step_s']:.2f} s | {m[arm]['peak_bytes'] / 2 ** 30:.2f} GiB | "
+                       f"{peer['step_s'] / m[arm]['step_s']:.2f}× |")
+    out += ["", f"B {r['batch'][0]} × T {r['batch'][1]}, rank {r['rank']} (alpha {r['alpha']:g}) on every projection, "
+                f"AdamW on the adapters; {r['threads']} threads; medians of {r['rounds']} interleaved rounds, each arm "
+                f"in a fresh process ({r['steps'] - 1} timed steps after a warmup). torch {r['torch']}, "
+                f"transformers {r['transformers']}, peft {r['peft']}. CPU: {r['cpu']}; commit {r['commit']}. "
+                f"A recomputing arm is compared with PyTorch's checkpointing arm."]
+    return "\n".join(out)
+
+
 TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale": (prepare_scale, "prepare_scale"), "bpe_encode": (bpe_encode, "bpe_encode"),
           "attnres_sweep": (attnres_sweep, "attnres_depth"), "attnres_depth": (attnres_depth, "attnres_depth"),
           "attnres_timing": (attnres_timing, "attnres_timing"),
@@ -366,6 +387,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_products": (tables_precision.products, "precision_products"),
           "decode_weights": (tables_precision.decode_weights, "decode_weights"),
           "gpt2_parity": (gpt2_parity, "gpt2_parity"), "llama_parity": (llama_parity, "llama_parity"),
+          "llama_lora": (llama_lora, "llama_lora"),
           "gqa_quality": (tables_gqa.quality, "gqa_quality"), "gqa_speed": (tables_gqa.speed, "gqa_speed"),
           "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),

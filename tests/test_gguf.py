@@ -220,11 +220,16 @@ def greedy(llm, ids, n):
     return out
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
-def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_file, monkeypatch, tokenizer):
+LLAMA_FLAGS = ["--norm", "rms", "--mlp", "swiglu", "--positions", "rope", "--no-bias", "--untie-head", "--no-head-bias"]
+
+
+@pytest.mark.parametrize("tokenizer,blocks", [("char", []), ("bpe", []), ("bpe", LLAMA_FLAGS)],
+                         ids=["char", "bpe", "bpe, Llama blocks"])
+def test_trained_model_greedy_text_and_loss_match_llama_cpp(tmp_path, corpus_file, monkeypatch, tokenizer, blocks):
     """A trained run: llama.cpp tokenizes the text as tbp does, its 64 greedy tokens are tbp's,
-    and its mean loss over the validation split's windows is tbp eval's."""
-    extra = ["--tokenizer", tokenizer] + (["--vocab-size", "300"] if tokenizer == "bpe" else [])
+    and its mean loss over the validation split's windows is tbp eval's (a model of Llama blocks
+    as llama.cpp's llama architecture too)."""
+    extra = ["--tokenizer", tokenizer] + (["--vocab-size", "300"] if tokenizer == "bpe" else []) + blocks
     run_dir = train_tiny(tmp_path, corpus_file, monkeypatch, "run", 60, "--n-ctx", "80", "--d-model", "32",
                          "--n-layer", "2", *extra)
     out = export(run_dir, tmp_path / "m.gguf")

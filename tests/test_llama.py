@@ -252,3 +252,10 @@ def test_an_imported_chatml_model_chats_and_serves_its_template(chatml_model, tm
     req = served.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     from tbp.data import chat
     assert req.ids == chat.prompt_ids(tok, [{"role": "user", "content": "hi"}])
+
+
+def test_pairs_with_an_imported_chat_tokenizer_are_pointed_to_conversations(chatml_model, tmp_path):
+    (tmp_path / "p.tsv").write_text("ab\tba\ncd\tdc\n" * 10)
+    r = run(["prepare", "--format", "pairs", "--data", tmp_path / "p.tsv", "--tokenizer-from", chatml_model,
+             "--out", tmp_path / "pairs"])
+    clean_fail(r, 1, "prepare it with --format chat")

@@ -49,7 +49,7 @@ def tbp_child(recompute: bool, B: int, T: int, steps: int) -> list[float]:
     cfg = ModelConfig.from_dict({**llama.FAMILY, "attention": "gqa", **SHAPE, "n_ctx": T, "recompute": recompute})
     model = GPT(cfg, seed=0)
     add_lora(model, RANK, ALPHA)
-    opt = AdamW(model.pack(), weight_decay=0.0)
+    opt = AdamW(model.layout, weight_decay=0.0)
     rng = np.random.default_rng(0)
     times = []
     for _ in range(steps):

@@ -45,6 +45,19 @@ PAIRS_META = {"train_examples": int, "val_examples": int, "sep_id": int, "pad_id
               "val_target_tokens": int, "val_target_bytes": int}
 
 
+def _as_chat(tokenizer: Tokenizer) -> str:
+    """The other road for a tokenizer that has a chat template (an imported chat model's): each
+    pair a one-turn conversation, the loss on the target alone."""
+    from .chat import template
+    try:
+        template(tokenizer)
+    except TbpError:
+        return ""
+    return ("; with this tokenizer, write each pair as a conversation, {\"messages\": [{\"role\": \"user\", "
+            "\"content\": SOURCE}, {\"role\": \"assistant\", \"content\": TARGET}]}, and prepare it with "
+            "--format chat (the loss is on the target)")
+
+
 # --- reading ----------------------------------------------------------------------------------
 def read_pairs(path: str, encoding: str = "utf-8") -> tuple[list[tuple[str, str]], str, str, list[int]]:
     """(pairs, name, source, line numbers) from a TSV file (``source<TAB>target`` per line) or
@@ -148,7 +161,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
         missing = [s for s in PAIR_SPECIALS if s not in tokenizer.hf.get_vocab()]
         if missing:
             raise TbpError(f"the tokenizer has no {', '.join(missing)}: paired data needs its own "
-                           f"(prepare it without a given tokenizer)")
+                           f"(prepare it without a given tokenizer)" + _as_chat(tokenizer))
         tokenizer.check(text, source)
     for i, (s, t) in enumerate(pairs):
         if tokenizer.min_tokens(s) + tokenizer.min_tokens(t) + 2 > N_CTX_MAX:
