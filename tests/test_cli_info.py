@@ -87,3 +87,20 @@ def test_info_takes_the_run_as_every_command_does(tmp_path, corpus_file, monkeyp
     by_path, by_option = run(["info", run_dir, "--json"]), run(["info", "--checkpoint", run_dir, "--json"])
     assert by_path.exit_code == by_option.exit_code == 0 and json.loads(by_path.stdout) == json.loads(by_option.stdout)
     clean_fail(run(["info", run_dir, "--checkpoint", tmp_path]), 2, "give the run once")
+
+
+def test_the_lock_file_a_finished_training_leaves_is_not_shown_and_a_held_one_is_said(tmp_path, corpus_file,
+                                                                                       monkeypatch):
+    from tbp.files.locks import RunLock
+    monkeypatch.chdir(tmp_path)
+    assert run(["train", "--data", corpus_file, "--out", "r", "--max-iters", 2, *TINY]).exit_code == 0
+    assert (tmp_path / "r" / ".lock").exists()                  # kept between trainings
+    r = run(["info", "r"])
+    assert r.exit_code == 0 and ".lock" not in r.output and "is writing" not in r.output, r.output
+    held = RunLock(tmp_path / "r").acquire()
+    try:
+        r = run(["info", "r"])
+        assert "a training is writing this run" in " ".join(r.output.split())
+        assert json.loads(run(["info", "r", "--json"]).stdout)["writing"] is True
+    finally:
+        held.release()

@@ -80,3 +80,24 @@ def test_existing_output_is_left_untouched_without_force(tmp_path, corpus_file):
 def test_usage_errors_exit_2(tmp_path, corpus_file):
     assert run(["prepare", "--tokenizer", "wordpiece"]).exit_code == 2
     assert run(["prepare", "--val-fraction", "1.5"]).exit_code == 2
+
+
+@pytest.mark.parametrize("fmt", ["text", "chat"])
+def test_a_bpe_vocabulary_smaller_than_asked_says_why(tmp_path, fmt):
+    """BPE stops merging when no pair is left: the summary says so, rather than a silent 400 for 512."""
+    if fmt == "chat":
+        data = tmp_path / "d.jsonl"
+        data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "hi there"},
+                                                         {"role": "assistant", "content": "hello"}]}) + "\n"
+                                for _ in range(20)))
+    else:
+        data = tmp_path / "d.txt"
+        data.write_text("the cat sat on the mat\n" * 50)
+    r = run(["prepare", "--format", fmt, "--data", data, "--tokenizer", "bpe", "--vocab-size", "2000", "--out",
+             tmp_path / "ds"])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "ds" / "meta.json").read_text())
+    assert meta["vocab_size_asked"] == 2000 and meta["vocab_size"] < 2000
+    import re
+    said = " ".join(re.sub("[│┌┐└┘─┬┴├┤┼]", " ", r.output).split())        # the table's cells, read as text
+    assert "of the 2,000 asked: the text has no pair of tokens left to merge" in said, said

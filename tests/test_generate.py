@@ -139,6 +139,17 @@ def test_top_k_is_clamped_and_top_k_and_top_p_restrict_support(rng):
     assert seen_all == {0, 1, 2, 3}
 
 
+def test_min_p_keeps_the_tokens_at_least_p_times_as_likely_as_the_likeliest_before_temperature(rng):
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    seen = {int(sample(logits, Sampling(1.0, min_p=0.3), rng)[0]) for _ in range(400)}
+    assert seen == {0, 1, 2}                  # 0.15 >= 0.3 x 0.5; 0.05 is not
+    hot = {int(sample(logits, Sampling(5.0, min_p=0.3), rng)[0]) for _ in range(400)}
+    assert hot == {0, 1, 2}                   # a high temperature flattens what is kept, keeps nothing more
+    p = np.array([0.5, 0.3, 0.15])
+    draws = np.array([sample(logits, Sampling(1.0, min_p=0.3), rng)[0] for _ in range(4000)])
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, p / p.sum(), atol=0.03)
+
+
 def test_sampling_frequencies_follow_the_distribution(rng):
     p = np.array([0.6, 0.3, 0.1])
     draws = np.array([sample(np.log(p)[None], Sampling(1.0), rng)[0] for _ in range(4000)])
@@ -146,7 +157,8 @@ def test_sampling_frequencies_follow_the_distribution(rng):
 
 
 @pytest.mark.parametrize("kw,match", [(dict(temperature=-0.1), "temperature"), (dict(top_k=0), "top-k"),
-                                      (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p")])
+                                      (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p"),
+                                      (dict(min_p=1.5), "min-p"), (dict(min_p=-0.1), "min-p")])
 def test_bad_sampling_values(kw, match):
     with pytest.raises(ValueError, match=match):
         Sampling(**kw)

@@ -38,6 +38,9 @@ def test_early_stop_ends_after_n_evaluations_without_a_lower_loss_and_keeps_the_
     assert all(e["val_loss"] >= st["best_val_loss"] for e in evals if e["step"] > st["best_step"])
     said = " ".join(r.output.split())
     assert "stopped: early stop" in said and "--best" in said
+    assert "final val loss" in said and "over the whole validation split" in said     # as a finished run's
+    assert "val_split_loss" in evals[-1] and evals[-1]["step"] == st["step"]
+    assert [e["step"] for e in evals] == sorted({e["step"] for e in evals})           # one line per evaluation
     assert disk.checkpoint_files(d)["best"] is not None
     assert listing.status(d) == "stopped"
 
@@ -176,3 +179,27 @@ def test_early_stop_counts_evaluations_even_when_the_interval_changes(tmp_path, 
     assert after["evals_since_best"] == 2 and after["step"] < 4000
     assert all(e["val_loss"] >= after["best_val_loss"] for e in evals[-2:])
     assert evals[-1]["step"] - evals[-2]["step"] == 7      # counted in evaluations, at the new interval
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 200])
+def test_run_names_show_whole_at_any_width(tmp_path, monkeypatch, width):
+    """The name is what a user copies into --checkpoint: other columns go first, and the table
+    says which."""
+    monkeypatch.chdir(tmp_path)
+    name = "a-run-with-a-name-long-enough-to-need-the-room"
+    train(tmp_path, name, "--max-iters", 2)
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = run(["runs"])
+    assert r.exit_code == 0, r.output
+    assert any(f"checkpoints/{name}" in line for line in r.output.splitlines()), r.output
+    assert ("too narrow for" in r.output) == (70 < width < 100) and "…" not in r.output
+
+
+def test_best_names_the_step_its_weights_are_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, out = train(tmp_path, "b", "--max-iters", 6, "--eval-interval", 2)
+    best = state(tmp_path / "checkpoints" / "b")["best_step"]
+    for cmd in (["generate", "--max-new-tokens", "3"], ["eval"]):
+        r = run([*cmd, "--checkpoint", "checkpoints/b", "--best"])
+        assert r.exit_code == 0, r.output
+        assert f"best-validation weights: step {best}," in r.output

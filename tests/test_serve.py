@@ -147,6 +147,25 @@ def test_concurrent_requests_get_their_own_answers(server):
     assert len(set(alone.values())) > 1                # the seeds do give different answers
 
 
+def test_top_k_and_min_p_as_llama_server_takes_them(server):
+    """llama-server's and vLLM's extensions: top_k 1 is greedy, top_k 0 (and vLLM's -1) and min_p 0
+    turn them off, a min_p of 1 keeps the likeliest token alone; the same seed, the same answer."""
+    c = server.client()
+    greedy = c.completions.create(model="m", prompt="the cat", max_tokens=12, temperature=0).choices[0].text
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        got = c.completions.create(model="m", prompt="the cat", max_tokens=12, temperature=1.0, seed=3,
+                                   extra_body=extra).choices[0].text
+        assert got == greedy, extra
+    plain = c.completions.create(model="m", prompt="the cat", max_tokens=12, temperature=1.0, seed=3).choices[0].text
+    for off in ({"top_k": 0}, {"top_k": -1}, {"min_p": 0}):
+        assert c.completions.create(model="m", prompt="the cat", max_tokens=12, temperature=1.0, seed=3,
+                                    extra_body=off).choices[0].text == plain, off
+    for bad, param in (({"top_k": -2}, "top_k"), ({"top_k": 1.5}, "top_k"), ({"min_p": 2}, "min_p")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="m", prompt="the", extra_body=bad)
+        assert e.value.body["param"] == param
+
+
 def test_bad_requests_get_openai_errors(server):
     c = server.client()
     for kw, param in ((dict(temperature=3), "temperature"), (dict(top_p=0), "top_p"),

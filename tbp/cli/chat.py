@@ -8,12 +8,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..runs import disk
 from ..data.chat import read_conversations
 from ..generate.conversation import Conversation
 from ..errors import TbpError
 from ..generate.sampling import Sampling
-from .common import console, the_run
+from .common import console, the_run, load_run
 from .options import FiniteFloat
 
 
@@ -31,10 +30,13 @@ from .options import FiniteFloat
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens only.")
 @click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None,
               help="Nucleus sampling: the smallest set with mass p.")
+@click.option("--min-p", type=FiniteFloat(0, 1), default=None,
+              help="Only tokens at least p times as likely as the likeliest (llama.cpp's min-p, before the "
+                   "temperature).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Make the replies repeatable (each conversation starts from this seed).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, seed, best):
+def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, min_p, seed, best):
     """Talk with a model trained on conversations (tbp prepare --format chat).
 
     Each line on stdin is a user message; the reply streams to stdout. The KV cache is kept
@@ -48,8 +50,8 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
       tbp chat --messages held-out.jsonl --temperature 0 > replies.jsonl
     """
     run = the_run(run, ("chat",))
-    model, tok, _ = disk.load_model(run, best=best)
-    sampling = Sampling(temperature, top_k, top_p)
+    model, tok, _ = load_run(run, best=best)
+    sampling = Sampling(temperature, top_k, top_p, min_p=min_p)
     if messages_file is not None:
         _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens)
         return

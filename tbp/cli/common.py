@@ -36,6 +36,19 @@ def one_run(positional, option, kinds: tuple[str, ...] | None = None, lora: bool
     return the_run(positional or option, kinds, lora)
 
 
+def load_run(run, best: bool = False, **kw):
+    """disk.load_model: (model, tokenizer, config dict) of ``run``; with ``best``, a line on
+    stderr naming the step whose weights these are, and its validation loss."""
+    from ..runs import disk
+    loaded = disk.load_model(run, best=best, **kw)
+    if best:
+        state = disk.read_state(Path(run)) if (Path(run) / "state.json").is_file() else {}
+        if state.get("best_step") is not None:
+            console.print(f"[dim]best-validation weights: step {state['best_step']:,}, val loss "
+                          f"{fmt_loss(state['best_val_loss'])} (of {state.get('step', 0):,} steps)[/]")
+    return loaded
+
+
 BUG = "this is a bug in tbp, not a problem with your input: please report it with the traceback above"
 
 

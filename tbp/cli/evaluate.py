@@ -9,11 +9,10 @@ from pathlib import Path
 import click
 
 from ..machine import memory
-from ..runs import disk
 from ..data.datasets import Dataset
 from ..errors import TbpError
 from ..train.evaluate import evaluate
-from .common import console, fmt_loss, kv_table, the_run
+from .common import console, fmt_loss, kv_table, the_run, load_run
 from .options import refuse_unused
 
 
@@ -45,7 +44,7 @@ def evaluate_cmd(run, data_dir, limit, best, zero_encoder, batch_size, as_json):
       tbp eval --checkpoint checkpoints/reverse --zero-encoder --json
     """
     run = the_run(run)
-    model, tok, cfg = disk.load_model(run, best=best)
+    model, tok, cfg = load_run(run, best=best)
     if data_dir is None:
         if not cfg.get("data"):
             raise TbpError(f"{run / 'config.json'}: names no dataset; pass --data")

@@ -11,10 +11,9 @@ import numpy as np
 from ..data import prepare
 from ..files import jsonio
 from ..machine import memory
-from ..runs import disk
 from ..errors import TbpError
 from ..generate.sampling import Sampling, Stats, generate_text
-from .common import console, fmt_bytes, the_run
+from .common import console, fmt_bytes, the_run, load_run
 from ..data.tokenizer import END
 from .options import FiniteFloat, check_strategy, stop_strings, strategy_name, strategy_options, strategy_record
 
@@ -127,6 +126,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample from the k most likely tokens only.")
 @click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None,
               help="Nucleus sampling: the smallest set with mass p.")
+@click.option("--min-p", type=FiniteFloat(0, 1), default=None,
+              help="Only tokens at least p times as likely as the likeliest (llama.cpp's min-p, before the "
+                   "temperature).")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Make the sampling repeatable.")
 @click.option("--num-samples", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Independent samples, decoded together as one batch.")
@@ -139,8 +141,8 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
               help="Print text as it is generated (one sample only).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
 @strategy_options("sample")
-def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, seed,
-             num_samples, stop, kv_cache, stream, best, strategy=None):
+def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, min_p,
+             seed, num_samples, stop, kv_cache, stream, best, strategy=None):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -161,7 +163,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
       tbp generate --checkpoint checkpoints/reverse --prompt 12345 --temperature 0
       tbp generate --prompts prompts.txt --max-new-tokens 100 --seed 0 --json > samples.jsonl
     """
-    sampling = Sampling(temperature, top_k, top_p)
+    sampling = Sampling(temperature, top_k, top_p, min_p=min_p)
     if strategy is not None and not kv_cache:
         raise click.UsageError(f"--{strategy_name(strategy)} decodes from the KV cache: it cannot run with "
                                f"--no-kv-cache")
@@ -173,7 +175,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
     where, numbered = read_prompts_at(prompts_file) if prompts_file is not None else (None, [])
     texts = [(t, False) for _, t in numbered] if prompts_file is not None \
         else [_prompt_text(prompt, prompt_file)]
-    model, tok, cfg = disk.load_model(run, best=best)    # checks shapes and the weights' memory
+    model, tok, cfg = load_run(run, best=best)    # checks shapes and the weights' memory
     # a run trained on pairs completes a source: the output is the target alone
     seq2seq = model.reads_source
     completes = seq2seq or cfg.get("data_kind") == "pairs"
@@ -191,7 +193,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
         stop = tuple(stop) + (END,)
         console.print(f"[dim]a chat model: each sample ends at {END}; tbp chat --checkpoint {run} holds a "
                       f"conversation[/]")
-    settings = {"run": str(run), "temperature": temperature, "top_k": top_k, "top_p": top_p,
+    settings = {"run": str(run), "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
                 "max_new_tokens": max_new_tokens, "stop": list(stop), "kv_cache": kv_cache,
                 **strategy_record(strategy)}
     for k, (text, streamed) in enumerate(texts):

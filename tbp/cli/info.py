@@ -12,6 +12,7 @@ from rich.table import Table
 from ..runs import disk
 from ..nn.config import ModelConfig
 from ..files.atomic import from_recorded
+from ..files.locks import RunLock, is_held
 from ..errors import TbpError
 from ..train.layerstats import groups
 from ..nn import build
@@ -70,8 +71,10 @@ def run_info(run: Path) -> dict:
     shapes = {k: list(shape) for k, (shape, _) in header.items()}
     state = disk.read_state(run)
     metrics = disk.read_metrics(run)
-    files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file()}
-    return {"kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
+    # the lock file stays between trainings (it is how a writer is found): it is the run's
+    # state, "being written", only while a live process holds it
+    files = {p.name: p.stat().st_size for p in sorted(run.iterdir()) if p.is_file() and p.name != RunLock.NAME}
+    return {"writing": is_held(run), "kind": "lora" if lora else "model", "path": str(run), "model": cfg.get("model"),
             "train": cfg.get("train"), "lora": lora, "base": cfg.get("base"), "data": cfg.get("data"),
             "dtype": next(iter(header.values()))[1] if header else None,
             "parameters": sum(int(math.prod(s)) for s in shapes.values()),
@@ -169,6 +172,8 @@ def info(path, run, as_json):
         t.add_row("train loss", f"{sparkline(losses)}  {losses[0]:.2f} → {losses[-1]:.2f}")
     t.add_row("data", str(d["data"]))
     t.add_row("files", " · ".join(f"{k} {fmt_bytes(v)}" for k, v in d["files"].items()))
+    if d["writing"]:
+        t.add_row("now", "a training is writing this run (its lock is held): these figures are of its last save")
     console.print(t)
     stats = next((x for x in reversed(evals) if "layers" in x), None)      # the last eval's per-layer figures
     title = "parameters per layer" + (f"; gradient and update at step {stats['step']:,}" if stats else "")

@@ -8,7 +8,7 @@ import click
 from ..interop import gguf, hf
 from ..runs import disk
 from ..errors import TbpError
-from .common import console, one_run
+from .common import console, one_run, load_run
 
 
 @click.command("export")
@@ -52,13 +52,13 @@ def export(run, run_opt, fmt, out, kind, force, best):
         raise TbpError(f"{run} is a LoRA run: fold it first with tbp merge {run} --out DIR, then export that")
     if fmt == "gguf":
         gguf.claim(out, force, inputs=(run,))
-        model, tok, _ = disk.load_model(run, best=best)
+        model, tok, _ = load_run(run, best=best)
         info = gguf.export_gguf(model, tok, out, kind, name=Path(run).resolve().name, force=force, inputs=(run,))
         console.print(f"exported {run} ({model.num_params():,} parameters) to {out}: llama.cpp architecture "
                       f"{info['architecture']}, {kind}, tokenizer {info['tokenizer']}, "
                       f"{info['bytes'] / 2**20:.1f} MiB")
         return
-    model, tok, _ = disk.load_model(run, best=best)
+    model, tok, _ = load_run(run, best=best)
     family = hf.export_folder(model, tok, out, force, inputs=(run,))
     console.print(f"exported {run} ({model.num_params():,} parameters) to {out} as {family}")
 

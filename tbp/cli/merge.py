@@ -9,7 +9,7 @@ from ..runs import commit, disk
 from ..errors import TbpError
 from ..files.atomic import from_recorded
 from ..nn.lora import merge_lora
-from .common import console, one_run
+from .common import console, one_run, load_run
 
 
 @click.command()
@@ -37,7 +37,7 @@ def merge(run, run_opt, out, force, best):
         raise TbpError(f"{run} has no LoRA adapters to merge (it is already a plain checkpoint)")
     inputs = (run, from_recorded(run, cfg["base"]["path"]) if cfg.get("base") else None)   # the adapter run, its base
     commit.claim_run_output(out, force, inputs)
-    model, tok, cfg = disk.load_model(run, best=best)
+    model, tok, cfg = load_run(run, best=best)
     merge_lora(model)
     state = disk.read_state(run)
     step = state.get("best_step") if best and state.get("best_step") is not None else state.get("step", 0)

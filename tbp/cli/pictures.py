@@ -13,7 +13,7 @@ from ..look import inside, plot
 from ..nn import build
 from ..runs import disk
 from ..errors import TbpError
-from .common import console, the_run
+from .common import console, the_run, load_run
 from .generate import source_tokens, start_tokens
 from .options import check_strategy, strategy_name, strategy_options
 
@@ -130,7 +130,7 @@ def attention(run, prompt, layer, out, as_json, best, depth, strategy=None):
         raise click.UsageError(f"--depth shows the weights over depth, --{strategy_name(strategy)} a decoder's "
                                f"choices: give one of them")
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = disk.load_model(run, best=best)
+    model, tok, _ = load_run(run, best=best)
     if strategy is not None:
         check_strategy(model.config, strategy)
     if model.reads_source:

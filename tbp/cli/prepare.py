@@ -46,6 +46,15 @@ class PrepareBar(datasets.PrepareReport):
         summary(meta)
 
 
+def vocabulary(meta: dict) -> str:
+    """"vocabulary N", and why where a BPE's training stopped short of the size asked."""
+    got, asked = meta["vocab_size"], meta.get("vocab_size_asked")
+    if asked is not None and got < asked:
+        return (f"vocabulary {got:,} of the {asked:,} asked: the text has no pair of tokens left to merge "
+                f"(more text, or a smaller --vocab-size)")
+    return f"vocabulary {got:,}"
+
+
 def summary(meta: dict) -> None:
     if meta.get("kind") == "pairs":
         return pairs_summary(meta)
@@ -54,7 +63,7 @@ def summary(meta: dict) -> None:
     t = kv_table(f"prepared {meta['path']}")
     t.add_row("source", meta["source"])
     t.add_row("characters", f"{meta['characters']:,} ({fmt_bytes(meta['train_bytes'] + meta['val_bytes'])})")
-    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,}")
+    t.add_row("tokenizer", f"{meta['tokenizer']}, {vocabulary(meta)}")
     t.add_row("tokens", f"train {meta['train_tokens']:,} · val {meta['val_tokens']:,} ({meta['dtype']})")
     t.add_row("bytes per token", f"{meta['bytes_per_token']:.2f}")
     if meta.get("tokenizer_sample", {}).get("every", 1) > 1:
@@ -78,7 +87,7 @@ def pairs_rows(t, meta: dict) -> None:
     t.add_row("examples", f"train {meta['train_examples']:,} · val {meta['val_examples']:,} (kept whole)")
     t.add_row("longest", f"source {meta['max_source_tokens']} · target {meta['max_target_tokens']} · "
                          f"both {meta['max_example_tokens']} tokens")
-    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (with <|sep|> "
+    t.add_row("tokenizer", f"{meta['tokenizer']}, {vocabulary(meta)} (with <|sep|> "
                            f"{meta['sep_id']}, <|endoftext|> {meta['eot_id']}, <|pad|> {meta['pad_id']})")
 
 
@@ -92,8 +101,9 @@ def chat_summary(meta: dict) -> None:
     if meta.get("max_tokens"):
         longest += f" (--max-tokens {meta['max_tokens']}: {meta['cut']} cut after a whole reply, {meta['dropped']} dropped)"
     t.add_row("longest", longest)
-    t.add_row("tokenizer", f"{meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (with <|system|> <|user|> "
-                           f"<|assistant|> <|end|> <|endoftext|> <|pad|>)")
+    specials = ("ChatML's <|im_start|> <|im_end|>" if meta.get("template") == "chatml" else
+                "<|system|> <|user|> <|assistant|> <|end|> <|endoftext|> <|pad|>")
+    t.add_row("tokenizer", f"{meta['tokenizer']}, {vocabulary(meta)} (with {specials})")
     t.add_row("time", f"{meta['seconds']:.2f}s")
     console.print(t)
 

@@ -48,18 +48,48 @@ def runs(ctx, root, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title=f"runs under {root}/, newest first (* the default where no --checkpoint is given)",
-              title_justify="left")
-    for col, right in (("", False), ("run", False), ("kind", False), ("status", False), ("steps", True),
-                       ("best val", True), ("last val", True), ("size", True)):
-        t.add_column(col, justify="right" if right else "left", no_wrap=col in ("status", "steps", "best val"))
+    cells = []
     for r in rows:
         steps = "-" if r["step"] is None else f"{r['step']:,}" + (f" / {r['max_iters']:,}" if r["max_iters"] else "")
         best = "-" if r["best_val_loss"] is None else f"{fmt_loss(r['best_val_loss'])} @ {r['best_step']:,}"
         last = "-" if r["last_val_loss"] is None else fmt_loss(r["last_val_loss"])
         status = r["why"].split(":")[0] if r["status"] == "stopped" and r["why"] else r["status"]
-        t.add_row("*" if r["default"] else "", r["run"], r["kind"], status, steps, best, last, fmt_bytes(r["bytes"]))
+        cells.append({"": "*" if r["default"] else "", "run": r["run"], "kind": r["kind"], "status": status,
+                      "steps": steps, "best val": best, "last val": last, "size": fmt_bytes(r["bytes"])})
+    columns = _fitting(["", "run", "kind", "status", "steps", "best val", "last val", "size"], cells, console.width)
+    if columns is None:            # narrower than a name: one line a run, which the terminal may wrap but not cut
+        click.echo(f"runs under {root}/, newest first (* the default)")
+        for c in cells:
+            click.echo(f"{c[''] or ' '} {c['run']}  {c['status']}  {c['best val']}")
+        return
+    t = Table(title=f"runs under {root}/, newest first (* the default where no --checkpoint is given)",
+              title_justify="left")
+    for col in columns:
+        t.add_column(col, justify="right" if col in ("steps", "best val", "last val", "size") else "left",
+                     no_wrap=True)
+    for c in cells:
+        t.add_row(*(c[col] for col in columns))
+    hidden = [col for col in DROPPED_FIRST if col not in columns]
+    if hidden:
+        t.caption = f"too narrow for {', '.join(hidden)}: a wider terminal shows them, tbp runs --json has all"
     console.print(t)
+
+
+# the columns a narrow terminal loses first: the run's name, the one a user copies, is never cut
+DROPPED_FIRST = ("size", "last val", "kind", "steps", "status", "best val")
+
+
+def _fitting(columns: list[str], cells: list[dict], width: int) -> list[str] | None:
+    """``columns`` less the fewest of DROPPED_FIRST, in that order, for every cell to show whole
+    in ``width`` characters (each column its widest cell, one space either side, a rule between);
+    None where not even the names fit."""
+    def needed(cols):
+        return 1 + sum(3 + max(len(col), *(len(c[col]) for c in cells)) for col in cols)
+    for n in range(len(DROPPED_FIRST) + 1):
+        kept = [c for c in columns if c not in DROPPED_FIRST[:n]]
+        if needed(kept) <= width:
+            return kept
+    return None
 
 
 @runs.command("rm")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..runs import disk
 from ..errors import TbpError
 from ..generate.guard import ACCEPT_BURST
-from .common import console, the_run
+from .common import console, the_run, load_run
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback: no key needed
 
@@ -71,7 +70,7 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     from ..generate.server import config, server as make_server
     from ..generate.requests import Served
     run = the_run(run)
-    model, tok, _ = disk.load_model(run, best=best)
+    model, tok, _ = load_run(run, best=best)
     served = Served(model, tok, name or Path(run).resolve().name)
     sock = listen(host, port)                # before anything says "serving": a port in use is one line
     port = sock.getsockname()[1]

@@ -8,7 +8,7 @@ import click
 from ..runs import disk
 from ..errors import TbpError
 from ..files.atomic import atomic_write_text
-from .common import console, the_run
+from .common import console, the_run, load_run
 from .generate import source_tokens, start_tokens
 from .options import check_strategy, strategy_options
 
@@ -78,7 +78,7 @@ def view(run, prompt, out, more, best, force, plotly_mode, strategy=None):
     """
     _claim(out, force)
     run = the_run(run, ("text", "pairs"))
-    model, tok, _ = disk.load_model(run, best=best)        # first: it names what is not a run
+    model, tok, _ = load_run(run, best=best)        # first: it names what is not a run
     runs = _runs(run, more)
     if strategy is not None:
         check_strategy(model.config, strategy)

@@ -282,7 +282,7 @@ def prepare_chat(convs: list[list[dict]], name: str, source: str, out: str | Pat
     tpl = template(tokenizer)
     val_mask = encoded["val"][1]
     meta = {
-        "format": 1, "kind": "chat", "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+        "format": 1, "kind": "chat", "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "vocab_size_asked": tokenizer.asked,
         "dtype": dtype.name, "eot_id": tpl.eot, "pad_id": tpl.pad, "end_id": tpl.stop, "template": tpl.name,
         # the role tokens, where the template has one per role
         **({f"{role}_id": seq[0] for role, seq in tpl.opens.items()} if tpl.name == "tbp" else {}),

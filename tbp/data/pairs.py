@@ -181,7 +181,7 @@ def prepare_pairs(pairs: list[tuple[str, str]], name: str, source: str, out: str
     vocab = tokenizer.hf.get_vocab()
     meta = {
         "format": 1, "kind": "pairs",
-        "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
+        "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "vocab_size_asked": tokenizer.asked, "dtype": dtype.name,
         "eot_id": vocab[EOT], "sep_id": vocab[SEP], "pad_id": vocab[PAD],
         "train_examples": len(splits["train"]), "val_examples": len(splits["val"]),
         "train_tokens": int(encoded["train"][0].size), "val_tokens": int(encoded["val"][0].size),

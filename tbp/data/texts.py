@@ -183,7 +183,7 @@ def prepare_text(corpus: Corpus, out: Path, tokenizer_kind: str, vocab_size: int
             raise TbpError(f"{corpus.source}: too little text ({n:,} character(s)) to leave tokens in the "
                            f"{' and '.join(empty)} split{'s' * (len(empty) > 1)}; use more text")
         meta = {
-            "format": 1, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+            "format": 1, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "vocab_size_asked": tokenizer.asked,
             "eot_id": tokenizer.eot_id, "dtype": dtype.name,
             "train_tokens": counts["train"]["tokens"], "val_tokens": counts["val"]["tokens"],
             # of the text the tokens encode (without what --unknown-chars dropped): bits per byte

@@ -46,6 +46,9 @@ class Tokenizer:
         self.sep_id, self.pad_id = vocab.get(SEP), vocab.get(PAD)
         self._alphabet = None if self.kind == "bpe" else frozenset(vocab)
         self._max_chars = None
+        # the vocabulary its training was asked for, where it was trained here: BPE stops short of
+        # it when the text has no pair of tokens left to merge (train_bpe)
+        self.asked: int | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -191,7 +194,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, specials: tuple[str, ...] =
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     hf.train_from_iterator(_bounded_words(texts), trainer)
-    return Tokenizer(hf)
+    tok = Tokenizer(hf)
+    tok.asked = vocab_size
+    return tok
 
 
 LONGEST_WORD = 1024          # characters of one whitespace-free run that BPE training counts as one word

@@ -38,7 +38,7 @@ class Conversation:
         self.max_reply = max(1, min(max_reply, self.n_ctx // 2))
         base = sampling or Sampling()
         # a reply never holds what opens a message or pads: those are the template's
-        self.sampling = Sampling(base.temperature, base.top_k, base.top_p, self.tpl.banned)
+        self.sampling = Sampling(base.temperature, base.top_k, base.top_p, self.tpl.banned, base.min_p)
         self.rng = rng or np.random.default_rng()
         self.decoder = Inference(model, 1)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []

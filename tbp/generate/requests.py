@@ -77,7 +77,8 @@ class Served:
     # --- reading a request ------------------------------------------------------------------
     def completion(self, body) -> Request:
         body = self._object(body)
-        self._fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "stream"})
+        self._fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
+                            "stream"})
         self._model(body)
         prompt = body.get("prompt", None)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -100,7 +101,7 @@ class Served:
             raise BadRequest(f"{self.name} was not trained on conversations (tbp prepare --format chat): "
                              f"use /v1/completions", "messages")
         self._fields(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                            "stop", "seed", "stream"})
+                            "top_k", "min_p", "stop", "seed", "stream"})
         self._model(body)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
@@ -191,6 +192,9 @@ class Served:
         top_p = number("top_p", 1.0, 0, 1)
         if top_p == 0:
             raise BadRequest("top_p must be above 0", "top_p")
+        # llama-server's and vLLM's extensions: top_k 0 (or -1, vLLM's) and min_p 0 turn them off
+        top_k = number("top_k", 0, -1, 2 ** 31, integer=True)
+        min_p = number("min_p", 0.0, 0, 1)
         seed = number("seed", None, 0, 2 ** 63 - 1, integer=True)
         stop = body.get("stop")
         stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
@@ -214,8 +218,9 @@ class Served:
             raise BadRequest(f"This model's maximum context length is {self.n_ctx} tokens; the prompt has "
                              f"{len(ids)} tokens and max_tokens asks for {max_tokens} more (at most {room})",
                              "max_tokens", code="context_length_exceeded")
-        sampling = Sampling(temperature=float(temperature), top_p=None if top_p == 1 else float(top_p),
-                            banned=banned)
+        sampling = Sampling(temperature=float(temperature), top_k=top_k if top_k > 0 else None,
+                            top_p=None if top_p == 1 else float(top_p), banned=banned,
+                            min_p=float(min_p) if min_p > 0 else None)
         return Request(ids, max_tokens, sampling, seed, tuple(stop), stream, include_usage, ends, chat)
 
     # --- answering ----------------------------------------------------------------------------

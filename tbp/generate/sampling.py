@@ -36,6 +36,7 @@ class Sampling:
     top_k: int | None = None       # keep the k most likely tokens (clamped to V)
     top_p: float | None = None     # keep the smallest set whose probability reaches p
     banned: tuple[int, ...] = ()   # tokens never drawn (a completion's <|sep|> and <|pad|>)
+    min_p: float | None = None     # keep tokens at least min_p times as likely as the likeliest (llama.cpp's)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -44,6 +45,8 @@ class Sampling:
             raise ValueError(f"top-k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min-p must be in [0, 1], got {self.min_p}")
 
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
@@ -65,6 +68,10 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     if s.temperature == 0:
         return logits.argmax(-1).astype(np.int64)
     z = logits.astype(np.float64)                                          # (B, V), float64 for the CDF
+    if s.min_p:
+        # p_i >= min_p p_max, on the model's own distribution (before temperature, as llama.cpp's
+        # default order has it): a logit at least log(min_p) below the largest is dropped
+        z[z < np.maximum.reduce(z, axis=-1, keepdims=True) + np.log(s.min_p)] = -np.inf
     if s.temperature != 1:
         z *= 1.0 / s.temperature
     V = z.shape[-1]

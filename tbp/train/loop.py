@@ -217,6 +217,14 @@ class Trainer:
                     metrics["layers"] = stats.record()
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     self._checked(metrics)
+                    val = metrics["val_loss"]
+                    self._count_eval(val)
+                    since = st.evals_since_best
+                    if cfg.early_stop and since >= cfg.early_stop and st.step < cfg.max_iters:
+                        best = min(val, st.best_val_loss) if st.best_val_loss is not None else val
+                        st.stopped = (f"early stop: no lower validation loss in {since} evaluations (best "
+                                      f"{best:.4f} at step {st.best_step})")
+                        final = True                    # the run ends here: its final figures, as at max_iters
                 t_log = time.perf_counter()                            # tokens/s: training steps only
                 if not final:
                     self._log(json.dumps(metrics))
@@ -224,14 +232,7 @@ class Trainer:
             if not final:
                 self.cb.step(self, metrics)
             if is_eval:
-                val = metrics["val_loss"]
-                self._count_eval(val)
-                since = st.evals_since_best
-                if cfg.early_stop and since >= cfg.early_stop and st.step < cfg.max_iters:
-                    best = min(val, st.best_val_loss) if st.best_val_loss is not None else val
-                    st.stopped = (f"early stop: no lower validation loss in {since} evaluations (best "
-                                  f"{best:.4f} at step {st.best_step})")
-                self.save(val)                          # the reason rides in this commit's state.json
+                self.save(metrics["val_loss"])          # an early stop's reason rides in this commit's state.json
                 if final:
                     # the run's final figure, the split itself, once the run is saved: nothing it
                     # does (a long read, running out of memory, a signal) can lose the run
