@@ -306,3 +306,38 @@ def test_a_model_that_fails_is_a_500_in_openais_form_and_the_server_goes_on(text
         assert httpx.get(s.url + "/models").status_code == 200
     finally:
         s.stop()
+
+
+def test_an_access_log_line_a_request_and_health_says_how_busy(text_run):
+    """llama-server and uvicorn print a line a request: here method, path, status, the prompt's
+    and the answer's tokens, the time and the time queued -- for answers, streams and refusals."""
+    lines = []
+    s = Server(text_run, parallel=1, queue=1, access=lines.append)
+    try:
+        c = s.client()
+        r = c.completions.create(model="m", prompt="the cat", max_tokens=5, temperature=0)
+        list(c.completions.create(model="m", prompt="the", max_tokens=3, stream=True))
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="m", prompt="the", max_tokens=0)
+        assert httpx.get(s.url + "/nowhere").status_code == 404
+        health = httpx.get(s.url + "/health").json()
+        assert health == httpx.get(s.url.removesuffix("/v1") + "/health").json() == {
+            "status": "ok", "model": "m", "decoding": 0, "waiting": 0, "parallel": 1, "queue": 1}
+        deadline = time.monotonic() + 5
+        while len(lines) < 6 and time.monotonic() < deadline:       # a stream's line comes as it ends
+            time.sleep(0.02)
+    finally:
+        s.stop()
+    prompt = len(s.served.tok.encode("the cat"))
+    assert f'"POST /v1/completions" 200 · prompt {prompt} · answer {r.usage.completion_tokens} tokens' in lines[0]
+    assert " s (queued " in lines[0] and lines[0].startswith("127.0.0.1:")
+    assert '"POST /v1/completions" 200 · prompt' in lines[1] and "answer 3 tokens" in lines[1]
+    assert '"POST /v1/completions" 400 · ' in lines[2] and "prompt" not in lines[2]
+    assert '"GET /v1/nowhere" 404' in lines[3] and '"GET /v1/health" 200' in lines[4]
+    assert '"GET /health" 200' in lines[5]
+
+
+def test_models_say_the_context_and_the_default_answer_length(server):
+    m = httpx.get(server.url + "/models").json()["data"][0]
+    assert m["max_model_len"] == 48 and m["meta"]["default_max_tokens"]["completions"] == 16
+    assert m["meta"]["tokenizer"] == "bpe" and m["meta"]["chat"] is False

@@ -37,7 +37,9 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback:
 @click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN",
               help="A web page's origin allowed to use the server from a browser, e.g. http://localhost:3000 "
                    "(repeatable; '*' any): it gets CORS headers. Requests from any other page are refused.")
-def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins):
+@click.option("--quiet", "-q", is_flag=True, help="No access log (by default one line a request on stderr: method, "
+                                                  "path, status, tokens, time and time queued).")
+def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins, quiet):
     """Serve a run with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions.
 
     Any OpenAI client works: point its base URL at http://HOST:PORT/v1. Streaming (server-sent
@@ -78,8 +80,10 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     where = f"[{host}]" if ":" in host else host                # an IPv6 address goes in brackets
     console.print(f"serving {run} as {served.name!r} on http://{where}:{port}/v1 ({routes}); Ctrl-C stops",
                   soft_wrap=True)
+    def access(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     server = make_server(config(served, sock, parallel, queue, api_key, allowed_hosts=allowed_hosts,
-                                allowed_origins=allowed_origins))
+                                allowed_origins=allowed_origins, access=None if quiet else access))
     # the event loop (accepting, reading, answering) shares the GIL with the decoding threads:
     # a shorter slice lets it in sooner while they step
     sys.setswitchinterval(0.001)

@@ -216,7 +216,8 @@ class Served:
             max_tokens = room if default_max is None else min(default_max, room)
         elif max_tokens > room:
             raise BadRequest(f"This model's maximum context length is {self.n_ctx} tokens; the prompt has "
-                             f"{len(ids)} tokens and max_tokens asks for {max_tokens} more (at most {room})",
+                             f"{len(ids)} tokens and max_tokens asks for {max_tokens} more: ask for at most "
+                             f"{room} (the server answers within the context; tbp generate slides past it)",
                              "max_tokens", code="context_length_exceeded")
         sampling = Sampling(temperature=float(temperature), top_k=top_k if top_k > 0 else None,
                             top_p=None if top_p == 1 else float(top_p), banned=banned,
@@ -252,8 +253,16 @@ class Served:
             self.batcher = Batcher(self.model, self.tok, slots)
 
     def models(self) -> dict:
+        """OpenAI's list, with what llama-server and vLLM add: the context (``max_model_len``) and
+        ``meta`` -- the tokenizer, and how long an answer is when a request does not say (16 tokens
+        for a completion, OpenAI's default, which is 16 characters with a char tokenizer)."""
+        cfg = self.model.config
+        meta = {"tokenizer": self.tok.kind, "n_vocab": cfg.vocab_size, "n_ctx": cfg.n_ctx,
+                "n_params": self.model.num_params(),
+                "default_max_tokens": {"completions": COMPLETION_DEFAULT, "chat": "the rest of the context"},
+                "chat": self.chat_template is not None}
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
-                                            "owned_by": "tbp"}]}
+                                            "owned_by": "tbp", "max_model_len": cfg.n_ctx, "meta": meta}]}
 
     def chunk(self, req: Request, piece: str | None, finish: str | None, first: bool = False) -> dict:
         if req.chat:

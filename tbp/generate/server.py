@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
 import weakref
+from typing import Callable
 
 from ..errors import TbpError
 from ..files import jsonio
@@ -45,6 +47,31 @@ class Gate:
         self.admitted -= 1
 
 
+class Access:
+    """One request's line of the access log: ``done`` writes it once, when the answer (or its
+    stream) has ended -- method, path, status, the prompt's and the answer's tokens, the time from
+    the request's arrival and how much of it was spent waiting for a place."""
+
+    def __init__(self, request, write: Callable[[str], None] | None):
+        self.write, self.t0 = write, time.perf_counter()
+        self.what = f"{request.method} {request.url.path}"
+        client = request.client
+        self.who = f"{client.host}:{client.port}" if client else "-"
+        self.waited, self.prompt, self.answer = 0.0, None, None
+
+    def started(self, prompt: int) -> None:
+        """The request got its place: the wait ends, its prompt's tokens are known."""
+        self.waited, self.prompt = time.perf_counter() - self.t0, prompt
+
+    def done(self, status: int, answer: int | None = None) -> None:
+        if self.write is None:
+            return
+        tokens = "" if self.prompt is None else f" · prompt {self.prompt} · answer {answer or 0} tokens"
+        self.write(f"{self.who} \"{self.what}\" {status}{tokens} · {time.perf_counter() - self.t0:.2f} s"
+                   + (f" (queued {self.waited:.2f} s)" if self.prompt is not None else ""))
+        self.write = None
+
+
 class Ticket:
     """One admitted request's place in the gate, given back exactly once."""
 
@@ -58,8 +85,9 @@ class Ticket:
 
 
 def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None = None,
-        limits: Limits = Limits()):
-    """The Starlette application answering OpenAI's routes for ``served``."""
+        limits: Limits = Limits(), access: Callable[[str], None] | None = None):
+    """The Starlette application answering OpenAI's routes for ``served``; ``access`` is given
+    each request's access-log line (None: no log)."""
     from anyio import CapacityLimiter, fail_after, to_thread
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect
@@ -109,12 +137,23 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
         except TbpError as e:
             raise BadRequest(str(e)) from None
 
-    async def models(request):
+    def logged(handler):
+        """``handler`` with its request's access-log line written when the answer is made (a
+        stream writes its own when it ends)."""
+        async def route(request):
+            log = Access(request, access)
+            response = await handler(request, log)
+            if not isinstance(response, StreamingResponse):
+                log.done(response.status_code, log.answer)
+            return response
+        return route
+
+    async def models(request, log: Access):
         if not authorised(request):
             return error(BadRequest("invalid API key", status=401, code="invalid_api_key"))
         return JSONResponse(served.models())
 
-    async def answer(request, chat: bool):
+    async def answer(request, log: Access, chat: bool):
         nonlocal gate
         if not authorised(request):
             return error(BadRequest("invalid API key", status=401, code="invalid_api_key"))
@@ -135,16 +174,18 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             # the place is given back when the stream ends, fails or is cancelled -- or, for a
             # client gone before its stream started, when the unstarted generator is collected
             ticket = Ticket(gate)
-            events = stream(req, ticket)
+            events = stream(req, ticket, log)
             weakref.finalize(events, ticket.release)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         steps = None
         try:
             async with gate.places:
+                log.started(len(req.ids))
                 steps = served.steps(req)
                 text, finish, n = [], None, 0
                 while finish is None:
                     piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
+                    log.answer = n
                     text.append(piece)
                     if finish is None and await request.is_disconnected():
                         return error(BadRequest("the client left", status=408))     # its place, back now
@@ -156,12 +197,14 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             gate.leave()
         return JSONResponse(served.whole(req, "".join(text), finish, n))
 
-    async def stream(req: Request, ticket: "Ticket"):
+    async def stream(req: Request, ticket: "Ticket", log: Access):
         def event(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
         steps = None
+        n, status = 0, 200
         try:
             async with gate.places:
+                log.started(len(req.ids))
                 steps = served.steps(req)
                 if req.chat:
                     yield event(served.chunk(req, None, None, first=True))
@@ -170,6 +213,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                     try:
                         piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
                     except TbpError as e:       # mid-stream: the error as the last event, as OpenAI sends one
+                        status = 500
                         yield event(BadRequest(str(e), status=500, kind="server_error").body())
                         return
                     if piece:
@@ -182,29 +226,39 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             if steps is not None:
                 steps.close()
             ticket.release()
+            log.done(status, n)
 
-    async def completions(request):
-        return await answer(request, chat=False)
+    async def completions(request, log: Access):
+        return await answer(request, log, chat=False)
 
-    async def chat_completions(request):
-        return await answer(request, chat=True)
+    async def chat_completions(request, log: Access):
+        return await answer(request, log, chat=True)
 
-    async def health(request):
-        # llama-server's probe: the model is loaded once the server listens
-        return JSONResponse({"status": "ok"})
+    async def health(request, log: Access):
+        # llama-server's probe: the model is loaded once the server listens; and how busy it is
+        admitted = gate.admitted if gate is not None else 0
+        decoding = min(admitted, parallel)
+        return JSONResponse({"status": "ok", "model": served.name, "decoding": decoding,
+                             "waiting": admitted - decoding, "parallel": parallel, "queue": queue})
 
     async def not_found(request, exc):
         if exc.status_code == 405:
             return error(BadRequest(f"{request.method} is not allowed on {request.url.path}", status=405,
                                     code="method_not_allowed"))
         return error(BadRequest(f"no route {request.url.path}: this server answers /v1/models, /v1/completions, "
-                                f"/v1/chat/completions and /health", status=404, code="not_found"))
+                                f"/v1/chat/completions and /health (/v1/health)", status=404, code="not_found"))
 
-    return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
-                             Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                             Route("/health", health, methods=["GET"])],
-                     exception_handlers={404: not_found, 405: not_found})
+    async def refused(request, exc):
+        response = await not_found(request, exc)
+        Access(request, access).done(response.status_code)
+        return response
+
+    return Starlette(routes=[Route("/v1/models", logged(models), methods=["GET"]),
+                             Route("/v1/completions", logged(completions), methods=["POST"]),
+                             Route("/v1/chat/completions", logged(chat_completions), methods=["POST"]),
+                             Route("/health", logged(health), methods=["GET"]),
+                             Route("/v1/health", logged(health), methods=["GET"])],
+                     exception_handlers={404: refused, 405: refused})
 
 
 LISTEN_QUEUE = 4096      # connections the kernel holds for accepting (a SYN beyond it waits a second)
@@ -227,13 +281,14 @@ def server(config):
 
 
 def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: str | None = None,
-           limits: Limits = Limits(), allowed_hosts=(), allowed_origins=(), log_level: str = "warning"):
+           limits: Limits = Limits(), allowed_hosts=(), allowed_origins=(), log_level: str = "warning",
+           access: Callable[[str], None] | None = None):
     """uvicorn's Config for ``served`` on the bound, listening socket ``sock``: the routes behind
     the Host and Origin gate, the HTTP protocol with the connection limits, and a shutdown that
     waits for no client (guard.py)."""
     import uvicorn
     host, port = sock.getsockname()[:2]
-    application = Gatekeeper.around(app(served, parallel, queue, api_key, limits), host, port,
+    application = Gatekeeper.around(app(served, parallel, queue, api_key, limits, access), host, port,
                                     allowed_hosts, allowed_origins)
     limit_logs(limits)
     return uvicorn.Config(application, http=protocol(limits), log_level=log_level, lifespan="off",
