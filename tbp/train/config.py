@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..nn.config import ConfigError, DictConfig, ModelConfig, option
+from . import muon, optim  # noqa: F401  (each registers its optimizer)
+from .optimizers import OPTIMIZERS
 
 __all__ = ["ConfigError", "ModelConfig", "TrainConfig"]
 
@@ -19,6 +21,10 @@ class TrainConfig(DictConfig):
     warmup: int = option(100, "Linear warmup steps.", min=0)
     lr_decay_iters: int | None = option(None, "Steps over which the cosine decays (default: --max-iters).",
                                         min=1)
+    optimizer: str = option("adamw", "adamw, or muon: a block's matrices updated by their momentum "
+                                     "orthogonalised (Newton-Schulz), the rest by AdamW, at one learning rate.",
+                            choices=OPTIMIZERS)
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum, in [0, 1).", min=0.0, max=1.0, max_open=True)
     weight_decay: float = option(0.1, "AdamW weight decay, applied to matrices only.", min=0.0)
     beta1: float = option(0.9, "AdamW's first-moment decay, in [0, 1).", min=0.0, max=1.0, max_open=True)
     beta2: float = option(0.99, "AdamW's second-moment decay, in [0, 1).", min=0.0, max=1.0, max_open=True)
@@ -52,6 +58,9 @@ class TrainConfig(DictConfig):
         super().__post_init__()
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.optimizer == "muon" and self.shard_optimizer:
+            raise ConfigError("--shard-optimizer slices AdamW's flat moments across ranks; Muon orthogonalises "
+                              "whole matrices: use one or the other")
         if self.precision == "bf16" and self.dtype != "float32":
             raise ConfigError(f"precision bf16 rounds float32 products; dtype {self.dtype} is for exact checks "
                               f"(use one or the other)")

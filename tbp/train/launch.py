@@ -240,6 +240,10 @@ def _resume(out, cfg, train_overrides, model_overrides, ds, callbacks, lock) -> 
     except ConfigError as e:
         raise TbpError(f"{out / 'config.json'}: bad training config ({e})") from None
     tcfg = TrainConfig.from_dict({**(cfg.get("train") or {}), **train_overrides})     # a usage error
+    was = (cfg.get("train") or {}).get("optimizer", "adamw")          # runs before Muon: AdamW's
+    if tcfg.optimizer != was:
+        raise ConfigError(f"--optimizer {tcfg.optimizer} differs from the run's {was}: its saved state is "
+                          f"{was}'s (an exact resume continues with it)")
     state = State(**{k: v for k, v in state_d.items() if k in State.__dataclass_fields__})
     data_rng = np.random.default_rng(tcfg.seed)
     if state.data_rng:

@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from ..runs import commit, disk
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from ..data.batches import batches_for
 from ..data.datasets import Dataset
 from ..errors import TbpError
 from ..files.atomic import append_line, atomic_write_text
 from ..nn.gpt import LanguageModel
-from .optim import AdamW, lr_at
+from .optim import lr_at
+from .optimizers import OPTIMIZERS
 from .distributed import World
 from .gradsync import GradientSync
 from .evaluate import split_loss, split_stride
@@ -109,7 +110,10 @@ class Trainer:
         self.lock = lock
         self.cb = callbacks or Callbacks()
         self.batches = batches_for(dataset, model.config, model.collation)       # checks the data fits the model
-        self.opt = AdamW(model.layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
+        try:
+            self.opt = OPTIMIZERS[cfg.optimizer].from_config(model.layout, cfg)
+        except ValueError as e:            # what the optimizer cannot take (Muon and a LoRA run's adapters)
+            raise ConfigError(f"--optimizer {cfg.optimizer}: {e}") from None
         self.workers = data_parallel(model, cfg.threads, cfg.batch_size, precision=cfg.precision)
         self.opt.workers = self.workers
         self.state = state or State(tokenizer_sha256=dataset.tokenizer.sha256())
@@ -150,8 +154,8 @@ class Trainer:
         if self.sync.shard:                           # this rank's slice of rank 0's moments
             self.opt = self.sync.take_slice(self.opt)
         else:
-            world.bcast_(self.opt.m)
-            world.bcast_(self.opt.v)
+            for buffer in self.opt.buffers():
+                world.bcast_(buffer)
         world.check_same(layout.params, "the parameters after the broadcast")
 
     # --- public -----------------------------------------------------------------------------

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from .optimizers import optimizer
+
 
 def lr_at(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int) -> float:
     """Learning rate for 0-based ``step``: linear warmup to ``lr``, then cosine down to ``min_lr``.
@@ -35,6 +37,7 @@ def clip_grads(grads: np.ndarray, max_norm: float, norm: float | None = None) ->
     return norm
 
 
+@optimizer("adamw")
 class AdamW:
     """Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW computes it.
 
@@ -52,10 +55,19 @@ class AdamW:
         self.layout = layout
         self.weight_decay, self.beta1, self.beta2, self.eps = weight_decay, beta1, beta2, eps
         self.lo, self.hi = 0, layout.size        # the entries it updates: all, or a slice (slice())
+        self.spans: list[tuple[int, int]] | None = None     # within those, only these (Muon's other half)
         self.m, self.v = np.zeros_like(layout.params), np.zeros_like(layout.params)
         self.t = 0
         self.workers = None               # a Serial/DataParallel: share the update over its threads
         self._scratch_arrays: dict = {}
+
+    @classmethod
+    def from_config(cls, layout, cfg) -> "AdamW":
+        return cls(layout, cfg.weight_decay, cfg.beta1, cfg.beta2)
+
+    def buffers(self) -> list[np.ndarray]:
+        """Every array of its state, for ranks to share rank 0's."""
+        return [self.m, self.v]
 
     CHUNK = 1 << 18
 
@@ -101,11 +113,12 @@ class AdamW:
                 ps -= b
 
         n = self.workers.workers if self.workers is not None else 1
-        bounds = [p.size * i // n for i in range(n + 1)]
-        if n == 1:
-            update(0, p.size, 0)
-        else:
-            self.workers.each(lambda k: update(bounds[k], bounds[k + 1], k))
+        for a, z in self.spans or [(0, p.size)]:
+            bounds = [a + (z - a) * i // n for i in range(n + 1)]
+            if n == 1:
+                update(a, z, 0)
+            else:
+                self.workers.each(lambda k: update(bounds[k], bounds[k + 1], k))
 
     def _scratch(self, k: int, dtype) -> tuple[np.ndarray, np.ndarray]:
         """Worker k's two chunk-sized scratch arrays."""
