@@ -14,8 +14,9 @@ from tbp.train.config import TrainConfig
 from tbp.errors import ConfigError, TbpError
 from tbp.nn.layout import Layout
 from tbp.nn.module import Module
-from tbp.train.optim import AdamW, clip_grads, lr_at
+from tbp.train.optim import AdamW, clip_grads, lr_at, wsd_at
 from tbp.train.loop import Callbacks
+from helpers import TINY, run
 
 SMALL = dict(n_layer=2, n_head=2, d_model=16, n_ctx=16)
 
@@ -160,6 +161,28 @@ def test_schedule_warms_up_then_decays_to_min_lr():
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))
     assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101]))
     assert lrs[100] == lrs[119] == pytest.approx(1e-4)
+
+
+def test_wsd_warms_up_holds_the_peak_then_decays_linearly_over_the_last_fraction():
+    lrs = [wsd_at(s, s / 100, 1e-3, 1e-4, 10, 0.2) for s in range(101)]
+    assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[10] == lrs[79] == 1e-3 and lrs[80] == pytest.approx(1e-3)
+    assert lrs[90] == pytest.approx(1e-4 + 0.9e-3 * 0.5) and lrs[100] == pytest.approx(1e-4)
+    assert all(a > b for a, b in zip(lrs[80:100], lrs[81:101]))
+    assert wsd_at(50, 1.3, 1e-3, 1e-4, 10, 0.2) == 1e-4                 # past the budget: the floor
+
+
+def test_a_time_budget_ends_a_wsd_run_decayed(tmp_path, corpus_file, monkeypatch):
+    """--max-time with --schedule wsd: the rate is the peak while most of the time is left and
+    has decayed to near --min-lr when the clock stops the run, however many steps that took."""
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "t", "--max-iters", 10 ** 6, "--schedule", "wsd",
+             "--max-time", "2", "--warmup", 0, "--lr", "1e-3", "--min-lr", "1e-5", "--log-interval", 1,
+             "--eval-interval", 10 ** 5, *TINY])
+    assert r.exit_code == 0, r.output
+    rates = [(m["step"], m["lr"]) for m in disk.read_metrics(tmp_path / "t") if "lr" in m]
+    assert rates[0][1] == 1e-3 and len(rates) > 20
+    assert rates[-1][1] < 1e-5 + 0.35 * (1e-3 - 1e-5), rates[-5:]          # the last steps decayed
+    assert max(lr for _, lr in rates) == 1e-3 and sorted(lr for _, lr in rates)[::-1] == [lr for _, lr in rates]
 
 
 def test_adamw_matches_the_closed_form_on_one_step():

@@ -17,8 +17,14 @@ class TrainConfig(DictConfig):
     grad_accum: int = option(1, "Micro-batches per optimizer step.", min=1)
     max_iters: int = option(1500, "Optimizer steps (with --resume: the new total).", min=1)
     lr: float = option(1e-3, "Peak learning rate, reached after warmup.", min=0.0, min_open=True)
-    min_lr: float = option(1e-4, "Learning rate at the end of the cosine decay.", min=0.0)
+    min_lr: float = option(1e-4, "Learning rate at the end of the decay.", min=0.0)
     warmup: int = option(100, "Linear warmup steps.", min=0)
+    schedule: str = option("cosine", "cosine: warmup, then a cosine decay over --lr-decay-iters; wsd: warmup, "
+                                     "the peak, then a linear decay over the run's last --decay-fraction -- of "
+                                     "its steps, or, with --max-time, of its time, whichever ends it first.",
+                           choices=("cosine", "wsd"))
+    decay_fraction: float = option(0.2, "wsd: the share of the run the learning rate decays over.", min=0.0,
+                                   max=1.0, min_open=True)
     lr_decay_iters: int | None = option(None, "Steps over which the cosine decays (default: --max-iters).",
                                         min=1)
     optimizer: str = option("adamw", "adamw, or muon: a block's matrices updated by their momentum "

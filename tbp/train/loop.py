@@ -23,7 +23,7 @@ from ..data.datasets import Dataset
 from ..errors import TbpError
 from ..files.atomic import append_line, atomic_write_text
 from ..nn.gpt import LanguageModel
-from .optim import lr_at
+from .optim import lr_at, wsd_at
 from .optimizers import OPTIMIZERS
 from .distributed import World
 from .gradsync import GradientSync
@@ -180,6 +180,17 @@ class Trainer:
         t_log, tokens_log = time.perf_counter(), 0
         st.stopped = None
         t_session = time.perf_counter()            # --max-time counts this invocation's time
+        # a time budget's end, in the run's own clock (elapsed_s): where a wsd schedule has decayed
+        horizon = st.elapsed_s + cfg.max_time if cfg.max_time else None
+
+        def rate(step: int) -> float:
+            if cfg.schedule == "cosine":
+                return lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
+            progress = step / cfg.max_iters
+            if horizon:                 # rank 0's clock: every rank steps at the same rate
+                progress = max(progress, self.world.bcast((time.perf_counter() - t_start) / horizon))
+            return wsd_at(step, progress, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_fraction)
+        lr = rate(st.step)
         while st.step < cfg.max_iters:
             if self.world.any(self.stop_requested):     # every rank stops after the same step
                 self.interrupted = True
@@ -190,7 +201,7 @@ class Trainer:
                 if self.last_saved_step != st.step and math.isfinite(self.last_loss):
                     # steps of this invocation not saved yet: evaluated and kept, as at every evaluation
                     self.cb.evaluating(self)
-                    metrics = {"step": st.step, "lr": lr_at(st.step - 1, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters),
+                    metrics = {"step": st.step, "lr": lr,             # the last step's
                                "train_loss": self.last_loss, "elapsed_s": st.elapsed_s, **self.evaluate()}
                     self._checked(metrics)
                     self._log(json.dumps(metrics))
@@ -199,7 +210,7 @@ class Trainer:
                 else:
                     self.record_stop()
                 break
-            lr = lr_at(st.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
+            lr = rate(st.step)
             is_eval = (st.step + 1) % cfg.eval_interval == 0 or st.step + 1 == cfg.max_iters
             final = st.step + 1 == cfg.max_iters
             stats = LayerStats(self.model) if is_eval else None     # per-layer figures, at evals

@@ -1,4 +1,5 @@
-"""AdamW, the warmup + cosine learning-rate schedule, and global-norm gradient clipping."""
+"""AdamW, the learning-rate schedules (warmup + cosine; warmup-stable-decay, over steps or over a
+time budget), and global-norm gradient clipping."""
 from __future__ import annotations
 
 import math
@@ -20,6 +21,19 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int) ->
         return min_lr
     ratio = (step - warmup) / max(1, decay_iters - warmup)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def wsd_at(step: int, progress: float, lr: float, min_lr: float, warmup: int, decay_fraction: float) -> float:
+    """Warmup-stable-decay: linear warmup to ``lr`` over ``warmup`` steps, then ``lr`` until the
+    last ``decay_fraction`` of the run, then linearly down to ``min_lr`` at its end. ``progress``
+    in [0, 1]: the share of the run done -- of its steps, or of its time when a time budget ends it
+    (the schedule then decays as the clock runs out, however fast the steps turn out to be)."""
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    left = 1.0 - progress
+    if left >= decay_fraction:
+        return lr
+    return min_lr + (lr - min_lr) * max(left, 0.0) / decay_fraction
 
 
 def clip_grads(grads: np.ndarray, max_norm: float, norm: float | None = None) -> float:
