@@ -334,3 +334,33 @@ def test_llama_cpp_computes_a_model_of_llama_blocks(tmp_path, tok, tie):
     make_run(tmp_path / "bad", tok, **{**LLAMA_BLOCKS, "bias": True})
     r = run(["export", tmp_path / "bad", "--format", "gguf", "--out", tmp_path / "bad.gguf"])
     clean_fail(r, 1, "a model of Llama blocks exports as llama")
+
+
+def test_a_smollm_tokenizer_keeps_its_digits_apart_in_llama_cpp_and_others_are_refused(tmp_path):
+    """SmolLM2's pre-tokenizer (each digit apart, then GPT-2's) is llama.cpp's "smollm": llama.cpp
+    then cuts text as tbp does; a tokenizer llama.cpp would cut otherwise is refused, never written."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tbp.data.tokenizer import Tokenizer
+    from tbp.errors import TbpError
+    from tbp.interop import gguf
+
+    def trained(pre):
+        t = HFTokenizer(models.BPE())
+        t.pre_tokenizer, t.decoder = pre, decoders.ByteLevel()
+        t.train_from_iterator(["the year 2026 had 365 days, and 12 months\n" * 50 + "hello world 42\n" * 50],
+                              trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return Tokenizer(t)
+    tok = trained(pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                           pre_tokenizers.ByteLevel(add_prefix_space=False)]))
+    assert gguf.vocabulary(tok)["pre"] == "smollm"
+    model = make_run(tmp_path / "run", tok)
+    llm = load(export(tmp_path / "run", tmp_path / "s.gguf"))
+    text = "in 2026 there were 365 days and 12 months"
+    ids = tok.encode(text)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids
+    assert rel(llama_logits(llm, ids), model.forward(np.array([ids]))[0].astype(np.float64)) < 1e-3
+    other = trained(pre_tokenizers.Sequence([pre_tokenizers.Punctuation(), pre_tokenizers.ByteLevel()]))
+    with pytest.raises(TbpError, match="llama.cpp would cut text differently"):
+        gguf.vocabulary(other)

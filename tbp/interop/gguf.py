@@ -199,9 +199,9 @@ def vocabulary(tok: Tokenizer) -> dict:
                             "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
                             "{{ '<|im_start|>assistant\\n' }}{% endif %}")
     if tok.kind == "bpe":
-        merges = json.loads(tok.to_str())["model"]["merges"]
-        merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
-        return {**keys, "model": "gpt2", "pre": "gpt-2", "tokens": tokens, "merges": merges}
+        spec = json.loads(tok.to_str())
+        merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+        return {**keys, "model": "gpt2", "pre": _pre(spec), "tokens": tokens, "merges": merges}
     if not specials:
         return {**keys, "model": "rwkv", "pre": None, "tokens": [_rwkv_escape(s) for s in tokens], "merges": None}
     table = _byte_symbols()
@@ -219,6 +219,27 @@ def vocabulary(tok: Tokenizer) -> dict:
             merges.append(" ".join(symbols))
         written.append("".join(symbols))
     return {**keys, "model": "gpt2", "pre": "gpt-2", "tokens": written, "merges": merges}
+
+
+def _pre(spec: dict) -> str:
+    """llama.cpp's pre-tokenizer for a byte-level BPE's tokenizer.json: "gpt-2" for GPT-2's
+    (tbp's own BPE), "smollm" for SmolLM's (each digit apart, then GPT-2's); TbpError for any
+    other, which llama.cpp would cut differently from tbp -- a file that loads and computes
+    something else is never written."""
+    pre = spec.get("pre_tokenizer") or {}
+    byte_level = {"type": "ByteLevel"}
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt-2"
+    steps = pre.get("pretokenizers") or []
+    if pre.get("type") == "Sequence" and len(steps) == 2 and steps[0].get("type") == "Digits" \
+            and steps[0].get("individual_digits") and steps[1].get("type") == byte_level["type"] \
+            and steps[1].get("use_regex", True):
+        return "smollm"
+    if (spec.get("model") or {}).get("byte_fallback"):
+        why = "a byte-fallback BPE (Llama 2's, TinyLlama's) is llama.cpp's llama tokenizer model, which tbp does not write"
+    else:
+        why = f"its pre-tokenizer ({json.dumps(pre)[:80]}) is not GPT-2's or SmolLM's"
+    raise TbpError(f"llama.cpp would cut text differently from this tokenizer: {why}")
 
 
 # --- the file --------------------------------------------------------------------------------
