@@ -35,20 +35,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
-
-from tbp.data.tokenizer import Tokenizer
 from tbp.interop import llama
 from tbp.nn.config import ModelConfig
 from tbp.nn.gpt import GPT
 from tbp.runs import disk
-from tbp.train.optim import AdamW
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records                                            # noqa: E402
+# the comparison's parts GPT-2's parity has already: a tokenizer of a given size, the loss, the
+# relative difference, the AdamW steps
+from gpt2_parity import LR, STEPS, adamw_steps, gpt2_sized_tokenizer as sized_tokenizer, rel, torch_loss  # noqa: E402,E501
 
-STEPS, LR = 10, 1e-4
 SMOLLM2 = dict(vocab_size=49152, n_ctx=2048, n_layer=30, n_head=9, n_kv_head=3, d_model=576, swiglu_hidden=1536,
                rope_base=100000.0, ln_eps=1e-5, tie_head=True)
 SMALL = dict(vocab_size=300, n_ctx=32, n_layer=2, n_head=4, n_kv_head=2, d_model=32, swiglu_hidden=48,
@@ -93,21 +90,6 @@ def config(shape: dict) -> ModelConfig:
     return ModelConfig.from_dict({**llama.FAMILY, "attention": "gqa", **shape})
 
 
-def sized_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer of exactly ``vocab_size`` entries (the 256 bytes, filler
-    tokens, <|endoftext|> last), so that the folder carries one; the comparison feeds ids."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
-    while len(vocab) < vocab_size - 1:
-        vocab[f"<filler{len(vocab)}>"] = len(vocab)
-    vocab["<|endoftext|>"] = vocab_size - 1
-    t = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.add_special_tokens(["<|endoftext|>"])
-    return Tokenizer(t)
-
-
 def models_from(folder: Path, work: Path, dtype) -> tuple:
     """tbp's model (through tbp's importer) and transformers' (from_pretrained), both in ``dtype``."""
     run = work / f"imported-{np.dtype(dtype).name}"
@@ -116,16 +98,6 @@ def models_from(folder: Path, work: Path, dtype) -> tuple:
     theirs = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                            torch_dtype=torch.float32)
     return ours, theirs.to(torch.float64 if dtype == np.float64 else torch.float32).train()
-
-
-def torch_loss(model, x, y):
-    logits = model(torch.from_numpy(x)).logits
-    return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     torch.from_numpy(y).reshape(-1))
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
 def torch_grads(theirs, cfg) -> dict:
@@ -148,22 +120,6 @@ def gradients(ours, theirs, x, y) -> dict:
     return {"logits": rel(logits_ours, logits.detach().numpy()),
             "loss": abs(loss_ours - loss.item()) / abs(loss.item()), "loss_tbp": loss_ours,
             "loss_torch": loss.item(), "grads": grads, "grad_max": max(grads.values())}
-
-
-def adamw_steps(ours, theirs, x, y) -> dict:
-    opt_ours = AdamW(ours.layout, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8)
-    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    losses = {"tbp": [], "torch": []}
-    for _ in range(STEPS):
-        ours.zero_grad()
-        losses["tbp"].append(float(ours.loss_and_backward(x, y)))
-        opt_ours.step(LR)
-        opt_theirs.zero_grad()
-        loss = torch_loss(theirs, x, y)[1]
-        loss.backward()
-        opt_theirs.step()
-        losses["torch"].append(loss.item())
-    return {**losses, "max_abs_diff": max(abs(a - b) for a, b in zip(losses["tbp"], losses["torch"]))}
 
 
 def fixture(folder: Path, x, y, out: Path) -> None:

@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-from .optim import AdamW
+from .optim import AdamW, restore
 from .optimizers import optimizer
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -130,21 +130,5 @@ class Muon:
         return out
 
     def load_state_arrays(self, arrays: dict[str, np.ndarray], t: int) -> None:
-        want = self.state_arrays()
-        if set(arrays) != set(want):
-            missing = sorted(set(want) - set(arrays))[:3]
-            extra = sorted(set(arrays) - set(want))[:3]
-            raise ValueError(f"optimizer state does not match Muon's for this model "
-                             f"({f'missing {missing}' if missing else f'unexpected {extra}'}): was the run "
-                             f"trained with another --optimizer?")
-        for k, dst in want.items():
-            a = arrays[k]
-            if a.shape != dst.shape:
-                raise ValueError(f"optimizer state {k} has shape {a.shape}, the model needs {dst.shape}")
-            if not np.isfinite(a).all():
-                raise ValueError(f"optimizer state {k} holds non-finite values")
-            if k.startswith("v.") and (a < 0).any():
-                raise ValueError(f"optimizer state {k} holds negative second moments")
-        for k, dst in want.items():
-            np.copyto(dst, arrays[k], casting="same_kind")
+        restore(self.state_arrays(), arrays, "Muon's for this model (was the run trained with another --optimizer?)")
         self.t = t

@@ -169,20 +169,25 @@ class AdamW:
 
     def load_state_arrays(self, arrays: dict[str, np.ndarray], t: int) -> None:
         """Restore the moments; every name and shape must match (nothing is broadcast)."""
-        want = self.state_arrays()
-        if set(arrays) != set(want):
-            missing = sorted(set(want) - set(arrays))[:3]
-            extra = sorted(set(arrays) - set(want))[:3]
-            raise ValueError(f"optimizer state does not match the model "
-                             f"({f'missing {missing}' if missing else f'unexpected {extra}'})")
-        for k, dst in want.items():
-            a = arrays[k]
-            if a.shape != dst.shape:
-                raise ValueError(f"optimizer state {k} has shape {a.shape}, the model needs {dst.shape}")
-            if not np.isfinite(a).all():
-                raise ValueError(f"optimizer state {k} holds non-finite values")
-            if k.startswith("v.") and (a < 0).any():     # a mean of squares: a negative one is damage
-                raise ValueError(f"optimizer state {k} holds negative second moments")
-        for k, dst in want.items():
-            np.copyto(dst, arrays[k], casting="same_kind")
+        restore(self.state_arrays(), arrays, "the model")
         self.t = t
+
+
+def restore(want: dict[str, np.ndarray], arrays: dict[str, np.ndarray], what: str) -> None:
+    """Copy ``arrays`` into an optimizer's state ``want`` (name -> its array), once every name,
+    shape and value is checked: the same names, finite values, no negative second moment."""
+    if set(arrays) != set(want):
+        missing = sorted(set(want) - set(arrays))[:3]
+        extra = sorted(set(arrays) - set(want))[:3]
+        raise ValueError(f"optimizer state does not match {what} "
+                         f"({f'missing {missing}' if missing else f'unexpected {extra}'})")
+    for k, dst in want.items():
+        a = arrays[k]
+        if a.shape != dst.shape:
+            raise ValueError(f"optimizer state {k} has shape {a.shape}, the model needs {dst.shape}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"optimizer state {k} holds non-finite values")
+        if k.startswith("v.") and (a < 0).any():     # a mean of squares: a negative one is damage
+            raise ValueError(f"optimizer state {k} holds negative second moments")
+    for k, dst in want.items():
+        np.copyto(dst, arrays[k], casting="same_kind")
