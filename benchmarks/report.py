@@ -302,47 +302,44 @@ def mpi_zero(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _parity(r: dict) -> list[str]:
+    """A parity record's table (logits, loss, every gradient, the AdamW steps) and its line of
+    losses, versions, CPU and commit: what the GPT-2 and the Llama comparisons share."""
+    f64, s64, s32 = r["float64"], r["float64_steps"], r["float32_steps"]
+    worst = max(f64["grads"], key=f64["grads"].get)
+    return ["| what | largest difference | bound |", "| --- | ---: | ---: |",
+            f"| logits, float64 (relative to the largest) | {f64['logits']:.1e} | 10⁻¹⁰ |",
+            f"| loss, float64 (relative) | {f64['loss']:.1e} | 10⁻¹⁰ |",
+            f"| every gradient, float64 ({len(f64['grads'])} tensors; the worst: `{worst}`) | "
+            f"{f64['grad_max']:.1e} | 10⁻¹⁰ |",
+            f"| loss at each of {r['steps']} AdamW steps, float64 (absolute) | {s64['max_abs_diff']:.1e} | 10⁻⁶ |",
+            f"| loss at each of {r['steps']} AdamW steps, float32 (absolute) | {s32['max_abs_diff']:.1e} | 10⁻² |"]
+
+
+def _parity_line(r: dict) -> str:
+    s64 = r["float64_steps"]
+    return (f"Losses, float64, step 1 → {r['steps']}: {s64['tbp'][0]:.6f} → {s64['tbp'][-1]:.6f} (PyTorch "
+            f"{s64['torch'][0]:.6f} → {s64['torch'][-1]:.6f}). Weights: {r['weights']}; batch "
+            f"{r['batch'][0]} × {r['batch'][1]}; torch {r['torch']}, transformers {r['transformers']}, NumPy "
+            f"{r['numpy']}. CPU: {r['cpu']}; commit {r['commit']}.")
+
+
 def gpt2_parity(rows: list[dict]) -> str:
     """The newest full-size comparison with transformers: each quantity's largest relative
     difference, and the AdamW steps' largest loss difference (the reduced shape of the suite's
     fixture, --small, is not this table's)."""
     r = [x for x in rows if x["config"]["n_layer"] == 12][-1]
-    f64, s64, s32 = r["float64"], r["float64_steps"], r["float32_steps"]
-    worst = max(f64["grads"], key=f64["grads"].get)
-    out = ["| what | largest difference | bound |", "| --- | ---: | ---: |",
-           f"| logits, float64 (relative to the largest) | {f64['logits']:.1e} | 10⁻¹⁰ |",
-           f"| loss, float64 (relative) | {f64['loss']:.1e} | 10⁻¹⁰ |",
-           f"| every gradient, float64 ({len(f64['grads'])} tensors; the worst: `{worst}`) | "
-           f"{f64['grad_max']:.1e} | 10⁻¹⁰ |",
-           f"| loss at each of {r['steps']} AdamW steps, float64 (absolute) | {s64['max_abs_diff']:.1e} | 10⁻⁶ |",
-           f"| loss at each of {r['steps']} AdamW steps, float32 (absolute) | {s32['max_abs_diff']:.1e} | 10⁻² |"]
-    out += ["", f"Losses, float64, step 1 → {r['steps']}: {s64['tbp'][0]:.6f} → {s64['tbp'][-1]:.6f} (PyTorch "
-                f"{s64['torch'][0]:.6f} → {s64['torch'][-1]:.6f}). Weights: {r['weights']}; batch "
-                f"{r['batch'][0]} × {r['batch'][1]}; torch {r['torch']}, transformers {r['transformers']}, NumPy "
-                f"{r['numpy']}. CPU: {r['cpu']}; commit {r['commit']}."]
-    return "\n".join(out)
+    return "\n".join(_parity(r) + ["", _parity_line(r)])
 
 
 def llama_parity(rows: list[dict]) -> str:
     """The newest comparison with transformers' LlamaForCausalLM at SmolLM2-135M's shape: as
     gpt2_parity, and the same float64 comparison with transformers as shipped (its float32 steps)."""
     r = [x for x in rows if x["shape"]["n_layer"] == 30][-1]
-    f64, s64, s32, shipped = r["float64"], r["float64_steps"], r["float32_steps"], r["float64_as_shipped"]
-    worst = max(f64["grads"], key=f64["grads"].get)
-    out = ["| what | largest difference | bound |", "| --- | ---: | ---: |",
-           f"| logits, float64 (relative to the largest) | {f64['logits']:.1e} | 10⁻¹⁰ |",
-           f"| loss, float64 (relative) | {f64['loss']:.1e} | 10⁻¹⁰ |",
-           f"| every gradient, float64 ({len(f64['grads'])} tensors; the worst: `{worst}`) | "
-           f"{f64['grad_max']:.1e} | 10⁻¹⁰ |",
-           f"| loss at each of {r['steps']} AdamW steps, float64 (absolute) | {s64['max_abs_diff']:.1e} | 10⁻⁶ |",
-           f"| loss at each of {r['steps']} AdamW steps, float32 (absolute) | {s32['max_abs_diff']:.1e} | 10⁻² |",
-           f"| logits / every gradient, float64 against transformers as shipped | {shipped['logits']:.1e} / "
-           f"{shipped['grad_max']:.1e} | (its float32 steps) |"]
-    out += ["", f"Losses, float64, step 1 → {r['steps']}: {s64['tbp'][0]:.6f} → {s64['tbp'][-1]:.6f} (PyTorch "
-                f"{s64['torch'][0]:.6f} → {s64['torch'][-1]:.6f}). Weights: {r['weights']}; batch "
-                f"{r['batch'][0]} × {r['batch'][1]}; torch {r['torch']}, transformers {r['transformers']}, NumPy "
-                f"{r['numpy']}. CPU: {r['cpu']}; commit {r['commit']}."]
-    return "\n".join(out)
+    shipped = r["float64_as_shipped"]
+    return "\n".join(_parity(r) + [f"| logits / every gradient, float64 against transformers as shipped | "
+                                   f"{shipped['logits']:.1e} / {shipped['grad_max']:.1e} | (its float32 steps) |",
+                                   "", _parity_line(r)])
 
 
 def llama_lora(rows: list[dict]) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +83,20 @@ class Template:
         return None
 
 
+_TEMPLATES: "weakref.WeakKeyDictionary[Tokenizer, Template]" = weakref.WeakKeyDictionary()
+
+
 def template(tok: Tokenizer) -> Template:
     """The template ``tok`` was made for: tbp's where it has tbp's six reserved tokens, ChatML's
-    where it has <|im_start|> and <|im_end|>; TbpError otherwise (it was not made for chat)."""
+    where it has <|im_start|> and <|im_end|>; TbpError otherwise (it was not made for chat).
+    Found once per tokenizer (render asks it for every conversation of a dataset)."""
+    found = _TEMPLATES.get(tok)
+    if found is None:
+        found = _TEMPLATES[tok] = _find_template(tok)
+    return found
+
+
+def _find_template(tok: Tokenizer) -> Template:
     vocab = tok.hf.get_vocab()
     if all(s in vocab for s in CHAT_SPECIALS):
         opens = {role: (vocab[token],) for role, token in ROLES.items()}

@@ -91,6 +91,17 @@ def not_a_file(path: Path) -> str | None:
     return next((f"{name}, not a file" for test, name in kinds if test(mode)), "not a regular file")
 
 
+def require_files(folder: Path, names: tuple, what: str) -> None:
+    """TbpError naming the first of ``names`` in ``folder`` that is not a regular file to read:
+    missing (``what`` then says which files such a folder has), or why not (a FIFO, a folder)."""
+    for name in names:
+        why = not_a_file(folder / name)
+        if why == "missing":
+            raise TbpError(f"{folder}: missing {name} ({what} has {', '.join(names)})")
+        if why is not None:
+            raise TbpError(f"{folder / name}: {why}")
+
+
 def _hold(fd: int) -> None:
     """Lock the temporary file open at ``fd`` while this writer lives (where flock exists)."""
     with contextlib.suppress(ImportError, OSError):

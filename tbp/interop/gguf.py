@@ -226,14 +226,14 @@ def _pre(spec: dict) -> str:
     (tbp's own BPE), "smollm" for SmolLM's (each digit apart, then GPT-2's); TbpError for any
     other, which llama.cpp would cut differently from tbp -- a file that loads and computes
     something else is never written."""
+    def gpt2(step: dict) -> bool:           # GPT-2's byte-level step, its regex included
+        return step.get("type") == "ByteLevel" and step.get("use_regex", True)
     pre = spec.get("pre_tokenizer") or {}
-    byte_level = {"type": "ByteLevel"}
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+    if gpt2(pre):
         return "gpt-2"
     steps = pre.get("pretokenizers") or []
     if pre.get("type") == "Sequence" and len(steps) == 2 and steps[0].get("type") == "Digits" \
-            and steps[0].get("individual_digits") and steps[1].get("type") == byte_level["type"] \
-            and steps[1].get("use_regex", True):
+            and steps[0].get("individual_digits") and gpt2(steps[1]):
         return "smollm"
     if (spec.get("model") or {}).get("byte_fallback"):
         why = "a byte-fallback BPE (Llama 2's, TinyLlama's) is llama.cpp's llama tokenizer model, which tbp does not write"

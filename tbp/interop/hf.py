@@ -18,7 +18,8 @@ from ..runs import commit, disk
 from ..files import jsonio
 from ..machine import memory
 from ..errors import TbpError
-from ..files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, not_a_file
+from ..files.atomic import (atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, not_a_file,
+                            require_files)
 from ..nn.gpt import GPT
 from ..nn.config import ModelConfig
 from ..nn import build
@@ -142,13 +143,7 @@ def import_hf(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokenizer
     against the memory available, before anything is built."""
     src = Path(src)
     commit.claim_run_output(out, force, inputs=(src,))
-    for f in ("config.json", "model.safetensors", "tokenizer.json"):
-        why = not_a_file(src / f)
-        if why == "missing":
-            raise TbpError(f"{src}: missing {f} (a GPT-2 folder has config.json, model.safetensors, "
-                           f"tokenizer.json)")
-        if why is not None:
-            raise TbpError(f"{src / f}: {why}")
+    require_files(src, ("config.json", "model.safetensors", "tokenizer.json"), "a GPT-2 folder")
     cfg = _config_from_hf(jsonio.read_json(src / "config.json"), src / "config.json")
     tok = Tokenizer.load(src / "tokenizer.json")
     if tok.vocab_size != cfg.vocab_size:

@@ -32,7 +32,7 @@ from safetensors.numpy import save as st_save
 from ..data.tokenizer import Tokenizer
 from ..errors import TbpError
 from ..files import jsonio
-from ..files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, not_a_file
+from ..files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, claim_output, require_files
 from ..files.staging import staged_dir
 from ..machine import memory
 from ..nn.config import N_CTX_MAX, ModelConfig
@@ -118,11 +118,12 @@ def llama_config(cfg: ModelConfig, tok: Tokenizer) -> dict:
     """The config.json of a LlamaForCausalLM equal to a model of ``cfg``."""
     flat = cfg.flat()
     eot = tok.eot_id
+    F, Hkv = _widths(cfg)
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": _hidden(cfg),
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": F,
         "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": _kv_heads(cfg), "head_dim": cfg.d_v, "hidden_act": "silu",
+        "num_key_value_heads": Hkv, "head_dim": cfg.d_v, "hidden_act": "silu",
         "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.ln_eps, "rope_theta": flat["rope_base"],
         "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
         "tie_word_embeddings": cfg.tie_head, "initializer_range": 0.02, "use_cache": True,
@@ -130,14 +131,12 @@ def llama_config(cfg: ModelConfig, tok: Tokenizer) -> dict:
     }
 
 
-def _hidden(cfg: ModelConfig) -> int:
-    return GPT.shapes(cfg)["h.0.mlp.c_proj.weight"][0]
-
-
-def _kv_heads(cfg: ModelConfig) -> int:
-    """Hkv, from c_attn's width H D + 2 Hkv D (grouped-query attention's or the standard's)."""
+def _widths(cfg: ModelConfig) -> tuple[int, int]:
+    """(F, Hkv): the MLP's width and the key/value heads, from the weights' shapes (c_proj is
+    (F, C); c_attn is (C, H D + 2 Hkv D) under grouped-query or standard attention alike)."""
+    shapes = GPT.shapes(cfg)
     H, D = cfg.n_head, cfg.d_v
-    return (GPT.shapes(cfg)["h.0.attn.c_attn.weight"][1] - H * D) // (2 * D)
+    return shapes["h.0.mlp.c_proj.weight"][0], (shapes["h.0.attn.c_attn.weight"][1] - H * D) // (2 * D)
 
 
 # --- weights ------------------------------------------------------------------------------------------
@@ -177,8 +176,8 @@ def to_tbp(raw: dict[str, np.ndarray], cfg: ModelConfig, source: Path) -> dict[s
 
 def to_hf(params: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
     """tbp's parameters -> Hugging Face Llama tensors (the inverse of :func:`to_tbp`)."""
-    H, D, Hkv = cfg.n_head, cfg.d_v, _kv_heads(cfg)
-    F = _hidden(cfg)
+    H, D = cfg.n_head, cfg.d_v
+    F, Hkv = _widths(cfg)
     c = lambda a: np.ascontiguousarray(a, dtype=np.float32)
     out = {"model.embed_tokens.weight": c(params["wte"]), "model.norm.weight": c(params["ln_f.weight"])}
     for i in range(cfg.n_layer):
@@ -231,15 +230,10 @@ def import_llama(src: Path, out: Path, force: bool = False) -> tuple[GPT, Tokeni
     available, before the weights are read."""
     src = Path(src)
     commit.claim_run_output(out, force, inputs=(src,))
-    for f in FILES:
-        why = not_a_file(src / f)
-        if why == "missing" and f == "model.safetensors" and (src / "model.safetensors.index.json").is_file():
-            raise TbpError(f"{src}: the weights are split into shards (model.safetensors.index.json); tbp reads "
-                           f"one model.safetensors")
-        if why == "missing":
-            raise TbpError(f"{src}: missing {f} (a Llama folder has {', '.join(FILES)})")
-        if why is not None:
-            raise TbpError(f"{src / f}: {why}")
+    if not (src / "model.safetensors").exists() and (src / "model.safetensors.index.json").is_file():
+        raise TbpError(f"{src}: the weights are split into shards (model.safetensors.index.json); tbp reads "
+                       f"one model.safetensors")
+    require_files(src, FILES, "a Llama folder")
     cfg = config_from_llama(jsonio.read_json(src / "config.json"), src / "config.json")
     tok = Tokenizer.load(src / "tokenizer.json")
     if tok.vocab_size != cfg.vocab_size:

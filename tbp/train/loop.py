@@ -23,7 +23,7 @@ from ..data.datasets import Dataset
 from ..errors import TbpError
 from ..files.atomic import append_line, atomic_write_text
 from ..nn.gpt import LanguageModel
-from .optim import lr_at, wsd_at
+from .optim import scheduled_lr
 from .optimizers import OPTIMIZERS
 from .distributed import World
 from .gradsync import GradientSync
@@ -181,15 +181,11 @@ class Trainer:
         st.stopped = None
         t_session = time.perf_counter()            # --max-time counts this invocation's time
         # a time budget's end, in the run's own clock (elapsed_s): where a wsd schedule has decayed
-        horizon = st.elapsed_s + cfg.max_time if cfg.max_time else None
+        horizon = st.elapsed_s + cfg.max_time if cfg.max_time and cfg.schedule == "wsd" else None
 
-        def rate(step: int) -> float:
-            if cfg.schedule == "cosine":
-                return lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
-            progress = step / cfg.max_iters
-            if horizon:                 # rank 0's clock: every rank steps at the same rate
-                progress = max(progress, self.world.bcast((time.perf_counter() - t_start) / horizon))
-            return wsd_at(step, progress, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_fraction)
+        def rate(step: int) -> float:   # rank 0's clock: every rank steps at the same rate
+            clock = self.world.bcast((time.perf_counter() - t_start) / horizon) if horizon else None
+            return scheduled_lr(cfg, step, clock)
         lr = rate(st.step)
         while st.step < cfg.max_iters:
             if self.world.any(self.stop_requested):     # every rank stops after the same step

@@ -82,6 +82,8 @@ class Muon:
             spans.append((at, layout.size))
         self.adam.spans = spans                     # AdamW's share: everything else
         self.buffer = {n: np.zeros(layout.entries[n].shape, layout.params.dtype) for n in self.hidden}
+        params, grads = layout.views(layout.params), layout.views(layout.grads)     # the buffers stay put
+        self._matrices = [(params[n], grads[n], self.buffer[n]) for n in self.hidden]
 
     @classmethod
     def from_config(cls, layout, cfg) -> "Muon":
@@ -106,11 +108,9 @@ class Muon:
 
     def step(self, lr: float) -> None:
         self.adam.step(lr)
-        params, grads = self.layout.views(self.layout.params), self.layout.views(self.layout.grads)
         f = self.layout.params.dtype.type
         mu, decay = f(self.mu), f(1 - lr * self.weight_decay)
-        for name in self.hidden:
-            p, g, buf = params[name], grads[name], self.buffer[name]
+        for p, g, buf in self._matrices:
             buf *= mu
             buf += g
             update = newton_schulz(g + mu * buf, self.ns_steps)              # Nesterov's look-ahead

@@ -36,6 +36,16 @@ def wsd_at(step: int, progress: float, lr: float, min_lr: float, warmup: int, de
     return min_lr + (lr - min_lr) * max(left, 0.0) / decay_fraction
 
 
+def scheduled_lr(cfg, step: int, clock: float | None = None) -> float:
+    """The rate ``cfg``'s schedule (a TrainConfig's) gives 0-based ``step``. ``clock``: the share
+    of a time budget spent, where one may end the run: wsd decays by whichever of the steps and
+    the clock runs out first; the cosine is keyed to steps alone."""
+    if cfg.schedule == "cosine":
+        return lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_iters)
+    progress = max(step / cfg.max_iters, clock or 0.0)
+    return wsd_at(step, progress, cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_fraction)
+
+
 def clip_grads(grads: np.ndarray, max_norm: float, norm: float | None = None) -> float:
     """Scale the gradients in place so their global norm is at most ``max_norm``; returns the
     norm before clipping (what a logger wants to see). max_norm <= 0 disables clipping.

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..nn.registry import register_in
+
 OPTIMIZERS: dict[str, type] = {}
 
 
 def optimizer(name: str) -> Callable:
     """Register an optimizer class as ``--optimizer name`` (a class decorator)."""
-    def register(cls):
-        if name in OPTIMIZERS:
-            raise ValueError(f"optimizer {name!r} is registered twice")
-        OPTIMIZERS[name] = cls
-        return cls
-    return register
+    return register_in(OPTIMIZERS, "optimizer", name)

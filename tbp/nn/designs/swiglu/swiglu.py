@@ -89,12 +89,12 @@ class SwiGLU(Module):
         a, b = u2[:, :F], u2[:, F:]
         dh = self.c_proj.backward(dout).reshape(-1, F)                     # (N, F)
         du = np.empty_like(u2)
-        np.multiply(a, s, out=du[:, F:])
-        du[:, F:] *= dh                                                    # db = dh silu(a)
-        dsilu = np.subtract(1, s, out=s)                                   # s is not needed again
-        dsilu *= a
-        dsilu += 1
-        dsilu *= sigmoid(a, du[:, :F])                                     # s (1 + a (1 - s))
+        silu = np.multiply(a, s, out=du[:, F:])                            # silu(a)
+        np.multiply(silu, s, out=du[:, :F])                                # scratch: silu(a) s
+        dsilu = s                                                          # s is not needed again:
+        dsilu += silu
+        dsilu -= du[:, :F]                                                 # s + a s (1 - s)
+        silu *= dh                                                         # db = dh silu(a)
         np.multiply(dh, b, out=du[:, :F])
         du[:, :F] *= dsilu                                                 # da
         self.cache = None
