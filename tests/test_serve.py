@@ -198,7 +198,7 @@ def test_a_full_queue_answers_429_and_a_dropped_stream_frees_its_place(text_run)
                 yield "x", "length" if n == 40 else None, n
         finally:
             taken.append("closed")
-    s.served.steps = slowly
+    s.served.alone = slowly
     try:
         body = {"model": "m", "prompt": "the", "max_tokens": 40, "stream": True}
         with httpx.Client(timeout=30) as h:

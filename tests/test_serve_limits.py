@@ -193,11 +193,12 @@ def test_a_request_waits_for_a_place_before_any_model_work(text_run):  # noqa: F
         for n in range(1, 41):
             time.sleep(0.05)
             yield "x", "length" if n == 40 else None, n
-    s.served.steps = slowly
+    s.served.alone = slowly
     try:
         with httpx.Client(timeout=30) as h:
             with h.stream("POST", s.url + "/completions", json={**REQUEST, "stream": True}) as first:
-                next(first.iter_lines())
+                lines = first.iter_lines()                       # kept: dropping it hangs up
+                next(lines)                                      # it is decoding
                 busy = post(s.port, REQUEST)
                 assert busy.status_code == 429 and len(read) == 1
     finally:

@@ -1,13 +1,18 @@
-"""tbp serve under load on loopback: N streaming clients for M seconds, against one at a time.
+"""tbp serve under load on loopback: --parallel 1 against --parallel N, alternated over rounds.
 
-    python benchmarks/speed/serve_load.py --checkpoint checkpoints/pydoc --clients 8 --seconds 60 --record
+    python benchmarks/speed/serve_load.py --checkpoint checkpoints/pydoc --clients 8 --rounds 10 --record
+    python benchmarks/speed/serve_load.py --busy ...       # with another process keeping one core busy
 
-A server is started as a user starts it (``tbp serve``, its own process). Requests are drawn
-from 16 fixed (prompt, seed) pairs, and each pair's answer is first asked alone: during the load
-every answer must equal its pair's, byte for byte (no cross-talk between streams), and no request
-may fail. Then, for each setting (one client; N clients with --parallel 1, the default, so that
-they queue; N clients with --parallel N), the clients stream completions back to back for M seconds; recorded: requests, tokens, aggregate
-tokens per second, latency and time to first token (p50, p99), errors.
+Two servers are started as a user starts them (``tbp serve``, each its own process): one with
+``--parallel 1`` (the clients queue), one with ``--parallel N``. Requests are drawn from 16 fixed
+(prompt, seed) pairs, and each pair's answer is first asked alone: during the load every answer
+must equal its pair's, byte for byte (no cross-talk between streams), and no request may fail.
+Then the rounds: in each, N clients stream completions back to back for S seconds against one
+server, then against the other (the order alternates round by round), so that whatever else the
+machine does falls on both settings alike. Recorded per round and setting: requests, tokens,
+aggregate tokens per second, latency p50 / p99 / max, time to first token, errors; and the ratio
+of the two settings in every round, its worst and its median. ``--busy`` runs a process that
+spins on one core for the whole benchmark (the load a user's other work puts beside a server).
 """
 import argparse
 import json
@@ -27,6 +32,7 @@ import records
 
 PROMPTS = ["The list ", "A function ", "In Python, ", "The module "]
 PAIRS = [(p, s) for p in PROMPTS for s in range(4)]
+SPIN = "import time\nwhile True:\n    pass\n"
 
 
 def free_port() -> int:
@@ -35,13 +41,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(checkpoint: str, parallel: int, queue: int):
+def start(checkpoint: str, parallel: int, queue: int, threads: int, env: dict):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", checkpoint, "--port", str(port),
-                             "--parallel", str(parallel), "--queue", str(queue), "--name", "m"],
-                            stderr=subprocess.DEVNULL)
+                             "--parallel", str(parallel), "--queue", str(queue), "--name", "m", "--quiet",
+                             "--threads", str(threads)],
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(600):
+    for _ in range(1200):
         try:
             httpx.get(url + "/models", timeout=1)
             return proc, url
@@ -108,8 +115,8 @@ def load(url: str, clients: int, seconds: float, max_tokens: int, expected: dict
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
     return {"requests": len(results), "tokens": sum(r[0] for r in results), "wall_s": wall,
             "tokens_per_s": sum(r[0] for r in results) / wall, "latency_p50_s": pct(lat, 0.5),
-            "latency_p99_s": pct(lat, 0.99), "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
-            "latency_median_s": statistics.median(lat) if lat else None,
+            "latency_p99_s": pct(lat, 0.99), "latency_max_s": lat[-1] if lat else None,
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
             "errors": len(errors), "error_examples": errors[:3], "mismatched_answers": len(wrong)}
 
 
@@ -117,31 +124,59 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="checkpoints/pydoc")
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--parallel", type=int, default=None, help="the batched server's --parallel (default --clients)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=20, help="each setting's share of a round")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--busy", action="store_true", help="one process spinning on a core throughout")
+    ap.add_argument("--threads", type=int, default=1, help="the servers' --threads (BLAS threads)")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for both servers (e.g. OPENBLAS_NUM_THREADS=1)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    out = {}
-    expected = None
-    for clients, parallel in ((1, 1), (args.clients, 1), (args.clients, args.clients)):
-        proc, url = start(args.checkpoint, parallel=parallel, queue=args.clients)
-        try:
-            if expected is None:           # each pair asked alone: the answers every later one must equal
-                with httpx.Client(timeout=600) as h:
-                    expected = {(p, s): ask(h, url, p, s, args.max_tokens)[0] for p, s in PAIRS}
-            key = f"{clients} clients, parallel {parallel}"
-            out[key] = {"clients": clients, "parallel": parallel,
-                        **load(url, clients, args.seconds, args.max_tokens, expected)}
-            print(key, {k: v for k, v in out[key].items() if k != "error_examples"})
-        finally:
+    parallel = args.parallel or args.clients
+    env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.env))
+    settings = {"parallel 1": 1, f"parallel {parallel}": parallel}
+    servers = {k: start(args.checkpoint, p, args.clients, args.threads, env) for k, p in settings.items()}
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if args.busy else None
+    rounds = []
+    try:
+        with httpx.Client(timeout=600) as h:        # each pair asked alone, of the batched server
+            url = servers[f"parallel {parallel}"][1]
+            expected = {(p, s): ask(h, url, p, s, args.max_tokens)[0] for p, s in PAIRS}
+        for r in range(args.rounds):
+            order = list(settings) if r % 2 == 0 else list(settings)[::-1]
+            row = {}
+            for key in order:
+                row[key] = load(servers[key][1], args.clients, args.seconds, args.max_tokens, expected)
+            row["ratio"] = row[f"parallel {parallel}"]["tokens_per_s"] / row["parallel 1"]["tokens_per_s"]
+            rounds.append(row)
+            print(f"round {r + 1}: " + " · ".join(
+                f"{k} {v['tokens_per_s']:.0f} tok/s (max {v['latency_max_s']:.2f} s, p50 {v['latency_p50_s']:.2f} s, "
+                f"errors {v['errors']}, wrong {v['mismatched_answers']})" for k, v in row.items() if k != "ratio")
+                  + f" · ratio {row['ratio']:.2f}", flush=True)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
+    ratios = [r["ratio"] for r in rounds]
+    worst_tail = max(r[k]["latency_max_s"] / r[k]["latency_p50_s"] for r in rounds for k in settings)
+    summary = {"ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios),
+               "worst_max_over_median_latency": worst_tail,
+               "errors": sum(r[k]["errors"] for r in rounds for k in settings),
+               "mismatched_answers": sum(r[k]["mismatched_answers"] for r in rounds for k in settings)}
+    print(summary)
     if args.record:
-        records.append("serve_load", {"checkpoint": Path(args.checkpoint).name, "seconds": args.seconds,
-                                      "max_tokens": args.max_tokens, "pairs": len(PAIRS), "settings": out,
-                                      "threads_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
-                                                                                     "OPENBLAS_NUM_THREADS")},
-                                      "commit": records.commit()})
+        from tbp.runs.disk import read_config
+        cfg = read_config(Path(args.checkpoint))
+        records.append("serve_load", {
+            "checkpoint": Path(args.checkpoint).name,
+            "model": {k: cfg.get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
+            "clients": args.clients, "parallel": parallel, "rounds": args.rounds, "seconds": args.seconds,
+            "max_tokens": args.max_tokens, "busy_core": args.busy, "threads": args.threads, "pairs": len(PAIRS), "env": dict(
+                kv.split("=", 1) for kv in args.env), "summary": summary, "per_round": rounds,
+            "commit": records.commit()})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import click
 
 from ..errors import TbpError
 from ..generate.guard import ACCEPT_BURST
+from ..machine.cores import blas_threads
 from .common import console, the_run, load_run
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback: no key needed
@@ -37,9 +38,13 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback:
 @click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN",
               help="A web page's origin allowed to use the server from a browser, e.g. http://localhost:3000 "
                    "(repeatable; '*' any): it gets CORS headers. Requests from any other page are refused.")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Threads of NumPy's BLAS in each product. More pays for a large model on an otherwise idle "
+                   "machine; beside other work its threads spin waiting for a core and decoding stalls "
+                   "(the serve page has the measurements).")
 @click.option("--quiet", "-q", is_flag=True, help="No access log (by default one line a request on stderr: method, "
                                                   "path, status, tokens, time and time queued).")
-def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins, quiet):
+def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins, threads, quiet):
     """Serve a run with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions.
 
     Any OpenAI client works: point its base URL at http://HOST:PORT/v1. Streaming (server-sent
@@ -88,8 +93,11 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     # a shorter slice lets it in sooner while they step
     sys.setswitchinterval(0.001)
     # uvicorn stops on SIGTERM or Ctrl-C (waiting 2 s at most for clients), then raises the signal
-    # again, into tbp's handlers: "terminated", 143, or "interrupted", 130
-    server.run(sockets=[sock])
+    # again, into tbp's handlers: "terminated", 143, or "interrupted", 130. The BLAS's own threads
+    # busy-wait between products: beside the event loop, the clients or any other process they
+    # take the core the decoder is waiting for, so by default the products run on one thread
+    with blas_threads(threads):
+        server.run(sockets=[sock])
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -3,13 +3,16 @@
 A request (tbp.generate.requests.Request: its prompt ids, sampling settings, seed, stop strings, end
 tokens, max_tokens) becomes a :class:`Job` in a slot of one batched Inference; one thread steps
 every active job at once (Inference.step_rows, each row at its own position) and hands each its
-items -- (text piece, finish reason or None, tokens so far) -- through a queue. :class:`Ending`
-turns a request's tokens into those items, for the batcher and for a request decoded alone.
+items -- (text piece, finish reason or None, tokens so far) -- to the job's ``put``, a callable
+the caller gives (the server's mailbox: the items reach its event loop without a thread waiting
+on each). :class:`Ending` turns a request's tokens into those items, for the batcher and for a
+request decoded alone.
 """
 from __future__ import annotations
 
 import queue
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -39,12 +42,13 @@ class Ending:
 
 
 class Job:
-    """A request inside the Batcher: its slot, sampler, where its next token goes, its items out."""
+    """A request inside the Batcher: its slot, sampler, where its next token goes, and ``put``,
+    which takes each of its items (and an exception, if decoding fails) from the batcher's thread."""
 
-    def __init__(self, tok: Tokenizer, req):
+    def __init__(self, tok: Tokenizer, req, put: Callable[[object], None]):
         self.req, self.ending = req, Ending(tok, req)
         self.rng = np.random.default_rng(req.seed)
-        self.items: queue.Queue = queue.Queue()
+        self.put = put
         self.slot = self.position = self.last = None
         self.cancelled = self.done = False
 
@@ -56,14 +60,18 @@ class Job:
             self.finish(e)
             return
         item = self.ending.push(t)
-        self.items.put(item)
+        self.put(item)
         self.last = t
         if item[1] is not None:
             self.done = True
 
     def finish(self, error: Exception) -> None:
-        self.items.put(error)
+        self.put(error)
         self.done = True
+
+    def cancel(self) -> None:
+        """Stop decoding this request (its client left): its slot is freed before the next step."""
+        self.cancelled = True
 
 
 class Batcher:
@@ -84,21 +92,12 @@ class Batcher:
         self.active: dict[int, Job] = {}
         threading.Thread(target=self._run, daemon=True, name="tbp-batcher").start()
 
-    def follow(self, req):
-        """Submit ``req`` and yield its items as the batcher makes them (blocking: run it in a
-        worker thread); closing the generator cancels the request."""
-        job = Job(self.tok, req)
+    def submit(self, req, put: Callable[[object], None]) -> Job:
+        """Decode ``req`` among the others, each of its items handed to ``put`` from the
+        batcher's thread; the returned job's ``cancel`` stops it."""
+        job = Job(self.tok, req, put)
         self.incoming.put(job)
-        try:
-            while True:
-                item = job.items.get()
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                if item[1] is not None:
-                    return
-        finally:
-            job.cancelled = True
+        return job
 
     def _run(self) -> None:
         while True:

@@ -9,10 +9,13 @@ are masked out of sampling, as ``tbp chat`` does); it ends at ``<|end|>`` or ``<
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -225,14 +228,31 @@ class Served:
         return Request(ids, max_tokens, sampling, seed, tuple(stop), stream, include_usage, ends, chat)
 
     # --- answering ----------------------------------------------------------------------------
-    def steps(self, req: Request):
-        """A generator of (text piece, finish reason or None, completion tokens): one item per
-        sampled token, the last one with the finish reason ("stop" or "length"). With a batcher
-        (``batch``), the tokens come from its one decoding step for every request at once;
-        otherwise this request is decoded on its own."""
+    def decode(self, req: Request, put: Callable[[object], None]) -> Callable[[], None]:
+        """Start decoding ``req``: each item -- (text piece, finish reason or None, completion
+        tokens), one per sampled token, the last with the finish reason ("stop" or "length") --
+        is handed to ``put`` from a decoding thread, or the exception that ended it. With a
+        batcher (``batch``) the tokens come from its one step for every request at once;
+        otherwise from a thread of this request's own. Returns the function that cancels it (a
+        client gone), which takes effect before the next token."""
         if self.batcher is not None:
-            yield from self.batcher.follow(req)
-            return
+            return self.batcher.submit(req, put).cancel
+        stop = threading.Event()
+
+        def alone():
+            try:
+                with contextlib.closing(self.alone(req)) as items:
+                    for item in items:
+                        if stop.is_set():
+                            return
+                        put(item)
+            except Exception as e:                  # the model's error, or a bug: the request hears it
+                put(e)
+        threading.Thread(target=alone, daemon=True, name="tbp-decode").start()
+        return stop.set
+
+    def alone(self, req: Request):
+        """This request decoded on its own: its items, as ``decode`` hands them out."""
         rng = np.random.default_rng(req.seed)
         ending = Ending(self.tok, req)
         gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)

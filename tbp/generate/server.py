@@ -1,9 +1,11 @@
 """`tbp serve`: a run behind OpenAI's HTTP API (completions, chat completions, models).
 
 The HTTP side is Starlette (ASGI) under uvicorn, an optional extra (``pip install 'tbp[serve]'``);
-nothing here parses HTTP by hand. The model side is tbp's own KV-cached decoder
-(:func:`tbp.generate.sampling.generate_ids`), stepped one token at a time in a worker thread, so a slow
-client or a disconnect is noticed between two tokens.
+nothing here parses HTTP by hand. The model side is tbp's own KV-cached decoder, in a
+thread of its own (the batcher's, or one per request for a model that cannot batch): it hands each
+token's text to the request's :class:`Mailbox`, and the event loop sends whatever has arrived when
+it next looks -- one wake-up per look, not a thread hop per token, so eight streams cost the loop
+little more than one. A slow client or a disconnect is noticed between two tokens.
 
 Admission. At most ``parallel`` requests decode at once, at most ``queue`` more wait for a place,
 and any further request is answered 429 at once. With ``parallel`` above 1 the requests decoding
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 import weakref
 from typing import Callable
@@ -45,6 +48,38 @@ class Gate:
 
     def leave(self) -> None:
         self.admitted -= 1
+
+
+class Mailbox:
+    """Items from a decoding thread to the event loop. ``put`` (any thread) appends and wakes the
+    loop only if it is waiting; ``take`` (the loop) returns everything that arrived since it last
+    looked, waiting if nothing has. A busy loop thus takes several tokens in one look and sends
+    them in one write."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock, self.waiter = loop, [], threading.Lock(), None
+
+    def put(self, item) -> None:
+        with self.lock:
+            self.items.append(item)
+            waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(_wake, waiter)
+
+    async def take(self) -> list:
+        with self.lock:
+            if not self.items:
+                self.waiter = waiter = self.loop.create_future()
+        if not self.items:
+            await waiter
+        with self.lock:
+            items, self.items = self.items, []
+        return items
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():                   # a waiter whose request was cancelled stays cancelled
+        waiter.set_result(None)
 
 
 class Access:
@@ -96,7 +131,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
 
     served.batch(parallel)              # --parallel requests decoded together, where the model allows
     gate: Gate | None = None            # made inside the server's event loop
-    # the threads that decode: one per place, and one more to read requests beside them
+    # the threads that encode prompts (decoding has threads of its own: Served.decode)
     workers = CapacityLimiter(parallel + 1)
 
     def error(e: BadRequest) -> JSONResponse:
@@ -177,54 +212,67 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             events = stream(req, ticket, log)
             weakref.finalize(events, ticket.release)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        steps = None
+        cancel = None
         try:
             async with gate.places:
                 log.started(len(req.ids))
-                steps = served.steps(req)
+                box = Mailbox(asyncio.get_running_loop())
+                cancel = served.decode(req, box.put)
                 text, finish, n = [], None, 0
                 while finish is None:
-                    piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
+                    for piece, finish, n in delivered(await box.take()):
+                        text.append(piece)
                     log.answer = n
-                    text.append(piece)
                     if finish is None and await request.is_disconnected():
                         return error(BadRequest("the client left", status=408))     # its place, back now
         except TbpError as e:               # the model itself failed (its logits overflow): said, not a traceback
             return error(BadRequest(str(e), status=500, kind="server_error"))
         finally:
-            if steps is not None:
-                steps.close()
+            if cancel is not None:
+                cancel()
             gate.leave()
         return JSONResponse(served.whole(req, "".join(text), finish, n))
+
+    def delivered(items: list):
+        """A mailbox's items in order; the exception that ended the decoding raised where it came."""
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+            yield item
 
     async def stream(req: Request, ticket: "Ticket", log: Access):
         def event(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-        steps = None
+        cancel = None
         n, status = 0, 200
         try:
             async with gate.places:
                 log.started(len(req.ids))
-                steps = served.steps(req)
+                box = Mailbox(asyncio.get_running_loop())
+                cancel = served.decode(req, box.put)
                 if req.chat:
                     yield event(served.chunk(req, None, None, first=True))
                 finish, n = None, 0
                 while finish is None:
+                    events = []                 # every token that arrived since the last look: one write
                     try:
-                        piece, finish, n = await to_thread.run_sync(next, steps, limiter=workers)
+                        for piece, finish, n in delivered(await box.take()):
+                            if piece:
+                                events.append(event(served.chunk(req, piece, None)))
                     except TbpError as e:       # mid-stream: the error as the last event, as OpenAI sends one
                         status = 500
-                        yield event(BadRequest(str(e), status=500, kind="server_error").body())
+                        yield "".join(events) + event(BadRequest(str(e), status=500, kind="server_error").body())
                         return
-                    if piece:
-                        yield event(served.chunk(req, piece, None))
-                yield event(served.chunk(req, None, finish))
-                if req.include_usage:
-                    yield event(served.usage_chunk(req, n))
-                yield "data: [DONE]\n\n"
+                    if finish is not None:
+                        events.append(event(served.chunk(req, None, finish)))
+                        if req.include_usage:
+                            events.append(event(served.usage_chunk(req, n)))
+                        events.append("data: [DONE]\n\n")
+                    if events:
+                        yield "".join(events)
         finally:
-            if steps is not None:
-                steps.close()
+            if cancel is not None:
+                cancel()
             ticket.release()
             log.done(status, n)
 
