@@ -22,6 +22,7 @@ import tables_gatt
 import tables_gpt2
 import tables_gqa
 import tables_interop
+import tables_speculative
 import tables_mta
 import tables_precision
 import tables_sparse
@@ -389,6 +390,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),
+          "speculative": (tables_speculative.speculative, "speculative"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),

@@ -174,3 +174,29 @@ def test_generate_on_a_chat_model_stops_at_the_end_marker_and_points_to_chat(cha
              "--seed", 1, "--num-samples", 3])
     assert r.exit_code == 0, r.output
     assert "<|end|>" not in r.stdout and "tbp chat --checkpoint" in r.stderr
+
+
+@pytest.mark.parametrize("speculate", ["lookup", "itself"])
+def test_a_speculative_conversation_equals_the_plain_one_in_float64(chat_run, speculate):
+    """Greedy replies, the cache's tokens and the refills are the same with speculative decoding:
+    drafts kept past a reply's end are rolled back."""
+    from tbp.generate.speculative import Draft, Lookup
+    from tbp.runs import disk
+    model, tok, _ = disk.load_model(chat_run, dtype=np.float64)
+    talks = [Conversation(model, tok, "Be loud.", Sampling(temperature=0), max_reply=8, drafter=d)
+             for d in (None, Lookup(2, 4) if speculate == "lookup" else Draft(model, 4))]
+    for q in ("the sky?", "the snow?", "the coal?") * 4:
+        assert "".join(talks[0].reply(q)) == "".join(talks[1].reply(q))
+        assert talks[0].cached == talks[1].cached and talks[0].decoder.length == talks[1].decoder.length
+    assert talks[0].messages == talks[1].messages and talks[1].refills == talks[0].refills > 0
+    assert talks[1].tally.forwards + talks[1].tally.accepted == talks[1].tally.tokens
+    if speculate == "itself":
+        assert talks[1].tally.drafted > 0 and talks[1].tally.acceptance == 1.0
+
+
+def test_chat_with_lookup_prints_the_same_greedy_replies(chat_run):
+    args = ["chat", "--checkpoint", chat_run, "--temperature", "0", "--max-new-tokens", "12"]
+    plain = run(args, input="the sky?\nthe coal?\n")
+    spec = run([*args, "--lookup"], input="the sky?\nthe coal?\n")
+    assert plain.exit_code == spec.exit_code == 0, spec.output
+    assert spec.stdout == plain.stdout and "tokens a forward" in spec.stderr

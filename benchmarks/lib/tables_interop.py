@@ -1,4 +1,5 @@
 """The tables of models that leave tbp: GGUF files in llama.cpp, and tbp serve under load."""
+import statistics
 import records
 
 
@@ -45,19 +46,30 @@ def gguf_speed(rows: list[dict]) -> str:
 
 
 def serve_load(rows: list[dict]) -> str:
-    """The newest load test: each setting's throughput, latency and errors."""
+    """The alternated load rounds: for each model, load beside the server and BLAS threads (the
+    newest record of each), --parallel 1 against --parallel N over the rounds."""
+    latest = {}
+    for r in rows:
+        if "summary" in r:               # the rounds' records (older ones measured one setting after another)
+            latest[(r["checkpoint"], r["busy_core"], r["threads"])] = r
+    out = ["| model | beside it | --threads | rounds | tokens/s, --parallel 1 | tokens/s, --parallel N | "
+           "ratio, worst / median round | slowest answer / its round's median | errors | answers unlike alone |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (name, busy, threads), r in sorted(latest.items(), key=lambda kv: (kv[1]["model"]["d_model"] or 0, kv[0][1], kv[0][2])):
+        m, n = r["model"], r["parallel"]
+        one = statistics.median(x["parallel 1"]["tokens_per_s"] for x in r["per_round"])
+        many = statistics.median(x[f"parallel {n}"]["tokens_per_s"] for x in r["per_round"])
+        s = r["summary"]
+        out.append(f"| {m['n_layer']} × {m['d_model']}, vocabulary {m['vocab_size']:,} | "
+                   f"{'a core kept busy' if busy else 'nothing'} | {threads} | {r['rounds']} | {one:,.0f} | "
+                   f"{many:,.0f} (N = {n}) | {s['ratio_min']:.2f} / {s['ratio_median']:.2f} | "
+                   f"{s['worst_max_over_median_latency']:.2f} | {s['errors']} | {s['mismatched_answers']} |")
     r = rows[-1]
-    out = ["| clients | --parallel | requests | tokens/s (all clients) | latency p50 / p99 | first text p50 / p99 | "
-           "errors | answers unlike alone |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for s in r["settings"].values():
-        out.append(f"| {s['clients']} | {s['parallel']} | {s['requests']:,} | {s['tokens_per_s']:,.0f} | "
-                   f"{s['latency_p50_s']:.2f} / {s['latency_p99_s']:.2f} s | "
-                   f"{s['ttft_p50_s'] * 1000:.0f} / {s['ttft_p99_s'] * 1000:.0f} ms | {s['errors']} | "
-                   f"{s['mismatched_answers']} |")
-    out += ["", f"Each client streams completions of {r['max_tokens']} tokens back to back for {r['seconds']:.0f} s "
-                f"on loopback, drawn from {r['pairs']} fixed (prompt, seed) pairs whose answers were first asked "
-                f"alone; every answer under load is compared with its pair's. Model: `{r['checkpoint']}`; the "
-                f"clients in one process, the server in another, on the same cores. CPU: {r['cpu']}; commit {r['commit']}. "
+    out += ["", f"{r['clients']} clients stream completions of {r['max_tokens']} tokens back to back on loopback, "
+                f"drawn from {r['pairs']} fixed (prompt, seed) pairs whose answers were first asked alone; every "
+                f"answer under load is compared with its pair's. Each round gives each setting its share of time "
+                f"({r['seconds']:.0f} s for the default model, more for larger ones), the order alternating; the two "
+                f"servers run as `tbp serve` processes, the clients in a third, all on the same cores. \"A core kept "
+                f"busy\": one more process spinning throughout. {records.provenance(rows[-len(latest):])} "
                 f"`benchmarks/speed/serve_load.py`."]
     return "\n".join(out)

@@ -172,7 +172,7 @@ def main() -> None:
         cfg = read_config(Path(args.checkpoint))
         records.append("serve_load", {
             "checkpoint": Path(args.checkpoint).name,
-            "model": {k: cfg.get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
+            "model": {k: cfg["model"].get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
             "clients": args.clients, "parallel": parallel, "rounds": args.rounds, "seconds": args.seconds,
             "max_tokens": args.max_tokens, "busy_core": args.busy, "threads": args.threads, "pairs": len(PAIRS), "env": dict(
                 kv.split("=", 1) for kv in args.env), "summary": summary, "per_round": rounds,

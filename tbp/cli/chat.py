@@ -14,6 +14,7 @@ from ..errors import TbpError
 from ..generate.sampling import Sampling
 from .common import console, the_run, load_run
 from .options import FiniteFloat
+from .speculation import speculation_options
 
 
 @click.command()
@@ -36,7 +37,8 @@ from .options import FiniteFloat
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Make the replies repeatable (each conversation starts from this seed).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
-def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, min_p, seed, best):
+@speculation_options
+def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, min_p, seed, best, speculation=None):
     """Talk with a model trained on conversations (tbp prepare --format chat).
 
     Each line on stdin is a user message; the reply streams to stdout. The KV cache is kept
@@ -52,10 +54,11 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
     run = the_run(run, ("chat",))
     model, tok, _ = load_run(run, best=best)
     sampling = Sampling(temperature, top_k, top_p, min_p=min_p)
+    drafter = speculation.drafter(model, tok, run) if speculation is not None else None
     if messages_file is not None:
-        _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens)
+        _answer_file(model, tok, messages_file, system, sampling, seed, max_new_tokens, drafter)
         return
-    talk = Conversation(model, tok, system, sampling, np.random.default_rng(seed), max_new_tokens)
+    talk = Conversation(model, tok, system, sampling, np.random.default_rng(seed), max_new_tokens, drafter)
     interactive = sys.stdin.isatty()
     if interactive:
         console.print(f"[dim]{run} · Ctrl-D to end[/]")
@@ -85,11 +88,13 @@ def chat(run, system, messages_file, max_new_tokens, temperature, top_k, top_p, 
             console.print("[dim]the context filled up: the oldest turns were dropped[/]")
     if interactive:
         print(file=sys.stderr)
-    elif refused:
+    if drafter is not None and talk.tally.forwards:
+        console.print(f"[dim]{drafter.describe()}: {talk.tally.summary()}[/]")
+    if not interactive and refused:
         raise TbpError(f"stdin: {refused} message(s) refused (named above); the others were answered")
 
 
-def _answer_file(model, tok, path, system, sampling, seed, max_new_tokens) -> None:
+def _answer_file(model, tok, path, system, sampling, seed, max_new_tokens, drafter=None) -> None:
     """--messages: every conversation checked first (each refusal names the file and line), then
     each one's user messages answered in turn, printed as JSON lines."""
     convs, _, where, lines = read_conversations(path, need_reply=False)
@@ -101,7 +106,8 @@ def _answer_file(model, tok, path, system, sampling, seed, max_new_tokens) -> No
         has_system = conv[0]["role"] == "system"
         try:
             talk = Conversation(model, tok, conv[0]["content"] if has_system else system, sampling,
-                                np.random.default_rng(seed), max_new_tokens)
+                                np.random.default_rng(seed), max_new_tokens,
+                                drafter.fresh() if drafter is not None else None)
         except TbpError as e:
             raise TbpError(f"{where}:{n}: {e}") from None
         for k, m in enumerate(conv[1:] if has_system else conv, 1 + has_system):

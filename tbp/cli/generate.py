@@ -15,6 +15,7 @@ from ..errors import TbpError
 from ..generate.sampling import Sampling, Stats, generate_text
 from .common import console, fmt_bytes, the_run, load_run
 from ..data.tokenizer import END
+from .speculation import speculation_options
 from .options import FiniteFloat, check_strategy, stop_strings, strategy_name, strategy_options, strategy_record
 
 
@@ -141,8 +142,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
               help="Print text as it is generated (one sample only).")
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
 @strategy_options("sample")
+@speculation_options
 def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, min_p,
-             seed, num_samples, stop, kv_cache, stream, best, strategy=None):
+             seed, num_samples, stop, kv_cache, stream, best, strategy=None, speculation=None):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -162,11 +164,18 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
       echo "def main():" | tbp generate --stop "\\n\\n" --seed 1
       tbp generate --checkpoint checkpoints/reverse --prompt 12345 --temperature 0
       tbp generate --prompts prompts.txt --max-new-tokens 100 --seed 0 --json > samples.jsonl
+      tbp generate --prompt-file code.py --lookup --temperature 0     # speculative: drafts copied from the prompt
     """
     sampling = Sampling(temperature, top_k, top_p, min_p=min_p)
     if strategy is not None and not kv_cache:
         raise click.UsageError(f"--{strategy_name(strategy)} decodes from the KV cache: it cannot run with "
                                f"--no-kv-cache")
+    if speculation is not None:
+        how = "--lookup" if speculation.lookup else "--draft"
+        for bad, why in ((num_samples > 1, "--num-samples above 1"), (not kv_cache, "--no-kv-cache"),
+                         (strategy is not None, f"--{strategy_name(strategy)}" if strategy is not None else "")):
+            if bad:
+                raise click.UsageError(f"{how} decodes one sample from the KV cache, densely: it cannot run with {why}")
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
     if seed is None and as_json:              # a record names the seed that makes it again
@@ -187,6 +196,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
             raise TbpError(f"{where}:{n}: {what.removeprefix('prompt: ')}") from None
     if strategy is not None:
         check_strategy(model.config, strategy)
+    drafter = speculation.drafter(model, tok, run) if speculation is not None else None
     memory.check_fits(memory.decoder_bytes(model.config, num_samples, model.dtype),
                       f"sampling {num_samples} sequence(s) from {run}")
     if cfg.get("data_kind") == "chat":             # a reply ends at the end-of-message marker
@@ -195,18 +205,21 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
                       f"conversation[/]")
     settings = {"run": str(run), "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
                 "max_new_tokens": max_new_tokens, "stop": list(stop), "kv_cache": kv_cache,
-                **strategy_record(strategy)}
+                **strategy_record(strategy), **({"speculation": drafter.describe()} if drafter else {})}
     for k, (text, streamed) in enumerate(texts):
         if len(texts) > 1 and not as_json:
             sys.stdout.write(f"=== prompt {k + 1} ===\n")
         seed_k = None if seed is None else seed + k
         stream_k = stream and num_samples == 1 and not as_json and len(texts) == 1
+        stats = Stats()
         completions, prompt_shown = _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed_k,
-                                            num_samples, max_new_tokens, kv_cache, tuple(stop), strategy, stream_k, run)
+                                            num_samples, max_new_tokens, kv_cache, tuple(stop), strategy, stream_k, run,
+                                            stats, drafter)
         if as_json:
+            counts = {"speculative": stats.tally.record()} if stats.tally is not None else {}
             for i, completion in enumerate(completions):
                 sys.stdout.write(json.dumps({"prompt": text, "prompt_index": k, "sample": i, "seed": seed_k,
-                                             "completion": completion, **settings}) + "\n")
+                                             "completion": completion, **settings, **counts}) + "\n")
         elif not stream_k:
             for i, completion in enumerate(completions):
                 if num_samples > 1:
@@ -216,7 +229,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
 
 
 def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_samples, max_new_tokens, kv_cache,
-            stop, strategy, streaming, run) -> tuple[list[str], str]:
+            stop, strategy, streaming, run, stats, drafter) -> tuple[list[str], str]:
     """One prompt's samples: (each sample's completion, the prompt text the output shows before
     it). Streams to stdout as it goes when ``streaming``; prints the stats line on stderr."""
     n_ctx = model.config.n_ctx
@@ -233,14 +246,13 @@ def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_
     if note:
         console.print(f"[dim]{note}[/]")
     rng = np.random.default_rng(seed)
-    stats = Stats()
     outputs = [""] * num_samples
     out = sys.stdout
     if streaming:
         out.write(text)
         out.flush()
     for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
-                                  kv_cache, stop, stats, strategy):
+                                  kv_cache, stop, stats, strategy, drafter):
         if streaming:
             out.write(piece)
             out.flush()
@@ -252,6 +264,8 @@ def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_
     cache = f" · KV cache {fmt_bytes(stats.cache_bytes)}" if kv_cache else " · no KV cache"
     if strategy is not None:
         cache += f" · {strategy.describe()}"
+    if stats.tally is not None and stats.tally.forwards:
+        cache += f" · {drafter.describe()}: {stats.tally.summary()}"
     # one line in a log too: not wrapped at 80 columns mid-phrase
     console.print(f"[dim]{stats.new_tokens} tokens × {num_samples} sample(s) in "
                   f"{stats.prefill_s + stats.decode_s:.2f}s ({tps:.0f} tokens/s; prompt {stats.prompt_tokens} "

@@ -12,6 +12,7 @@ from ..errors import TbpError
 from ..generate.guard import ACCEPT_BURST
 from ..machine.cores import blas_threads
 from .common import console, the_run, load_run
+from .speculation import speculation_options
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback: no key needed
 
@@ -44,13 +45,16 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback:
                    "(the serve page has the measurements).")
 @click.option("--quiet", "-q", is_flag=True, help="No access log (by default one line a request on stderr: method, "
                                                   "path, status, tokens, time and time queued).")
-def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins, threads, quiet):
+@speculation_options
+def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, allowed_origins, threads, quiet,
+          speculation=None):
     """Serve a run with OpenAI's API: /v1/models, /v1/completions, /v1/chat/completions.
 
     Any OpenAI client works: point its base URL at http://HOST:PORT/v1. Streaming (server-sent
     events), max_tokens, temperature, top_p, stop, seed and usage counts are supported; chat
     needs a model trained on conversations. GET /health answers {"status": "ok"}. The server
-    only reads the run.
+    only reads the run. --lookup or --draft RUN decode speculatively (with --parallel 1): the same
+    text, faster where drafts are kept; the usage says how many were.
 
     Web pages cannot use it unless allowed: a request whose Host header is not one of the
     server's names, or whose Origin is another site's, is refused (--allowed-host,
@@ -66,6 +70,10 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
       tbp serve --port 0                        # any free port; the line it prints names it
     """
     api_key = api_key or None               # TBP_API_KEY="" is no key
+    if speculation is not None and parallel > 1:
+        raise click.UsageError(f"{'--lookup' if speculation.lookup else '--draft'} decodes one request at a time: "
+                               f"it cannot run with --parallel {parallel} (batched requests already share each "
+                               f"read of the weights)")
     if host not in LOCAL_HOSTS and not api_key:
         raise click.UsageError(f"--host {host} opens the server to other machines: give it an --api-key "
                                f"(or TBP_API_KEY)")
@@ -78,7 +86,8 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     from ..generate.requests import Served
     run = the_run(run)
     model, tok, _ = load_run(run, best=best)
-    served = Served(model, tok, name or Path(run).resolve().name)
+    drafter = speculation.drafter(model, tok, run) if speculation is not None else None
+    served = Served(model, tok, name or Path(run).resolve().name, drafter)
     sock = listen(host, port)                # before anything says "serving": a port in use is one line
     port = sock.getsockname()[1]
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_template else "")

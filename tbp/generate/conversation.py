@@ -16,6 +16,7 @@ import numpy as np
 from ..data.chat import render, template
 from ..errors import TbpError
 from .sampling import Sampling, TextStream, sample
+from .speculative import Tally, step
 from ..nn import build
 from ..nn.decode import Inference
 
@@ -28,7 +29,7 @@ class Conversation:
     """
 
     def __init__(self, model, tok, system: str | None = None, sampling: Sampling | None = None,
-                 rng: np.random.Generator | None = None, max_reply: int = 256):
+                 rng: np.random.Generator | None = None, max_reply: int = 256, drafter=None):
         why = build.refusal(model.config, "chat")
         if why is not None:
             raise TbpError(why)
@@ -52,8 +53,16 @@ class Conversation:
         self.cached: list[int] = []             # the tokens the cache holds, in order
         self.pending: list[int] = []            # the last reply's close, fed with the next turn
         self.refills = 0
+        self.drafter = drafter                  # speculative decoding's (speculative.py), or None
+        self.tally = Tally()                    # what it did, over the whole conversation
 
-    def _feed(self, ids: list[int]) -> np.ndarray:
+    def _feed(self, ids: list[int]) -> np.ndarray | None:
+        """Feed ``ids``; the logits after them. Speculating, the last one is held back for the
+        first step to feed (None returned): the step checks its drafts in the same forward."""
+        if self.drafter is not None:
+            self.held, ids = ids[-1], ids[:-1]
+            if not ids:
+                return None
         logits = self.decoder.forward(np.array([ids], dtype=np.int64))[0, -1]
         self.cached += ids
         return logits
@@ -97,6 +106,9 @@ class Conversation:
             logits = self._refill()
         else:
             logits = self._feed(new)
+        if self.drafter is not None:
+            yield from self._speculate()
+            return
         stream, got = TextStream(self.tok), []
         while True:
             nxt = int(sample(logits[None, :], self.sampling, self.rng)[0])
@@ -111,5 +123,38 @@ class Conversation:
         piece = stream.flush()
         if piece:
             yield piece
+        self._close(got)
+
+    def _close(self, got: list[int]) -> None:
         self.pending = list(self.tpl.close)
         self.messages.append({"role": "assistant", "content": self.tok.decode(got)})
+
+    def _speculate(self) -> Iterator[str]:
+        """The reply decoded speculatively: each step drafts, checks and keeps tokens as the plain
+        loop would sample them (ending at the same tokens, the cache left holding the same ones:
+        drafts kept past the end are rolled back)."""
+        stream, got, last = TextStream(self.tok), [], self.held
+        self.drafter.reset()
+        self.drafter.pace.start()
+        while True:
+            ctx = np.array(self.cached + [last], dtype=np.int64)
+            k = min(self.drafter.pace.k, self.n_ctx - len(ctx), self.max_reply - len(got) - 1)
+            out = step(self.decoder, ctx, max(k, 0), self.drafter, self.sampling, self.rng, self.tally)
+            self.cached.append(last)
+            for i, t in enumerate(out):
+                if t in (self.tpl.stop, self.tpl.eot) or len(got) == self.max_reply or len(self.cached) == self.n_ctx:
+                    if self.decoder.length > len(self.cached):
+                        self.decoder.rewind(len(self.cached))     # drafts kept past the end
+                    piece = stream.flush()
+                    if piece:
+                        yield piece
+                    self._close(got)
+                    return
+                got.append(t)
+                piece = stream.push(t)
+                if piece:
+                    yield piece
+                if i < len(out) - 1:
+                    self.cached.append(t)                          # a kept draft: in the cache already
+                else:
+                    last = t

@@ -23,6 +23,7 @@ from ..data import chat as chatfmt
 from .batcher import Batcher, Ending
 from ..errors import TbpError
 from .sampling import Sampling, generate_ids
+from .speculative import Tally, speculative_ids
 from ..nn import build
 from ..data.tokenizer import Tokenizer
 
@@ -60,6 +61,7 @@ class Request:
     include_usage: bool
     ends: tuple[int, ...]                       # tokens that end the reply (finish_reason "stop")
     chat: bool
+    tally: object = None                        # speculative decoding's counts, when it decodes this one
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -67,8 +69,9 @@ class Request:
 class Served:
     """A loaded run and the rules for reading requests against it (no HTTP here)."""
 
-    def __init__(self, model, tok: Tokenizer, name: str):
+    def __init__(self, model, tok: Tokenizer, name: str, drafter=None):
         self.model, self.tok, self.name = model, tok, name
+        self.drafter = drafter                  # speculative decoding's (each request gets its own copy)
         self.batcher = None
         self.n_ctx = model.config.n_ctx
         self.created = int(time.time())
@@ -252,10 +255,16 @@ class Served:
         return stop.set
 
     def alone(self, req: Request):
-        """This request decoded on its own: its items, as ``decode`` hands them out."""
+        """This request decoded on its own: its items, as ``decode`` hands them out (speculatively
+        with the server's drafter, if it has one, counting in ``req.tally``)."""
         rng = np.random.default_rng(req.seed)
         ending = Ending(self.tok, req)
-        gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)
+        if self.drafter is not None:
+            req.tally = Tally()
+            gen = speculative_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, self.drafter.fresh(),
+                                  req.tally)
+        else:
+            gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)
         try:
             for nxt in gen:
                 item = ending.push(int(nxt[0]))
@@ -269,6 +278,9 @@ class Served:
     def batch(self, slots: int) -> None:
         """Decode up to ``slots`` requests together from now on (Batcher), where the model allows
         sequences at their own positions (no MTA, no encoder-decoder); else they stay one by one."""
+        if slots > 1 and self.drafter is not None:
+            raise ValueError("speculative decoding serves one request at a time: batched requests share each "
+                             "read of the weights already")
         if slots > 1 and build.refusal(self.model.config, "rows") is None:
             self.batcher = Batcher(self.model, self.tok, slots)
 
@@ -313,7 +325,12 @@ class Served:
         return {**self.chunk(req, None, None), "choices": [], "usage": self.usage(req, n)}
 
     def usage(self, req: Request, n: int) -> dict:
-        return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n}
+        """OpenAI's counts; with speculative decoding, what it did (tbp's extension: the model's
+        forwards, the drafted and kept tokens, the acceptance rate, tokens a forward)."""
+        usage = {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n}
+        if req.tally is not None:
+            usage["speculative"] = req.tally.record()
+        return usage
 
     def _id(self, req: Request) -> str:
         return ("chatcmpl-" if req.chat else "cmpl-") + req.id

@@ -58,6 +58,46 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     (no top-k / top-p) is kept to a handful of NumPy calls.
     """
     u = rng.random(logits.shape[0])                                        # (B,)
+    return inverse(cdfs(logits, s), u)
+
+
+def cdfs(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """What ``inverse`` reads to sample each row of logits (N, V) under ``s``: the rows'
+    unnormalised cumulative distributions (N, V) float64, or for greedy decoding the argmax of
+    each row (N,) int64. Rows are independent: any rows of a product give each row's own."""
+    logits = _checked(logits, s)
+    if s.temperature == 0:
+        return logits.argmax(-1).astype(np.int64)
+    p = _weights(logits, s)
+    # ufunc methods and array methods directly: np.cumsum / np.argmax add a Python layer
+    return np.add.accumulate(p, axis=-1, out=p)      # unnormalised: compare with u times the total
+
+
+def inverse(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The token of each row (N,) at its uniform u (N,) in [0, 1): the first whose cumulative
+    mass passes u times the total (a zero-probability token never passes first, and u < 1
+    guarantees the last one does); greedy rows (``cdf`` of shape (N,)) are their argmax."""
+    if cdf.ndim == 1:
+        return cdf
+    return (cdf > (u * cdf[:, -1])[:, None]).argmax(-1)
+
+
+def probabilities(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """The distribution ``sample`` draws from, (N, V) float64 rows summing to 1: the logits
+    (N, V) filtered and tempered as ``s`` says; greedy (temperature 0) is all the mass on the
+    first largest logit. Speculative decoding compares these (speculative.py)."""
+    logits = _checked(logits, s)
+    if s.temperature == 0:
+        p = np.zeros(logits.shape, np.float64)
+        p[np.arange(len(p)), logits.argmax(-1)] = 1.0
+        return p
+    p = _weights(logits, s)
+    p /= p.sum(-1, keepdims=True)
+    return p
+
+
+def _checked(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """The logits, finite (else TbpError), with the banned tokens at -inf (a copy if any)."""
     top = logits.max()                     # NaN if any is, +inf if any is: one pass to tell
     if not np.isfinite(top):
         raise TbpError(f"the model's logits hold {top} at this step: its forward overflows float32 "
@@ -65,8 +105,11 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
     if s.banned:
         logits = logits.copy()
         logits[:, list(s.banned)] = -np.inf
-    if s.temperature == 0:
-        return logits.argmax(-1).astype(np.int64)
+    return logits
+
+
+def _weights(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """Unnormalised probabilities (N, V) float64 after min-p, temperature (> 0), top-k, top-p."""
     z = logits.astype(np.float64)                                          # (B, V), float64 for the CDF
     if s.min_p:
         # p_i >= min_p p_max, on the model's own distribution (before temperature, as llama.cpp's
@@ -89,12 +132,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, -1)
         p[~keep] = 0.0
-    # ufunc methods and array methods directly: np.cumsum / np.argmax add a Python layer
-    cdf = np.add.accumulate(p, axis=-1, out=p)      # unnormalised: compare with u times the total
-    # the first token whose cumulative mass passes u * total: a zero-probability token never
-    # passes first, and u < 1 guarantees the last one does
-    u *= cdf[:, -1]
-    return (cdf > u[:, None]).argmax(-1)
+    return p
 
 
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
@@ -246,22 +284,27 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cache_bytes: int = 0
+    tally: object = None           # speculative decoding's counts (speculative.Tally), if it ran
 
 
 def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens: int,
                   sampling: Sampling, rng: np.random.Generator, num_samples: int = 1,
                   use_cache: bool = True, stop: tuple[str, ...] = (),
-                  stats: Stats | None = None, strategy=None) -> Iterator[tuple[int, str]]:
+                  stats: Stats | None = None, strategy=None, drafter=None) -> Iterator[tuple[int, str]]:
     """Yield (sample index, text piece) as tokens arrive; a sample ends at a stop string,
-    at the tokenizer's end-of-text token, or after ``max_new_tokens``."""
+    at the tokenizer's end-of-text token, or after ``max_new_tokens``. ``drafter``: decode
+    speculatively with it (speculative.py; one sample, the KV cache), counting in ``stats.tally``."""
     stats = stats if stats is not None else Stats()
     streams = [TextStream(tok, stop) for _ in range(num_samples)]
     stats.prompt_tokens = len(prompt)
     if use_cache:
         stats.cache_bytes = Inference.cache_size(model, num_samples)
     t0 = time.perf_counter()
-    gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, strategy,
-                       start=tok.sep_id)
+    if drafter is not None:
+        gen, stats.tally = drafter.decode(model, prompt, max_new_tokens, sampling, rng)
+    else:
+        gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, strategy,
+                           start=tok.sep_id)
     first = True
     for nxt in gen:
         if first:

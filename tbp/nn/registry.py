@@ -56,8 +56,8 @@ def complete() -> None:
 
 # what a variant may refuse beside other variants (its ``refuses``), the uses outside the model:
 # "thin" is a decoding step that reads a subset of the cached positions (a decoding strategy's,
-# decode.Inference; sparse decoding's rules thin)
-USES = ("thin", "export", "gguf", "lora", "chat", "bench", "rewind", "rows")
+# decode.Inference; sparse decoding's rules thin); "speculate" is speculative decoding (generate/speculative.py)
+USES = ("thin", "export", "gguf", "lora", "chat", "bench", "rewind", "rows", "speculate")
 
 
 def register_in(axis: dict, what: str, name: str) -> Callable:

@@ -317,6 +317,8 @@ VARIANT = registry.declare(Variant(
              "lora": "LoRA adapters are for the GPT; fine-tune an encoder-decoder with all its weights "
                      "(drop --lora-rank)",
              "chat": "conversations are for a GPT trained on a chat dataset",
+             "speculate": "speculative decoding drafts a decoder-only model's continuation; an encoder-decoder's "
+                          "target reads its source",
              "bench": "tbp bench times the GPT; an encoder-decoder's speed shows in tbp train's tokens/s"},
     # an encoder layer, and each decoder layer's cross-attention, keep what a GPT layer keeps
     activations=lambda cfg: 2 * cfg.designs["encoder-decoder"].n_enc_layer * (26 * cfg.d_model

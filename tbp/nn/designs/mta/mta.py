@@ -247,7 +247,9 @@ VARIANT = registry.declare(Variant(
              "rewind": "Multi-Token Attention's cache keeps only the last rows of scores its convolutions "
                        "read; rewinding would need rows it has overwritten",
              "rows": "Multi-Token Attention's decoding keeps rows of scores at one shared position; sequences "
-                     "at their own positions are decoded one at a time"},
+                     "at their own positions are decoded one at a time",
+             "speculate": "speculative decoding rolls the cache back past rejected drafts; Multi-Token "
+                          "Attention's cache keeps only the last rows of scores its convolutions read"},
     check=_check, describe=_describe, inspect=lambda model, ids: {"mta": kernels(model)}, draw=_draw,
     # S0, Z, A, A', A'' per head beside the scores: 4 more T-long rows than standard attention
     activations=lambda cfg: cfg.n_layer * 4 * cfg.n_head * cfg.n_ctx,
