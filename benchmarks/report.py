@@ -390,6 +390,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),
+          "serve_matrix": (tables_interop.serve_matrix, "serve_matrix"),
           "speculative": (tables_speculative.speculative, "speculative"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),

@@ -73,3 +73,25 @@ def serve_load(rows: list[dict]) -> str:
                 f"busy\": one more process spinning throughout. {records.provenance(rows[-len(latest):])} "
                 f"`benchmarks/speed/serve_load.py`."]
     return "\n".join(out)
+
+
+def serve_matrix(rows: list[dict]) -> str:
+    """The newest client-count by --parallel grid: median tokens/s (the worst round), slowest answer."""
+    r = rows[-1]
+    counts = sorted({c["clients"] for c in r["cells"]})
+    settings = sorted({c["parallel"] for c in r["cells"]})
+    cell = {(c["clients"], c["parallel"]): c for c in r["cells"]}
+    out = ["| clients | " + " | ".join(f"--parallel {p}: tokens/s (worst round), slowest answer" for p in settings) + " |",
+           "| ---: | " + " | ".join("---:" for _ in settings) + " |"]
+    for n in counts:
+        out.append(f"| {n} | " + " | ".join(
+            f"{cell[(n, p)]['tokens_per_s']:,.0f} ({cell[(n, p)]['tokens_per_s_min']:,.0f}), {cell[(n, p)]['latency_max_s']:.2f} s"
+            for p in settings) + " |")
+    m = r["model"]
+    errors = sum(c["errors"] for c in r["cells"])
+    wrong = sum(c["mismatched_answers"] for c in r["cells"])
+    out += ["", f"Model {m['n_layer']} × {m['d_model']} (`{r['checkpoint']}`), completions of {r['max_tokens']} tokens, "
+                f"{r['rounds']} rounds of {r['seconds']:.0f} s per cell, the three servers' order alternating; "
+                f"{errors} errors, {wrong} answers unlike the same request alone. {records.provenance([r])} "
+                f"`benchmarks/speed/serve_load.py --matrix`."]
+    return "\n".join(out)

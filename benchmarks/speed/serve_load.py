@@ -120,6 +120,41 @@ def load(url: str, clients: int, seconds: float, max_tokens: int, expected: dict
             "errors": len(errors), "error_examples": errors[:3], "mismatched_answers": len(wrong)}
 
 
+def matrix(args, env) -> None:
+    """--matrix: 1, 4, 8 and 16 clients against --parallel 1, 4 and 8 (three servers), over
+    --rounds rounds, every pair once a round, the servers' order alternating."""
+    settings, counts = (1, 4, 8), (1, 4, 8, 16)
+    servers = {p: start(args.checkpoint, p, 16, args.threads, env) for p in settings}
+    cells = {(c, p): [] for c in counts for p in settings}
+    try:
+        with httpx.Client(timeout=600) as h:
+            expected = {(q, s): ask(h, servers[1][1], q, s, args.max_tokens)[0] for q, s in PAIRS}
+        for r in range(args.rounds):
+            for c in counts:
+                for p in (settings if r % 2 == 0 else settings[::-1]):
+                    cells[(c, p)].append(load(servers[p][1], c, args.seconds, args.max_tokens, expected))
+            print(f"round {r + 1}: " + " · ".join(f"{c}×p{p} {v[-1]['tokens_per_s']:.0f}" for (c, p), v in cells.items()),
+                  flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    if args.record:
+        from tbp.runs.disk import read_config
+        cfg = read_config(Path(args.checkpoint))
+        records.append("serve_matrix", {
+            "checkpoint": Path(args.checkpoint).name,
+            "model": {k: cfg["model"].get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
+            "rounds": args.rounds, "seconds": args.seconds, "max_tokens": args.max_tokens, "threads": args.threads,
+            "cells": [{"clients": c, "parallel": p,
+                       "tokens_per_s": statistics.median(x["tokens_per_s"] for x in v),
+                       "tokens_per_s_min": min(x["tokens_per_s"] for x in v),
+                       "latency_p50_s": statistics.median(x["latency_p50_s"] for x in v),
+                       "latency_max_s": max(x["latency_max_s"] for x in v),
+                       "errors": sum(x["errors"] for x in v), "mismatched_answers": sum(x["mismatched_answers"] for x in v)}
+                      for (c, p), v in cells.items()], "commit": records.commit()})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="checkpoints/pydoc")
@@ -131,10 +166,14 @@ def main() -> None:
     ap.add_argument("--busy", action="store_true", help="one process spinning on a core throughout")
     ap.add_argument("--threads", type=int, default=1, help="the servers' --threads (BLAS threads)")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for both servers (e.g. OPENBLAS_NUM_THREADS=1)")
+    ap.add_argument("--matrix", action="store_true", help="1, 4, 8, 16 clients against --parallel 1, 4, 8")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     parallel = args.parallel or args.clients
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.env))
+    if args.matrix:
+        matrix(args, env)
+        return
     settings = {"parallel 1": 1, f"parallel {parallel}": parallel}
     servers = {k: start(args.checkpoint, p, args.clients, args.threads, env) for k, p in settings.items()}
     spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if args.busy else None
