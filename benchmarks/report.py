@@ -392,6 +392,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "serve_load": (tables_interop.serve_load, "serve_load"),
           "serve_matrix": (tables_interop.serve_matrix, "serve_matrix"),
           "speculative": (tables_speculative.speculative, "speculative"),
+          "speculative_costs": (tables_speculative.costs, "speculative_costs"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),

@@ -189,3 +189,12 @@ def on_files(files, config):
             files.append(File.generated(config, f"{NOTEBOOKS}/{notebook_name(f.src_uri)}",
                                         content=json.dumps(notebook(text), indent=1)))
     return files
+
+
+def on_post_template(output: str, template_name: str, config) -> str:
+    """The 404 page's links relative to the site's root folder, where the page lies: MkDocs
+    writes them from the web root ("/assets/...") when no site_url is set, which is nowhere for
+    a site opened from its files or served from a folder of a larger site."""
+    if template_name != "404.html":
+        return output
+    return re.sub(r'(href|src)="/(?!/)', r'\1="./', output)

@@ -51,6 +51,10 @@ def test_the_site_builds_in_strict_mode(site):
     for anchor in ('id="tbp-train--max-iters"', 'id="tbp-train--early-stop"', 'id="tbp-serve--api-key"',
                    'id="tbp-runs-rm--yes"'):
         assert anchor in cli, anchor                                    # an anchor per command and option
+    missing = (site / "404.html").read_text(encoding="utf-8")     # its links reach the site's own files
+    links = re.findall(r'(?:href|src)="([^"#]+)"', missing)
+    assert links and not [u for u in links if u.startswith("/") and not u.startswith("//")]
+    assert all((site / u).exists() for u in links if u.startswith("./")), links
 
 
 @pytest.mark.design(*DESIGN_WORDS)          # the site builds every design's page

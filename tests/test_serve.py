@@ -195,7 +195,7 @@ def test_a_full_queue_answers_429_and_a_dropped_stream_frees_its_place(text_run)
             for n in range(1, 41):
                 time.sleep(0.05)
                 taken.append(n)
-                yield "x", "length" if n == 40 else None, n
+                yield "x", "length" if n == 40 else None, n, None
         finally:
             taken.append("closed")
     s.served.alone = slowly
@@ -258,6 +258,27 @@ def test_chat_completions_follow_the_runs_template(chat_server):
     from tbp.generate.sampling import Sampling
     talk = Conversation(chat_server.served.model, chat_server.served.tok, "Be loud.", Sampling(0), max_reply=30)
     assert "".join(talk.reply("the sky?")) == r.choices[0].message.content
+
+
+def test_chat_logprobs_through_the_openai_client(chat_server):
+    """logprobs: true and top_logprobs: each reply token's log-probability and its likeliest
+    alternatives, in OpenAI's shape (the client parses it), whole and streamed alike; the
+    reply's end marker is a token of the reply, so its entry comes last."""
+    c = chat_server.client()
+    msgs = [{"role": "user", "content": "the sky?"}]
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=20, temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert content and r.usage.completion_tokens == len(content)
+    assert "".join(e.token for e in content).startswith(r.choices[0].message.content)
+    for e in content:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-9     # greedy: the likeliest
+        assert e.top_logprobs[0].token == e.token and bytes(e.bytes).decode() == e.token
+    streamed = [e for chunk in c.chat.completions.create(model="m", messages=msgs, max_tokens=20, temperature=0,
+                                                          logprobs=True, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for e in chunk.choices[0].logprobs.content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-12)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs: true"):
+        c.chat.completions.create(model="m", messages=msgs, max_tokens=2, top_logprobs=2)
 
 
 def test_malformed_messages_are_400_not_a_crash(chat_server):

@@ -192,7 +192,7 @@ def test_a_request_waits_for_a_place_before_any_model_work(text_run):  # noqa: F
     def slowly(req):
         for n in range(1, 41):
             time.sleep(0.05)
-            yield "x", "length" if n == 40 else None, n
+            yield "x", "length" if n == 40 else None, n, None
     s.served.alone = slowly
     try:
         with httpx.Client(timeout=30) as h:

@@ -64,14 +64,15 @@ def serve_load(rows: list[dict]) -> str:
                    f"{'a core kept busy' if busy else 'nothing'} | {threads} | {r['rounds']} | {one:,.0f} | "
                    f"{many:,.0f} (N = {n}) | {s['ratio_min']:.2f} / {s['ratio_median']:.2f} | "
                    f"{s['worst_max_over_median_latency']:.2f} | {s['errors']} | {s['mismatched_answers']} |")
-    r = rows[-1]
+    shown = list(latest.values())
+    r = shown[-1]
+    shares = "; ".join(sorted({f"{x['seconds']:.0f} s at {x['model']['n_layer']} × {x['model']['d_model']}" for x in shown}))
     out += ["", f"{r['clients']} clients stream completions of {r['max_tokens']} tokens back to back on loopback, "
                 f"drawn from {r['pairs']} fixed (prompt, seed) pairs whose answers were first asked alone; every "
                 f"answer under load is compared with its pair's. Each round gives each setting its share of time "
-                f"({r['seconds']:.0f} s for the default model, more for larger ones), the order alternating; the two "
-                f"servers run as `tbp serve` processes, the clients in a third, all on the same cores. \"A core kept "
-                f"busy\": one more process spinning throughout. {records.provenance(rows[-len(latest):])} "
-                f"`benchmarks/speed/serve_load.py`."]
+                f"({shares}), the order alternating; the two servers run as `tbp serve` processes, the clients in "
+                f"a third, all on the same cores. \"A core kept busy\": one more process spinning throughout. "
+                f"{records.provenance(shown)} `benchmarks/speed/serve_load.py`."]
     return "\n".join(out)
 
 

@@ -119,7 +119,8 @@ def main() -> None:
                     "checkpoint": Path(args.checkpoint).name, "draft": Path(args.draft).name if args.draft else None,
                     "model": {k: cfg["model"].get(k) for k in ("n_layer", "d_model", "n_ctx", "vocab_size")},
                     "draft_model": ({k: draft_cfg["model"].get(k) for k in ("n_layer", "d_model")} if args.draft else None),
-                    "target_val_loss": last.get("val_split_loss"), "prompt": p["name"], "kind": p["kind"],
+                    "target_val_loss": last.get("val_split_loss"),
+                    "target_val_estimate": last.get("val_loss"), "prompt": p["name"], "kind": p["kind"],
                     "temperature": temperature, "new_tokens": args.new, "rounds": args.rounds, "arms": row,
                     "commit": records.commit()})
 

@@ -121,6 +121,9 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
                    "samples follow a line '=== prompt i ==='.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: one record per sample, with its prompt, settings and seed.")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None, metavar="N",
+              help="With --json: each token's log-probability under the model (the log-softmax of its logits, "
+                   "whatever the sampling settings) and its N likeliest alternatives'.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--temperature", type=FiniteFloat(min=0), default=0.8, show_default=True,
               help="Softmax temperature; 0 is greedy.")
@@ -143,8 +146,8 @@ def start_tokens(tok, text: str, n_ctx: int | None = None) -> tuple[list[int], s
 @click.option("--best", is_flag=True, help="Use the weights with the best validation loss.")
 @strategy_options("sample")
 @speculation_options
-def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, temperature, top_k, top_p, min_p,
-             seed, num_samples, stop, kv_cache, stream, best, strategy=None, speculation=None):
+def generate(run, prompt, prompt_file, prompts_file, as_json, logprobs, max_new_tokens, temperature, top_k, top_p,
+             min_p, seed, num_samples, stop, kv_cache, stream, best, strategy=None, speculation=None):
     """Sample text from a trained model, streamed to stdout, with a KV cache.
 
     Each new token attends once to the cached keys and values of the tokens before it, so
@@ -178,6 +181,8 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
                 raise click.UsageError(f"{how} decodes one sample from the KV cache, densely: it cannot run with {why}")
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise click.UsageError("give --prompts, or --prompt / --prompt-file, not both")
+    if logprobs is not None and not as_json:
+        raise click.UsageError("--logprobs writes into --json's records: give --json with it")
     if seed is None and as_json:              # a record names the seed that makes it again
         seed = int(np.random.default_rng().integers(1 << 31))
     run = the_run(run, ("text", "pairs"))
@@ -214,12 +219,15 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
         stats = Stats()
         completions, prompt_shown = _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed_k,
                                             num_samples, max_new_tokens, kv_cache, tuple(stop), strategy, stream_k, run,
-                                            stats, drafter)
+                                            stats, drafter, logprobs)
         if as_json:
             counts = {"speculative": stats.tally.record()} if stats.tally is not None else {}
             for i, completion in enumerate(completions):
+                lps = {"logprobs": [{"token": tok.decode([t]), "logprob": lp,
+                                     "top_logprobs": [{"token": tok.decode([a]), "logprob": x} for a, x in top]}
+                                    for t, lp, top in stats.logprobs[i]]} if logprobs is not None else {}
                 sys.stdout.write(json.dumps({"prompt": text, "prompt_index": k, "sample": i, "seed": seed_k,
-                                             "completion": completion, **settings, **counts}) + "\n")
+                                             "completion": completion, **settings, **counts, **lps}) + "\n")
         elif not stream_k:
             for i, completion in enumerate(completions):
                 if num_samples > 1:
@@ -229,7 +237,7 @@ def generate(run, prompt, prompt_file, prompts_file, as_json, max_new_tokens, te
 
 
 def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_samples, max_new_tokens, kv_cache,
-            stop, strategy, streaming, run, stats, drafter) -> tuple[list[str], str]:
+            stop, strategy, streaming, run, stats, drafter, logprobs=None) -> tuple[list[str], str]:
     """One prompt's samples: (each sample's completion, the prompt text the output shows before
     it). Streams to stdout as it goes when ``streaming``; prints the stats line on stderr."""
     n_ctx = model.config.n_ctx
@@ -252,7 +260,7 @@ def _sample(model, tok, text, streamed, completes, seq2seq, sampling, seed, num_
         out.write(text)
         out.flush()
     for i, piece in generate_text(model, tok, ids, max_new_tokens, sampling, rng, num_samples,
-                                  kv_cache, stop, stats, strategy, drafter):
+                                  kv_cache, stop, stats, strategy, drafter, logprobs):
         if streaming:
             out.write(piece)
             out.flush()

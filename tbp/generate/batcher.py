@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import TbpError
-from .sampling import TextStream, sample
+from .sampling import TextStream, log_probs, sample
 from ..data.tokenizer import Tokenizer
 from ..nn.decode import Inference
 
@@ -29,16 +29,19 @@ class Ending:
     def __init__(self, tok: Tokenizer, req):
         self.req, self.stream, self.n = req, TextStream(tok, req.stop), 0
 
-    def push(self, t: int) -> tuple[str, str | None, int]:
+    def push(self, t: int, logits: np.ndarray | None = None) -> tuple[str, str | None, int, tuple | None]:
+        """The item of token t: (text piece, finish reason or None, tokens so far, its
+        log-probabilities from ``logits`` (V,) when the request asks for them, else None)."""
         self.n += 1
+        lp = log_probs(logits, t, self.req.logprobs) if self.req.logprobs is not None and logits is not None else None
         if t in self.req.ends:
-            return self.stream.flush(), "stop", self.n
+            return self.stream.flush(), "stop", self.n, lp
         piece = self.stream.push(t)
         if self.stream.done:
-            return piece, "stop", self.n
+            return piece, "stop", self.n, lp
         if self.n == self.req.max_tokens:
-            return piece + self.stream.flush(), "length", self.n
-        return piece, None, self.n
+            return piece + self.stream.flush(), "length", self.n, lp
+        return piece, None, self.n, lp
 
 
 class Job:
@@ -59,7 +62,7 @@ class Job:
         except TbpError as e:
             self.finish(e)
             return
-        item = self.ending.push(t)
+        item = self.ending.push(t, logits)
         self.put(item)
         self.last = t
         if item[1] is not None:

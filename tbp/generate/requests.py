@@ -28,10 +28,11 @@ from ..nn import build
 from ..data.tokenizer import Tokenizer
 
 MAX_STOP = 4                     # OpenAI's limit on stop sequences
+MAX_LOGPROBS = 20                # OpenAI's limit on top_logprobs
 COMPLETION_DEFAULT = 16          # OpenAI's default max_tokens for /v1/completions
 # fields a client may send at their neutral value only: anything else would be silently ignored
-NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (None, False), "echo": False,
-           "best_of": (None, 1), "suffix": None, "logit_bias": (None, {}), "top_logprobs": (None, 0),
+NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False,
+           "best_of": (None, 1), "suffix": None, "logit_bias": (None, {}),
            "parallel_tool_calls": None, "tools": (None, []), "tool_choice": (None, "none"),
            "response_format": (None, {"type": "text"})}
 IGNORED = ("user", "stream_options", "metadata", "store", "service_tier")
@@ -61,6 +62,7 @@ class Request:
     include_usage: bool
     ends: tuple[int, ...]                       # tokens that end the reply (finish_reason "stop")
     chat: bool
+    logprobs: int | None = None                 # log-probabilities asked for: how many alternatives (None: none)
     tally: object = None                        # speculative decoding's counts, when it decodes this one
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -84,7 +86,7 @@ class Served:
     def completion(self, body) -> Request:
         body = self._object(body)
         self._fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
-                            "stream"})
+                            "stream", "logprobs"})
         self._model(body)
         prompt = body.get("prompt", None)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -107,7 +109,7 @@ class Served:
             raise BadRequest(f"{self.name} was not trained on conversations (tbp prepare --format chat): "
                              f"use /v1/completions", "messages")
         self._fields(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                            "top_k", "min_p", "stop", "seed", "stream"})
+                            "top_k", "min_p", "stop", "seed", "stream", "logprobs", "top_logprobs"})
         self._model(body)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
@@ -228,7 +230,17 @@ class Served:
         sampling = Sampling(temperature=float(temperature), top_k=top_k if top_k > 0 else None,
                             top_p=None if top_p == 1 else float(top_p), banned=banned,
                             min_p=float(min_p) if min_p > 0 else None)
-        return Request(ids, max_tokens, sampling, seed, tuple(stop), stream, include_usage, ends, chat)
+        if chat:        # chat: logprobs true or false, top_logprobs how many alternatives (0 .. 20)
+            asked = body.get("logprobs", False)
+            if asked is not None and not isinstance(asked, bool):
+                raise BadRequest("logprobs must be true or false", "logprobs")
+            top = number("top_logprobs", None, 0, MAX_LOGPROBS, integer=True)
+            if top is not None and not asked:
+                raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+            logprobs = (top or 0) if asked else None
+        else:           # completions: logprobs is how many alternatives (0 .. 20), null for none
+            logprobs = number("logprobs", None, 0, MAX_LOGPROBS, integer=True)
+        return Request(ids, max_tokens, sampling, seed, tuple(stop), stream, include_usage, ends, chat, logprobs)
 
     # --- answering ----------------------------------------------------------------------------
     def decode(self, req: Request, put: Callable[[object], None]) -> Callable[[], None]:
@@ -259,19 +271,23 @@ class Served:
         with the server's drafter, if it has one, counting in ``req.tally``)."""
         rng = np.random.default_rng(req.seed)
         ending = Ending(self.tok, req)
+        rows = []                                   # each token's logits, when the request asks for log-probabilities
+        keep = (lambda logits, tokens: rows.append(logits[0].copy())) if req.logprobs is not None else None
         if self.drafter is not None:
             req.tally = Tally()
             gen = speculative_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, self.drafter.fresh(),
-                                  req.tally)
+                                  req.tally, keep)
         else:
-            gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id)
+            gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id,
+                               on_logits=keep)
         try:
             for nxt in gen:
-                item = ending.push(int(nxt[0]))
+                item = ending.push(int(nxt[0]), rows.pop(0) if rows else None)
                 yield item
                 if item[1] is not None:
                     return
-            yield ending.stream.flush(), "length", ending.n      # an encoder-decoder's target ran out of positions
+            # an encoder-decoder's target ran out of positions
+            yield ending.stream.flush(), "length", ending.n, None
         finally:
             gen.close()
 
@@ -296,29 +312,49 @@ class Served:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "tbp", "max_model_len": cfg.n_ctx, "meta": meta}]}
 
-    def chunk(self, req: Request, piece: str | None, finish: str | None, first: bool = False) -> dict:
+    def chunk(self, req: Request, piece: str | None, finish: str | None, first: bool = False,
+              lps: list | None = None, offset: int = 0) -> dict:
+        """A stream's chunk: a text piece, and the log-probabilities of the tokens it completes
+        (``lps``; ``offset``: the characters sent before it)."""
+        logprobs = self.logprobs(req, lps, offset) if lps else None
         if req.chat:
             delta = {} if piece is None else {"content": piece}
             if first:
                 delta = {"role": "assistant", "content": ""}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             kind = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}
             kind = "text_completion"
         return {"id": self._id(req), "object": kind, "created": req.created, "model": self.name,
                 "choices": [choice]}
 
-    def whole(self, req: Request, text: str, finish: str, n: int) -> dict:
+    def whole(self, req: Request, text: str, finish: str, n: int, lps: list | None = None) -> dict:
+        logprobs = self.logprobs(req, lps or [], 0) if req.logprobs is not None else None
         if req.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish}
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
             kind = "text_completion"
         return {"id": self._id(req), "object": kind, "created": req.created, "model": self.name,
                 "choices": [choice], "usage": self.usage(req, n)}
+
+    def logprobs(self, req: Request, lps: list, offset: int) -> dict:
+        """OpenAI's logprobs object for the tokens ``lps`` ((token, log p, [(id, log p)]) each,
+        the model's log-softmax): chat's ``content`` list, or the completions' parallel lists
+        (``text_offset`` counts characters from the completion's start, ``offset`` for the first)."""
+        text = self.tok.decode
+        if req.chat:
+            def entry(t, lp):
+                s = text([t])
+                return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"content": [{**entry(t, lp), "top_logprobs": [entry(i, x) for i, x in top]} for t, lp, top in lps]}
+        tokens = [text([t]) for t, _, _ in lps]
+        offsets = np.cumsum([offset] + [len(s) for s in tokens[:-1]]).tolist() if tokens else []
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps],
+                "top_logprobs": [{text([i]): x for i, x in top} for _, _, top in lps], "text_offset": offsets}
 
     def usage_chunk(self, req: Request, n: int) -> dict:
         """The last chunk of a stream that asked for usage: no choices, the counts."""

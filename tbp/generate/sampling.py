@@ -135,10 +135,25 @@ def _weights(logits: np.ndarray, s: Sampling) -> np.ndarray:
     return p
 
 
+def log_probs(logits: np.ndarray, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """The model's log-probability of ``token`` under logits (V,) -- the log-softmax of the raw
+    logits, whatever the sampling settings (OpenAI's logprobs) -- and its ``top`` likeliest
+    tokens with theirs, most likely first: (token, log p, [(id, log p), ...]), float64."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    lp = z - np.log(np.exp(z).sum())
+    best = np.argpartition(-lp, top - 1)[:top] if 0 < top < len(lp) else np.arange(len(lp) if top else 0)
+    best = best[np.argsort(-lp[best], kind="stable")]
+    return int(token), float(lp[token]), [(int(i), float(lp[i])) for i in best]
+
+
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
                  rng: np.random.Generator, num_samples: int = 1,
-                 use_cache: bool = True, strategy=None, start: int | None = None) -> Iterator[np.ndarray]:
+                 use_cache: bool = True, strategy=None, start: int | None = None,
+                 on_logits=None) -> Iterator[np.ndarray]:
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
+    ``on_logits(logits, tokens)``, if given, is called with each step's logits (num_samples, V)
+    and the tokens drawn from them, before they are yielded (the buffer is reused after).
 
     ``prompt`` must be non-empty and at most n_ctx tokens (the caller crops and warns).
     ``strategy``: how the cached decoder's one-token steps decode beyond dense attention
@@ -150,7 +165,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     if why is not None:
         raise ValueError(why)
     if model.reads_source:
-        yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start)
+        yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start, on_logits)
         return
     if strategy is not None and not use_cache:
         raise ValueError("a decoding strategy decodes from the KV cache: it needs the cache")
@@ -172,6 +187,8 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
         logits = model.forward(buf[:, :n])[:, -1]
     for _ in range(max_new_tokens):
         nxt = sample(logits, sampling, rng)                                     # (B,)
+        if on_logits is not None:
+            on_logits(logits, nxt)
         yield nxt
         if n == buf.shape[1]:                 # rotary: keep the tokens that can still matter
             buf[:, :reach] = buf[:, n - reach:n]
@@ -199,7 +216,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
 
 
 def _target_ids(model, source: list[int], max_new_tokens: int, sampling: Sampling,
-                rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None):
+                rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None, on_logits=None):
     """An encoder-decoder's target, token by token. Cached: the source is encoded once, each
     layer's cross-attention keys and values computed once (Inference.encode), and every step is
     one row of self-attention against the target's cache. Uncached: the whole model runs on
@@ -222,6 +239,8 @@ def _target_ids(model, source: list[int], max_new_tokens: int, sampling: Samplin
         logits = model.forward(srcs, buf[:, :1])[:, -1]
     for _ in range(max_new_tokens):
         nxt = sample(logits, sampling, rng)
+        if on_logits is not None:
+            on_logits(logits, nxt)
         yield nxt
         if n == n_ctx:                    # no position left to read it back: the target ends
             return
@@ -285,36 +304,46 @@ class Stats:
     decode_s: float = 0.0
     cache_bytes: int = 0
     tally: object = None           # speculative decoding's counts (speculative.Tally), if it ran
+    logprobs: list | None = None   # each sample's tokens' log-probabilities, when asked for
 
 
 def generate_text(model: GPT, tok: Tokenizer, prompt: list[int], max_new_tokens: int,
                   sampling: Sampling, rng: np.random.Generator, num_samples: int = 1,
                   use_cache: bool = True, stop: tuple[str, ...] = (),
-                  stats: Stats | None = None, strategy=None, drafter=None) -> Iterator[tuple[int, str]]:
+                  stats: Stats | None = None, strategy=None, drafter=None,
+                  logprobs: int | None = None) -> Iterator[tuple[int, str]]:
     """Yield (sample index, text piece) as tokens arrive; a sample ends at a stop string,
     at the tokenizer's end-of-text token, or after ``max_new_tokens``. ``drafter``: decode
-    speculatively with it (speculative.py; one sample, the KV cache), counting in ``stats.tally``."""
+    speculatively with it (speculative.py; one sample, the KV cache), counting in ``stats.tally``.
+    ``logprobs``: keep each sample's tokens' log-probabilities with that many alternatives
+    (log_probs) in ``stats.logprobs``, one list per sample, up to where it ended."""
     stats = stats if stats is not None else Stats()
+    rows: list[np.ndarray] = []               # each step's logits, in order, when log-probabilities are kept
+    keep = (lambda logits, tokens: rows.append(logits.copy())) if logprobs is not None else None
+    stats.logprobs = [[] for _ in range(num_samples)] if logprobs is not None else None
     streams = [TextStream(tok, stop) for _ in range(num_samples)]
     stats.prompt_tokens = len(prompt)
     if use_cache:
         stats.cache_bytes = Inference.cache_size(model, num_samples)
     t0 = time.perf_counter()
     if drafter is not None:
-        gen, stats.tally = drafter.decode(model, prompt, max_new_tokens, sampling, rng)
+        gen, stats.tally = drafter.decode(model, prompt, max_new_tokens, sampling, rng, keep)
     else:
         gen = generate_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, strategy,
-                           start=tok.sep_id)
+                           start=tok.sep_id, on_logits=keep)
     first = True
     for nxt in gen:
         if first:
             stats.prefill_s = time.perf_counter() - t0   # includes the first sampled token
             t0, first = time.perf_counter(), False
         stats.new_tokens += 1
+        logits = rows.pop(0) if rows else None
         for i, t in enumerate(nxt):
             s = streams[i]
             if s.done:
                 continue
+            if logits is not None:
+                stats.logprobs[i].append(log_probs(logits[i], int(t), logprobs))
             if tok.eot_id is not None and t == tok.eot_id:
                 s.done = True
                 continue

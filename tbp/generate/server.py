@@ -218,10 +218,12 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 log.started(len(req.ids))
                 box = Mailbox(asyncio.get_running_loop())
                 cancel = served.decode(req, box.put)
-                text, finish, n = [], None, 0
+                text, finish, n, lps = [], None, 0, []
                 while finish is None:
-                    for piece, finish, n in delivered(await box.take()):
+                    for piece, finish, n, lp in delivered(await box.take()):
                         text.append(piece)
+                        if lp is not None:
+                            lps.append(lp)
                     log.answer = n
                     if finish is None and await request.is_disconnected():
                         return error(BadRequest("the client left", status=408))     # its place, back now
@@ -231,7 +233,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
             if cancel is not None:
                 cancel()
             gate.leave()
-        return JSONResponse(served.whole(req, "".join(text), finish, n))
+        return JSONResponse(served.whole(req, "".join(text), finish, n, lps))
 
     def delivered(items: list):
         """A mailbox's items in order; the exception that ended the decoding raised where it came."""
@@ -252,19 +254,23 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                 cancel = served.decode(req, box.put)
                 if req.chat:
                     yield event(served.chunk(req, None, None, first=True))
-                finish, n = None, 0
+                finish, n, lps, sent = None, 0, [], 0
                 while finish is None:
                     events = []                 # every token that arrived since the last look: one write
                     try:
-                        for piece, finish, n in delivered(await box.take()):
+                        for piece, finish, n, lp in delivered(await box.take()):
+                            if lp is not None:  # a token's log-probabilities ride with the next text sent
+                                lps.append(lp)
                             if piece:
-                                events.append(event(served.chunk(req, piece, None)))
+                                events.append(event(served.chunk(req, piece, None, lps=lps, offset=sent)))
+                                sent += len(piece)
+                                lps = []
                     except TbpError as e:       # mid-stream: the error as the last event, as OpenAI sends one
                         status = 500
                         yield "".join(events) + event(BadRequest(str(e), status=500, kind="server_error").body())
                         return
                     if finish is not None:
-                        events.append(event(served.chunk(req, None, finish)))
+                        events.append(event(served.chunk(req, None, finish, lps=lps, offset=sent)))
                         if req.include_usage:
                             events.append(event(served.usage_chunk(req, n)))
                         events.append("data: [DONE]\n\n")

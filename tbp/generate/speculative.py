@@ -155,10 +155,11 @@ class Drafter:
 
     pace: Pace
 
-    def decode(self, model, prompt: list[int], max_new_tokens: int, sampling: Sampling, rng: np.random.Generator):
+    def decode(self, model, prompt: list[int], max_new_tokens: int, sampling: Sampling, rng: np.random.Generator,
+               on_logits=None):
         """(the generator of speculative_ids, the Tally it counts in)."""
         tally = Tally()
-        return speculative_ids(model, prompt, max_new_tokens, sampling, rng, self, tally), tally
+        return speculative_ids(model, prompt, max_new_tokens, sampling, rng, self, tally, on_logits), tally
 
     def rolled_back(self, kept: int) -> None:
         pass
@@ -263,12 +264,13 @@ def refusal(cfg) -> str | None:
 
 
 def step(target: Inference, ctx: np.ndarray, k: int, drafter, sampling: Sampling, rng: np.random.Generator,
-         tally: Tally) -> list[int]:
+         tally: Tally, on_logits=None) -> list[int]:
     """One speculative step. ``target``'s cache holds ``ctx`` but its last token; the drafter
     proposes up to ``k`` tokens after ctx, one forward of [ctx[-1], drafts] checks them, and
     the step returns the kept drafts and the model's own next token, drawing one uniform per
     token returned, as plain decoding draws them (module docstring). The cache then holds ctx
-    and the kept drafts; the returned last token is not in it."""
+    and the kept drafts; the returned last token is not in it. ``on_logits(logits (1, V),
+    token)`` hears the model's logits of each returned token, never a draft's."""
     t0 = time.perf_counter()
     drafts = drafter.propose(ctx, k, sampling) if k > 0 else []
     t1 = time.perf_counter()
@@ -287,6 +289,9 @@ def step(target: Inference, ctx: np.ndarray, k: int, drafter, sampling: Sampling
     else:
         out.append(token_at(cdf[len(drafts)], rng.random()))              # all kept: the bonus token
     kept = len(out) - 1
+    if on_logits is not None:
+        for i, t in enumerate(out):
+            on_logits(logits[i:i + 1], np.array([t]))
     if kept < len(drafts):
         target.rewind(length + 1 + kept)
     drafter.rolled_back(kept)
@@ -299,7 +304,7 @@ def step(target: Inference, ctx: np.ndarray, k: int, drafter, sampling: Sampling
 
 
 def speculative_ids(model, prompt: list[int], max_new_tokens: int, sampling: Sampling, rng: np.random.Generator,
-                    drafter, tally: Tally | None = None):
+                    drafter, tally: Tally | None = None, on_logits=None):
     """Yield the next token, (1,) like generate_ids' one sample, ``max_new_tokens`` times:
     drafted by ``drafter`` (Lookup or Draft) and checked by ``model`` (module docstring), the
     context window moved as generate_ids moves it."""
@@ -320,7 +325,7 @@ def speculative_ids(model, prompt: list[int], max_new_tokens: int, sampling: Sam
     while made < max_new_tokens:
         # drafts never pass the context, nor the tokens still wanted (the step adds one more)
         k = min(drafter.pace.k, max(0, n_ctx - len(ctx)), max_new_tokens - made - 1)
-        out = step(target, ctx, k, drafter, sampling, rng, tally)
+        out = step(target, ctx, k, drafter, sampling, rng, tally, on_logits)
         for t in out:
             made += 1
             yield np.array([t], dtype=np.int64)

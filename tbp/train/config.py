@@ -39,7 +39,8 @@ class TrainConfig(DictConfig):
     early_stop: int = option(0, "Stop once this many evaluations in a row find no lower validation loss than the "
                                 "best so far (0: off). The best weights are kept either way (--best).", min=0)
     max_time: float = option(0.0, "Stop after this many seconds of this invocation's training, evaluations included "
-                                  "(0: off), with an evaluation and a checkpoint; --resume goes on from there.",
+                                  "(0: off), with an evaluation and a checkpoint, then the loss over the whole validation "
+                                  "split (after the budget); --resume goes on from there.",
                              min=0.0)
     eval_batches: int = option(20, "Fixed batches per split in each evaluation.", min=1)
     log_interval: int = option(10, "Steps between lines of metrics.jsonl.", min=1)

@@ -194,17 +194,19 @@ class Trainer:
                 break
             if cfg.max_time and self.world.any(time.perf_counter() - t_session >= cfg.max_time):
                 st.stopped = f"max time: {cfg.max_time:g} s"
+                metrics = {"step": st.step, "lr": lr, "train_loss": self.last_loss, "elapsed_s": st.elapsed_s}
                 if self.last_saved_step != st.step and math.isfinite(self.last_loss):
                     # steps of this invocation not saved yet: evaluated and kept, as at every evaluation
                     self.cb.evaluating(self)
-                    metrics = {"step": st.step, "lr": lr,             # the last step's
-                               "train_loss": self.last_loss, "elapsed_s": st.elapsed_s, **self.evaluate()}
+                    metrics.update(self.evaluate())
                     self._checked(metrics)
                     self._log(json.dumps(metrics))
                     self._count_eval(metrics["val_loss"])
                     self.save(metrics["val_loss"])
                 else:
                     self.record_stop()
+                if self.last_saved_step == st.step and st.step > 0:
+                    self._final_figures(metrics, t_start)     # a run the clock ends ends with them too
                 break
             lr = rate(st.step)
             is_eval = (st.step + 1) % cfg.eval_interval == 0 or st.step + 1 == cfg.max_iters
@@ -245,13 +247,7 @@ class Trainer:
             if is_eval:
                 self.save(metrics["val_loss"])          # an early stop's reason rides in this commit's state.json
                 if final:
-                    # the run's final figure, the split itself, once the run is saved: nothing it
-                    # does (a long read, running out of memory, a signal) can lose the run
-                    self.cb.evaluating_split(self)
-                    metrics.update(self.evaluate_split())
-                    metrics["elapsed_s"] = time.perf_counter() - t_start
-                    self._log(json.dumps(metrics))
-                    self.cb.step(self, metrics)
+                    self._final_figures(metrics, t_start)
                 if st.stopped:
                     break
         if self.interrupted and self.last_saved_step != st.step:
@@ -259,6 +255,15 @@ class Trainer:
         elif self.interrupted:
             self.record_stop()
         return st
+
+    def _final_figures(self, metrics: dict, t_start: float) -> None:
+        """The run's final figure, the split itself, once the run is saved: nothing it does (a
+        long read, running out of memory, a signal) can lose the run."""
+        self.cb.evaluating_split(self)
+        metrics.update(self.evaluate_split())
+        metrics["elapsed_s"] = time.perf_counter() - t_start
+        self._log(json.dumps(metrics))
+        self.cb.step(self, metrics)
 
     def _checked(self, metrics: dict) -> None:
         """An evaluation's figures are finite, or nothing is saved from them."""
