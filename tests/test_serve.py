@@ -182,8 +182,16 @@ def test_bad_requests_get_openai_errors(server):
     assert "not trained on conversations" in e.value.body["message"]
     raw = httpx.post(server.url + "/completions", content=b"{not json")
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
-    huge = httpx.post(server.url + "/completions", content=b"x" * (17 * 2 ** 20))
-    assert huge.status_code == 413 and "over 16 MiB" in huge.json()["error"]["message"]
+    # a body declared too large is refused before a byte of it is read (a client still sending
+    # one may see the connection reset instead of the answer: the server closes it unread)
+    import socket
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {17 * 2 ** 20}\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413") and b"over 16 MiB" in answer
 
 
 def test_a_full_queue_answers_429_and_a_dropped_stream_frees_its_place(text_run):
@@ -270,9 +278,9 @@ def test_chat_logprobs_through_the_openai_client(chat_server):
     content = r.choices[0].logprobs.content
     assert content and r.usage.completion_tokens == len(content)
     assert "".join(e.token for e in content).startswith(r.choices[0].message.content)
-    for e in content:
-        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-9     # greedy: the likeliest
-        assert e.top_logprobs[0].token == e.token and bytes(e.bytes).decode() == e.token
+    for e in content:           # the likeliest of all (it may be a role token, which a reply never draws)
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-9
+        assert bytes(e.bytes).decode() == e.token
     streamed = [e for chunk in c.chat.completions.create(model="m", messages=msgs, max_tokens=20, temperature=0,
                                                           logprobs=True, stream=True)
                 if chunk.choices and chunk.choices[0].logprobs for e in chunk.choices[0].logprobs.content]

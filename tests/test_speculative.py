@@ -84,7 +84,9 @@ def test_the_draft_length_follows_acceptance_and_cost():
     where every one is, and probes now and then while off."""
     from tbp.generate.speculative import Pace
     pace = Pace(6)
-    assert pace.k == 6                                     # nothing measured: draft, to measure
+    assert pace.k == 0                                     # nothing measured: a plain step, to measure it
+    pace.update(drafted=0, accepted=0, forward_s=1.0e-3, draft_s=0.0)
+    assert pace.k == 6                                     # then the most, to measure that
     for _ in range(20):
         pace.update(drafted=3, accepted=0, forward_s=1.2e-3, draft_s=1e-4)
         pace.update(drafted=0, accepted=0, forward_s=1.0e-3, draft_s=0.0)

@@ -110,9 +110,9 @@ class Progress(Callbacks):
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
         if "val_loss" in m:
+            speed = f" · {fmt_count(m['tokens_per_s'])} tok/s" if "tokens_per_s" in m else ""     # not at a stop
             tqdm.write(f"step {m['step']}: train {fmt_loss(m['eval_train_loss'])} · val {fmt_loss(m['val_loss'])} "
-                       f"({m['val_bpb']:.3f} bits/byte) · lr {m['lr']:.2e} · {fmt_count(m['tokens_per_s'])} tok/s",
-                       file=sys.stderr)
+                       f"({m['val_bpb']:.3f} bits/byte) · lr {m['lr']:.2e}{speed}", file=sys.stderr)
 
     def close(self):
         if self.bar is not None:

@@ -94,8 +94,9 @@ class Pace:
     """How many tokens to draft next: the k of 0 .. ``most`` with the most expected tokens a
     second. A step with k drafts makes E(k) = (1 - a^(k+1)) / (1 - a) tokens, for a per-token
     acceptance a (Leviathan et al., eq. 1), and costs c(k + 1) + k c_d: the forward over k + 1
-    rows and the drafting, both measured as they run (a k never measured is assumed to cost
-    what the next smaller measured one did, so that it is tried). So where drafts are rarely
+    rows and the drafting, both measured as they run (first a plain step, then the most drafts;
+    a k never measured is assumed to cost what the next smaller measured one did, so that it is
+    tried). So where drafts are rarely
     kept, or checking them costs more than they save (a small model, bound by overheads rather
     than by reading its weights), k falls to 0 and decoding is plain; one step in ``probe``
     drafts anyway, so that a text that starts to copy turns it back on. The text never depends
@@ -117,7 +118,9 @@ class Pace:
 
     @property
     def k(self) -> int:
-        if not self.cost:                          # nothing measured yet: draft the most, and measure it
+        if 1 not in self.cost:                     # a plain step first: what drafting must beat, measured
+            return 0
+        if len(self.cost) == 1:                    # then the most, measured too
             return self.most
         a = min(self.kept / self.tried, 0.999)
         best, rate = 0, 0.0
