@@ -100,3 +100,10 @@ def newest(rows: list[dict], key) -> list[dict]:
     for r in rows:
         seen[key(r)] = r
     return list(seen.values())
+
+
+def shape(run, keys=("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")) -> dict:
+    """A run's model shape, for a record: the ``keys`` of its config.json's model."""
+    from tbp.runs.disk import read_config
+    model = read_config(Path(run))["model"]
+    return {k: model.get(k) for k in keys}

@@ -140,11 +140,9 @@ def matrix(args, env) -> None:
             proc.terminate()
             proc.wait(30)
     if args.record:
-        from tbp.runs.disk import read_config
-        cfg = read_config(Path(args.checkpoint))
         records.append("serve_matrix", {
             "checkpoint": Path(args.checkpoint).name,
-            "model": {k: cfg["model"].get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
+            "model": records.shape(args.checkpoint),
             "rounds": args.rounds, "seconds": args.seconds, "max_tokens": args.max_tokens, "threads": args.threads,
             "cells": [{"clients": c, "parallel": p,
                        "tokens_per_s": statistics.median(x["tokens_per_s"] for x in v),
@@ -207,11 +205,9 @@ def main() -> None:
                "mismatched_answers": sum(r[k]["mismatched_answers"] for r in rounds for k in settings)}
     print(summary)
     if args.record:
-        from tbp.runs.disk import read_config
-        cfg = read_config(Path(args.checkpoint))
         records.append("serve_load", {
             "checkpoint": Path(args.checkpoint).name,
-            "model": {k: cfg["model"].get(k) for k in ("n_layer", "n_head", "d_model", "n_ctx", "vocab_size")},
+            "model": records.shape(args.checkpoint),
             "clients": args.clients, "parallel": parallel, "rounds": args.rounds, "seconds": args.seconds,
             "max_tokens": args.max_tokens, "busy_core": args.busy, "threads": args.threads, "pairs": len(PAIRS), "env": dict(
                 kv.split("=", 1) for kv in args.env), "summary": summary, "per_round": rounds,

@@ -72,19 +72,19 @@ def main() -> None:
     ap.add_argument("--costs", action="store_true", help="only the cost of checking m tokens, m = 1 .. 9")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    model, tok, cfg = disk.load_model(args.checkpoint)
+    model, tok, _ = disk.load_model(args.checkpoint)
     if args.costs:
         c = costs(model)
         print(" · ".join(f"{m}: {v * 1e3:.2f} ms (×{v / c[1]:.2f})" for m, v in c.items()))
         if args.record:
             records.append("speculative_costs", {
                 "checkpoint": Path(args.checkpoint).name,
-                "model": {k: cfg["model"].get(k) for k in ("n_layer", "d_model", "n_ctx", "vocab_size")},
+                "model": records.shape(args.checkpoint, ("n_layer", "d_model", "n_ctx", "vocab_size")),
                 "forward_s": {str(m): v for m, v in c.items()}, "commit": records.commit()})
         return
     arms = {"plain": lambda: None, "lookup": lambda: Lookup(3, 8)}
     if args.draft:
-        draft_model, _, draft_cfg = disk.load_model(args.draft)
+        draft_model, _, _ = disk.load_model(args.draft)
         arms["draft"] = lambda: Draft(draft_model, 4)
     prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     last = [json.loads(line) for line in (Path(args.checkpoint) / "metrics.jsonl").read_text().splitlines()][-1]
@@ -117,8 +117,8 @@ def main() -> None:
             if args.record:
                 records.append("speculative", {
                     "checkpoint": Path(args.checkpoint).name, "draft": Path(args.draft).name if args.draft else None,
-                    "model": {k: cfg["model"].get(k) for k in ("n_layer", "d_model", "n_ctx", "vocab_size")},
-                    "draft_model": ({k: draft_cfg["model"].get(k) for k in ("n_layer", "d_model")} if args.draft else None),
+                    "model": records.shape(args.checkpoint, ("n_layer", "d_model", "n_ctx", "vocab_size")),
+                    "draft_model": records.shape(args.draft, ("n_layer", "d_model")) if args.draft else None,
                     "target_val_loss": last.get("val_split_loss"),
                     "target_val_estimate": last.get("val_loss"), "prompt": p["name"], "kind": p["kind"],
                     "temperature": temperature, "new_tokens": args.new, "rounds": args.rounds, "arms": row,

@@ -134,8 +134,7 @@ class Conversation:
         loop would sample them (ending at the same tokens, the cache left holding the same ones:
         drafts kept past the end are rolled back)."""
         stream, got, last = TextStream(self.tok), [], self.held
-        self.drafter.reset()
-        self.drafter.pace.start()
+        self.drafter.start()
         while True:
             ctx = np.array(self.cached + [last], dtype=np.int64)
             k = min(self.drafter.pace.k, self.n_ctx - len(ctx), self.max_reply - len(got) - 1)

@@ -158,6 +158,11 @@ class Drafter:
 
     pace: Pace
 
+    def start(self) -> None:
+        """A new text: the cache empty, the acceptance learned afresh (the costs stay)."""
+        self.reset()
+        self.pace.start()
+
     def decode(self, model, prompt: list[int], max_new_tokens: int, sampling: Sampling, rng: np.random.Generator,
                on_logits=None):
         """(the generator of speculative_ids, the Tally it counts in)."""
@@ -319,8 +324,7 @@ def speculative_ids(model, prompt: list[int], max_new_tokens: int, sampling: Sam
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
     target = Inference(model, 1)
-    drafter.reset()
-    drafter.pace.start()
+    drafter.start()
     ctx = np.asarray(prompt, dtype=np.int64)       # the window; its last token is not yet in the cache
     if len(ctx) > 1:
         target.forward(ctx[None, :-1], check=False)
