@@ -99,6 +99,7 @@ DESIGN_WORDS = {"alibi": ("alibi",),
                 "qknorm": ("qknorm", "qk_norm"), "rope": ("rope", "rotary", "Rotary"),
                 "rmsnorm": ("rmsnorm", "RMSNorm", '"norm": "rms"', "'--norm', 'rms'", '"--norm", "rms"', "Llama"),
                 "swiglu": ("swiglu", "SwiGLU", "Llama"),
+                "relu2": ("relu2", "ReLU²", "ReLU2"),
                 "sparse": ("sparse", "SparseRule", "lessismore", "--budget")}
 
 

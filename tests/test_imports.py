@@ -227,7 +227,7 @@ NAMES_IN_ENGINE, NAMES_IN_ALL = 1, 31
 # (rope_theta, rope_scaling). Each such file has its own ceiling, outside the count above.
 FAMILY_FILES = {"tbp/interop/llama.py": 14}
 DESIGN_NAME = re.compile(r"(?<![A-Za-z])(mta|attnres|gqa|alibi|flash|rope|rotary|sparse|seq2seq|encdec|qknorm|rmsnorm|"
-                         r"swiglu)"
+                         r"swiglu|relu2)"
                          r"(?![a-z])|encoder-decoder|n_kv_head|reads_source|residual_blocks|n_enc_layer|qk_norm", re.I)
 
 

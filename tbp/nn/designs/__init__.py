@@ -11,3 +11,4 @@ from . import encdec  # noqa: F401,E402
 from . import qknorm  # noqa: F401,E402
 from . import rmsnorm  # noqa: F401,E402
 from . import swiglu  # noqa: F401,E402
+from . import relu2  # noqa: F401,E402
