@@ -23,6 +23,7 @@ import tables_gpt2
 import tables_gqa
 import tables_interop
 import tables_speculative
+import tables_speedrun
 import tables_mta
 import tables_precision
 import tables_sparse
@@ -393,6 +394,8 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "serve_matrix": (tables_interop.serve_matrix, "serve_matrix"),
           "speculative": (tables_speculative.speculative, "speculative"),
           "speculative_costs": (tables_speculative.costs, "speculative_costs"),
+          "speedrun": (tables_speedrun.budgets, "speedrun"),
+          "nanogpt_step": (tables_speedrun.engines, "nanogpt_step"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),

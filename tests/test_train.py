@@ -16,7 +16,7 @@ from tbp.nn.layout import Layout
 from tbp.nn.module import Module
 from tbp.train.optim import AdamW, clip_grads, lr_at, wsd_at
 from tbp.train.loop import Callbacks
-from helpers import TINY, run
+from helpers import TINY, run, tiny
 
 SMALL = dict(n_layer=2, n_head=2, d_model=16, n_ctx=16)
 
@@ -311,3 +311,28 @@ def test_the_final_evaluation_is_announced_and_inside_the_run_time(tmp_path, dat
     # steps 3-4 trained 2 x 4 x 16 tokens in milliseconds; counted with the 0.3 s evaluation before
     # them, tokens/s could not pass 128 / 0.3
     assert logged[-1]["tokens_per_s"] > 2 * 128 / 0.3
+
+
+def test_a_target_loss_records_the_first_evaluation_that_reaches_it(tmp_path, corpus_file, monkeypatch):
+    """--target-loss: the first evaluation at or below it is marked in its metrics line (the run's clock
+    once it is done, evaluations included), its step and that time are kept in state.json (so a resume keeps them), and the summary says so;
+    a target no evaluation reaches is said to be unreached."""
+    monkeypatch.chdir(tmp_path)
+    r = run(["train", "--data", corpus_file, "--out", "t", "--max-iters", 6, "--target-loss", "50",
+             *tiny(eval_interval=2)])
+    assert r.exit_code == 0, r.output
+    evals = [m for m in disk.read_metrics(tmp_path / "t") if "val_loss" in m]
+    marked = [m for m in evals if "target_s" in m]
+    assert [m["step"] for m in marked] == [2]                              # the first one only
+    state = disk.read_state(tmp_path / "t")
+    assert state["target_step"] == 2 and state["target_s"] == marked[0]["target_s"] >= marked[0]["elapsed_s"]
+    assert "reached at step 2" in r.output and "target 50 reached after" in r.output
+    r = run(["train", "--out", "t", "--resume", "--max-iters", 8, "-q"])
+    assert r.exit_code == 0 and disk.read_state(tmp_path / "t")["target_step"] == 2
+    r = run(["train", "--data", corpus_file, "--out", "u", "--max-iters", 4, "--target-loss", "0.01",
+             *tiny(eval_interval=2)])
+    assert r.exit_code == 0 and "not reached by an evaluation" in r.output, r.output
+    assert not any("target_s" in m for m in disk.read_metrics(tmp_path / "u"))
+    assert disk.read_state(tmp_path / "u")["target_step"] is None
+    r = run(["train", "--data", corpus_file, "--out", "v", "--target-loss", "-1"])
+    assert r.exit_code == 2 and "-1" in r.output

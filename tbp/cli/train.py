@@ -62,13 +62,16 @@ class Progress(Callbacks):
             tqdm.write(f"resuming from step {trainer.state.step:,} of {trainer.cfg.max_iters:,}", file=sys.stderr)
         # the loss a fresh model starts at; a fine-tuned or resumed one starts wherever it was
         self.fresh = not trainer.state.step and not trainer.config_record.get("init_from")
-        passes = _passes(trainer)
-        if passes is not None and passes >= PASSES_WARN:
-            tqdm.write(f"note: {cfg.max_iters - trainer.state.step:,} steps read this training data about "
-                       f"{passes:,.0f} times over: expect the validation loss to turn back up. The best weights are "
-                       f"kept (--best reads them); --early-stop N stops once N evaluations bring no lower loss",
-                       file=sys.stderr)
+        if not cfg.max_time:           # with a clock, the steps it allows are known once the pace is
+            self.overfit_note(trainer, cfg.max_iters - trainer.state.step)
         self.clock = (trainer.state.step, time.perf_counter())
+
+    def overfit_note(self, trainer, steps: float) -> None:
+        passes = _passes(trainer, steps)
+        if passes is not None and passes >= PASSES_WARN:
+            tqdm.write(f"note: {steps:,.0f} steps read this training data about {passes:,.0f} times over: expect "
+                       f"the validation loss to turn back up. The best weights are kept (--best reads them); "
+                       f"--early-stop N stops once N evaluations bring no lower loss", file=sys.stderr)
 
     def estimate(self, trainer):
         """After the first few steps: how long the rest will take at this pace, said once."""
@@ -85,6 +88,8 @@ class Progress(Callbacks):
         if cfg.max_time:
             line += f"; --max-time stops it at {fmt_duration(cfg.max_time)}"
         tqdm.write(line, file=sys.stderr)
+        if cfg.max_time:
+            self.overfit_note(trainer, min(left, cfg.max_time / per_step))
 
     def evaluating(self, trainer):
         if self.bar is not None:
@@ -107,12 +112,26 @@ class Progress(Callbacks):
             self.tok_s = m["tokens_per_s"]
         if getattr(self, "tok_s", None):
             post["tok/s"] = fmt_count(self.tok_s)
+        post.update(self.goals(trainer))
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
         if "val_loss" in m:
             speed = f" · {fmt_count(m['tokens_per_s'])} tok/s" if "tokens_per_s" in m else ""     # not at a stop
+            reached = (f" · target {trainer.cfg.target_loss:g} reached after {fmt_duration(m['target_s'])}"
+                       if "target_s" in m else "")
             tqdm.write(f"step {m['step']}: train {fmt_loss(m['eval_train_loss'])} · val {fmt_loss(m['val_loss'])} "
-                       f"({m['val_bpb']:.3f} bits/byte) · lr {m['lr']:.2e}{speed}", file=sys.stderr)
+                       f"({m['val_bpb']:.3f} bits/byte) · lr {m['lr']:.2e}{speed}{reached}", file=sys.stderr)
+
+    def goals(self, trainer) -> dict:
+        """The bar's figures for a run with a goal: the target loss (until an evaluation reaches
+        it, then when it did) and the time --max-time leaves."""
+        cfg, st, post = trainer.cfg, trainer.state, {}
+        if cfg.target_loss:
+            post["target"] = (f"{cfg.target_loss:g} at {fmt_duration(st.target_s)}" if st.target_step is not None
+                              else f"{cfg.target_loss:g}")
+        if cfg.max_time:
+            post["left"] = fmt_duration(cfg.max_time - (time.perf_counter() - self.clock[1]))
+        return post
 
     def close(self):
         if self.bar is not None:
@@ -123,11 +142,12 @@ PASSES_WARN = 20          # reading the training data this many times over warns
 ESTIMATE_AFTER = 5        # steps timed before the run's time is estimated
 
 
-def _passes(trainer) -> float | None:
-    """How many times over the steps still to run read the training data (sequences, pairs or
-    conversations drawn per step against those there are); None where it cannot be told."""
+def _passes(trainer, steps: float | None = None) -> float | None:
+    """How many times over ``steps`` (default: the steps still to run) read the training data
+    (sequences, pairs or conversations drawn per step against those there are); None where it
+    cannot be told."""
     cfg, meta = trainer.cfg, trainer.data.meta
-    drawn = cfg.batch_size * cfg.grad_accum * (cfg.max_iters - trainer.state.step)
+    drawn = cfg.batch_size * cfg.grad_accum * (cfg.max_iters - trainer.state.step if steps is None else steps)
     if trainer.data.kind == "text":
         windows = meta["train_tokens"] / trainer.model.config.n_ctx
         return drawn / max(windows, 1)
@@ -185,6 +205,10 @@ def _summary(trainer, state, interrupted: bool):
                                   f"every eval")
     if state.best_val_loss is not None:
         t.add_row("best (estimate)", f"{fmt_loss(state.best_val_loss)} at step {state.best_step}")
+    if trainer.cfg.target_loss:
+        t.add_row("target", f"{trainer.cfg.target_loss:g}: " + (
+            f"reached at step {state.target_step:,}, {fmt_duration(state.target_s)} into the run (its clock, "
+            f"evaluations included)" if state.target_step is not None else "not reached by an evaluation"))
     t.add_row("tokens seen", f"{state.tokens_seen:,}")
     t.add_row("time", f"{state.elapsed_s:.1f}s ({fmt_count(state.tokens_seen / max(state.elapsed_s, 1e-9))} tok/s)")
     t.add_row("checkpoint", str(trainer.run))

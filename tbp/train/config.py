@@ -38,6 +38,9 @@ class TrainConfig(DictConfig):
     eval_interval: int = option(250, "Steps between evaluations and checkpoints.", min=1)
     early_stop: int = option(0, "Stop once this many evaluations in a row find no lower validation loss than the "
                                 "best so far (0: off). The best weights are kept either way (--best).", min=0)
+    target_loss: float = option(0.0, "A validation loss to reach (0: none): the progress bar shows it, and the run "
+                                     "records the step and the time, on its own clock, of the first evaluation at or "
+                                     "below it.", min=0.0)
     max_time: float = option(0.0, "Stop after this many seconds of this invocation's training, evaluations included "
                                   "(0: off), with an evaluation and a checkpoint, then the loss over the whole validation "
                                   "split (after the budget); --resume goes on from there.",

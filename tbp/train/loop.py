@@ -82,6 +82,8 @@ class State:
     tokenizer_sha256: str = ""
     stopped: str | None = None         # why training ended before max_iters: early stop, max time, interrupted
     evals_since_best: int = 0          # evaluations in a row with no lower validation loss (--early-stop)
+    target_step: int | None = None     # the first evaluation at or below --target-loss: its step,
+    target_s: float | None = None      # and the run's clock there (elapsed_s, evaluations included)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -200,8 +202,8 @@ class Trainer:
                     self.cb.evaluating(self)
                     metrics.update(self.evaluate())
                     self._checked(metrics)
+                    self._count_eval(metrics)
                     self._log(json.dumps(metrics))
-                    self._count_eval(metrics["val_loss"])
                     self.save(metrics["val_loss"])
                 else:
                     self.record_stop()
@@ -231,7 +233,7 @@ class Trainer:
                     st.elapsed_s = time.perf_counter() - t_start      # the run's time includes its evaluations
                     self._checked(metrics)
                     val = metrics["val_loss"]
-                    self._count_eval(val)
+                    self._count_eval(metrics)
                     since = st.evals_since_best
                     if cfg.early_stop and since >= cfg.early_stop and st.step < cfg.max_iters:
                         best = min(val, st.best_val_loss) if st.best_val_loss is not None else val
@@ -271,11 +273,16 @@ class Trainer:
             raise NonFiniteError(f"step {self.state.step}: validation loss is {metrics['val_loss']}; "
                                  f"not saving (last good checkpoint: step {self.last_saved_step})")
 
-    def _count_eval(self, val_loss: float) -> None:
-        """--early-stop's count: evaluations in a row that found no lower validation loss."""
-        st = self.state
+    def _count_eval(self, metrics: dict) -> None:
+        """--early-stop's count (evaluations in a row that found no lower validation loss), and
+        the first evaluation at or below --target-loss (``target_s`` in its line: the run's clock
+        once that evaluation is done)."""
+        st, val_loss = self.state, metrics["val_loss"]
         better = st.best_val_loss is None or val_loss < st.best_val_loss
         st.evals_since_best = 0 if better else st.evals_since_best + 1
+        if self.cfg.target_loss and st.target_step is None and val_loss <= self.cfg.target_loss:
+            st.target_step, st.target_s = st.step, st.elapsed_s      # its evaluation included
+            metrics["target_s"] = st.target_s
 
     def record_stop(self) -> None:
         """Say in the committed state.json why training ended, when this step is saved already."""

@@ -1,0 +1,53 @@
+"""The speedrun's tables (docs/explanation/performance.md), from results/speedrun.jsonl
+(benchmarks/studies/speedrun.py) and results/nanogpt_step.jsonl (benchmarks/peers/nanogpt_step.py)."""
+import statistics
+
+import records
+import stats
+
+
+def _loss(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    m, h = stats.mean_ci(values)
+    return f"{m:.4f} ± {h:.4f}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def budgets(rows: list[dict]) -> str:
+    """Per arm and budget, the newest commit's seeds: the held-out half's loss (mean ± 95 %
+    interval), half A's (what tuning read), the time to the target, tokens and steps."""
+    groups: dict = {}
+    for r in records.newest(rows, lambda r: (r["arm"], r["budget_s"], r["seed"])):
+        groups.setdefault((r["budget_s"], r["arm"]), []).append(r)
+    out = ["| budget | recipe | seeds | validation loss, held-out half (B) | half A (tuning) | reached "
+           f"{rows[0]['target']:g} | time to {rows[0]['target']:g}, median | tokens | steps | threads |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (budget, arm), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], min(r["half_a"] for r in kv[1]))):
+        reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+        out.append(f"| {_minutes(budget)} | {arm} | {len(runs)} | {_loss([r['half_b'] for r in runs])} | "
+                   f"{_loss([r['half_a'] for r in runs])} | {len(reached)} of {len(runs)} | "
+                   f"{_minutes(statistics.median(reached)) if reached else '—'} | "
+                   f"{statistics.median(r['tokens'] for r in runs):,.0f} | "
+                   f"{statistics.median(r['steps'] for r in runs):,.0f} | {runs[0]['threads']} |")
+    return "\n".join(out) + f"\n\n{records.provenance(rows)}"
+
+
+def engines(rows: list[dict]) -> str:
+    """nanoGPT's recipe, one step of 64 x 256 tokens: the median over rounds of each engine's
+    median step time, and each against tbp's."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["engine"], []).append(r["median_step_s"])
+    tbp = statistics.median(by["tbp"]) if "tbp" in by else None
+    out = ["| engine | rounds | step time, median | tokens/s | tbp's speed against it |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    for engine, times in sorted(by.items(), key=lambda kv: statistics.median(kv[1])):
+        t = statistics.median(times)
+        ratio = f"{t / tbp:.2f}×" if tbp and engine != "tbp" else ""
+        out.append(f"| {engine} | {len(times)} | {t:.2f} s | {64 * 256 / t:,.0f} | {ratio} |")
+    extra = sorted({f"PyTorch {r['torch']}, nanoGPT {r['nanogpt_commit']}" for r in rows if r["engine"] != "tbp"})
+    return "\n".join(out) + f"\n\n{'; '.join(extra)}. {records.provenance(rows)}"

@@ -1,0 +1,177 @@
+"""The Shakespeare speedrun: a recipe trained for a wall-clock budget, scored on held-out text.
+
+One record per (arm, budget, seed) in benchmarks/results/speedrun.jsonl. An arm is a recipe
+file (recipes/*.json) with optional overrides (``--set mlp=standard``: an ablation), trained by
+``tbp train`` in a subprocess on data/tinyshakespeare.txt for ``--budget`` seconds
+(``--max-time``), evaluating as it goes; the record keeps its configuration, the commit, the
+CPU, the threads, the tokens and steps it took, its evaluations' curve, and:
+
+- ``half_a`` / ``half_b``: the loss of the final weights over the validation split's first and
+  second halves, every position of every non-overlapping window of the context counted
+  (nanoGPT's definition, over the whole half). Half A is what tuning looks at; half B is looked
+  at only for the reported figures, so the choices made on A cannot have fitted it.
+- ``time_to_target_s``: the command's wall-clock time from its start to the first evaluation
+  whose estimate is at or below ``--target`` (``--target-loss``; start-up and evaluations
+  included: the run's own clock there plus the start-up, measured as the command's wall time less
+  the run's clock at its end), or None.
+
+``--fit`` fits a recipe keyed to steps (nanoGPT's cosine) to the budget: the step time is measured
+on a short probe run (not scored), and the cosine's steps, warmup (the recipe's share of them)
+and decay become what the budget holds, so the rate has decayed when the clock stops the run.
+
+Runs already recorded for this commit are skipped, so a study resumes where it stopped:
+
+    python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --budget 900 --seeds 1 2 3
+    python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --fit --budget 900 --seeds 1 2 3
+    python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --set mlp=standard --arm no-relu2 ...
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import records
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "tinyshakespeare.txt"
+TARGET = 1.48                     # nanoGPT's recipe's validation loss just before it overfits (issue #211)
+EVAL = {"eval_batches": 4}        # every arm's in-run estimate: 4 batches of its own batch size per split
+
+
+def recipe(path: Path, sets: list[str]) -> dict:
+    """The recipe's {"model": ..., "train": ...}, with each KEY=VALUE of ``sets`` put in the section
+    whose config declares KEY (the value read as JSON, else as text)."""
+    from tbp.nn.config import ModelConfig
+    from tbp.train.config import TrainConfig
+    out = json.loads(path.read_text())
+    out.setdefault("model", {}), out.setdefault("train", {})
+    for item in sets:
+        key, _, text = item.partition("=")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        section = "model" if key in ModelConfig.__dataclass_fields__ or key.startswith(("qk_norm", "swiglu")) \
+            else "train" if key in TrainConfig.__dataclass_fields__ else None
+        if section is None:
+            sys.exit(f"--set {item}: no model or training option is called {key}")
+        out[section][key] = value
+    return out
+
+
+def train(config: dict, out: Path, seed: int, budget: float, threads: int, target: float) -> tuple[float, int]:
+    """``tbp train`` of ``config`` into ``out`` for ``budget`` seconds; (its wall time, exit code)."""
+    cfg_file = out.with_suffix(".recipe.json")
+    cfg_file.write_text(json.dumps(config))
+    cmd = [sys.executable, "-m", "tbp", "train", "--config", str(cfg_file), "--data", str(DATA), "--out", str(out),
+           "--force", "--seed", str(seed), "--threads", str(threads), "--quiet"]
+    if budget:
+        cmd += ["--max-time", str(budget)]
+    if target:
+        cmd += ["--target-loss", str(target)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return wall, done.returncode
+
+
+def fitted(config: dict, work: Path, budget: float, threads: int, probe_steps: int = 12) -> tuple[dict, float]:
+    """``config`` with its step-keyed schedule fitted to ``budget``: the step time measured over a probe
+    of ``probe_steps`` steps (the first two left out: warm-up of the caches), the steps the budget
+    holds less its evaluations, and warmup at the recipe's share of its steps."""
+    from tbp.runs.disk import read_metrics
+    probe = {**config, "train": {**config["train"], "max_iters": probe_steps, "eval_interval": 10 ** 6,
+                                 "log_interval": 1, **EVAL}}
+    train(probe, work / "probe", 0, 0, threads, 0)
+    rows = [m for m in read_metrics(work / "probe") if "elapsed_s" in m and "val_loss" not in m]
+    per_step = (rows[-1]["elapsed_s"] - rows[1]["elapsed_s"]) / (rows[-1]["step"] - rows[1]["step"])
+    t = config["train"]
+    # the budget less its evaluations: 8 of them, each a forward (a third of a step) over
+    # eval_batches batches of each split
+    eval_steps = 8 * 2 * EVAL["eval_batches"] / 3
+    steps = max(8, int(budget / per_step - eval_steps))
+    share = t.get("warmup", 100) / t.get("max_iters", 5000)
+    fit = {**t, "max_iters": steps, "lr_decay_iters": steps, "warmup": max(1, round(share * steps)),
+           "eval_interval": max(1, min(t["eval_interval"], steps // 8))}
+    return {**config, "train": fit}, per_step
+
+
+def halves(run: Path) -> dict:
+    """The final weights' loss over each half of the validation split, every window of the context."""
+    from tbp.data.datasets import Dataset
+    from tbp.runs.disk import load_model, read_config
+    model, _, _ = load_model(run)
+    ds = Dataset.load(read_config(run)["data"])
+    val = np.asarray(ds.val, dtype=np.int64)
+    T, mid = model.config.n_ctx, val.size // 2
+    out = {}
+    for name, part in (("half_a", val[:mid]), ("half_b", val[mid:])):
+        starts = np.arange(0, part.size - T - 1 + 1, T)
+        windows = part[starts[:, None] + np.arange(T + 1)]
+        total = sum(model.loss(w[:, :-1], w[:, 1:], keep=False) * len(w) * T
+                    for w in np.array_split(windows, max(1, len(windows) // 16)))
+        out[name] = float(total / (len(windows) * T))
+        out[name + "_tokens"] = int(len(windows) * T)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", type=Path)
+    p.add_argument("--budget", type=float, nargs="+", default=[900.0], help="seconds of training (--max-time)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--arm", help="the record's name for this arm (default: the recipe's file name)")
+    p.add_argument("--fit", action="store_true", help="fit a step-keyed cosine to the budget (nanoGPT's recipe)")
+    p.add_argument("--threads", type=int, default=0, help="tbp train --threads (0: one per core)")
+    p.add_argument("--target", type=float, default=TARGET)
+    p.add_argument("--work", type=Path, default=Path("/tmp/tbp-speedrun"))
+    args = p.parse_args()
+    records.pin_gemm()
+    arm = args.arm or args.recipe.stem
+    base = recipe(args.recipe, args.sets)
+    commit = records.commit()
+    threads = args.threads or os.cpu_count()
+    args.work.mkdir(parents=True, exist_ok=True)
+    done = {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun") if r["commit"] == commit}
+    for budget in args.budget:
+        for seed in args.seeds:
+            if (arm, budget, seed) in done:
+                print(f"{arm} {budget:g} s seed {seed}: recorded already")
+                continue
+            config, per_step = (fitted(base, args.work, budget, threads) if args.fit else (base, None))
+            config = {**config, "train": {**config["train"], **EVAL}}
+            out = args.work / f"{arm}-{budget:g}-{seed}"
+            wall, _ = train(config, out, seed, budget, threads, args.target)
+            from tbp.runs.disk import read_metrics, read_state
+            state, metrics = read_state(out), read_metrics(out)
+            evals = [m for m in metrics if "val_loss" in m]
+            startup = wall - evals[-1]["elapsed_s"]
+            reached = next((m for m in evals if "target_s" in m), None)
+            rec = {"study": "speedrun", "arm": arm, "recipe": str(args.recipe), "sets": args.sets, "fit": args.fit,
+                   "fit_step_s": per_step, "budget_s": budget, "seed": seed, "commit": commit, "threads": threads,
+                   "model": config["model"], "train": config["train"], "target": args.target,
+                   "wall_s": wall, "startup_s": startup, "steps": state["step"], "tokens": state["tokens_seen"],
+                   "run_clock_s": state["elapsed_s"], "stopped": state.get("stopped"),
+                   "time_to_target_s": reached and reached["target_s"] + startup,
+                   "step_at_target": reached and reached["step"],
+                   "val_split": evals[-1].get("val_split_loss"),
+                   "curve": [[m["step"], round(m["elapsed_s"], 2), round(m["val_loss"], 5)] for m in evals
+                             if "val_split_loss" not in m],
+                   **halves(out)}
+            records.append("speedrun", rec)
+            print(f"{arm} {budget:g} s seed {seed}: half A {rec['half_a']:.4f} · half B {rec['half_b']:.4f} · "
+                  f"{rec['tokens']:,} tokens in {rec['steps']:,} steps · target "
+                  f"{'at %.0f s' % rec['time_to_target_s'] if reached else 'not reached'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
