@@ -3,7 +3,8 @@
 One record per (arm, budget, seed) in benchmarks/results/speedrun.jsonl. An arm is a recipe
 file (recipes/*.json) with optional overrides (``--set mlp=standard``: an ablation), trained by
 ``tbp train`` in a subprocess on data/tinyshakespeare.txt for ``--budget`` seconds
-(``--max-time``), evaluating as it goes; the record keeps its configuration, the commit, the
+(``--max-time``), evaluating as it goes (every arm's estimate over about 64 windows of each
+split, so an evaluation costs each arm about the same); the record keeps its configuration, the commit, the
 CPU, the threads, the tokens and steps it took, its evaluations' curve, and:
 
 - ``half_a`` / ``half_b``: the loss of the final weights over the validation split's first and
@@ -41,7 +42,13 @@ import records
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "tinyshakespeare.txt"
 TARGET = 1.48                     # nanoGPT's recipe's validation loss just before it overfits (issue #211)
-EVAL = {"eval_batches": 4}        # every arm's in-run estimate: 4 batches of its own batch size per split
+EVAL_WINDOWS = 64                 # every arm's in-run estimate: about this many windows of each split
+
+
+def eval_batches(train: dict) -> int:
+    """Batches of the arm's own size that make about EVAL_WINDOWS windows: an evaluation costs
+    every arm about the same."""
+    return max(1, -(-EVAL_WINDOWS // train.get("batch_size", 12)))
 
 
 def recipe(path: Path, sets: list[str]) -> dict:
@@ -83,20 +90,20 @@ def train(config: dict, out: Path, seed: int, budget: float, threads: int, targe
     return wall, done.returncode
 
 
-def fitted(config: dict, work: Path, budget: float, threads: int, probe_steps: int = 12) -> tuple[dict, float]:
+def fitted(config: dict, work: Path, budget: float, threads: int, probe_steps: int = 8) -> tuple[dict, float]:
     """``config`` with its step-keyed schedule fitted to ``budget``: the step time measured over a probe
     of ``probe_steps`` steps (the first two left out: warm-up of the caches), the steps the budget
     holds less its evaluations, and warmup at the recipe's share of its steps."""
     from tbp.runs.disk import read_metrics
-    probe = {**config, "train": {**config["train"], "max_iters": probe_steps, "eval_interval": 10 ** 6,
-                                 "log_interval": 1, **EVAL}}
+    t = config["train"]
+    probe = {**config, "train": {**t, "max_iters": probe_steps, "eval_interval": 10 ** 6, "log_interval": 1,
+                                 "eval_batches": 1}}
     train(probe, work / "probe", 0, 0, threads, 0)
     rows = [m for m in read_metrics(work / "probe") if "elapsed_s" in m and "val_loss" not in m]
     per_step = (rows[-1]["elapsed_s"] - rows[1]["elapsed_s"]) / (rows[-1]["step"] - rows[1]["step"])
-    t = config["train"]
     # the budget less its evaluations: 8 of them, each a forward (a third of a step) over
     # eval_batches batches of each split
-    eval_steps = 8 * 2 * EVAL["eval_batches"] / 3
+    eval_steps = 8 * 2 * eval_batches(t) / 3
     steps = max(8, int(budget / per_step - eval_steps))
     share = t.get("warmup", 100) / t.get("max_iters", 5000)
     fit = {**t, "max_iters": steps, "lr_decay_iters": steps, "warmup": max(1, round(share * steps)),
@@ -143,12 +150,15 @@ def main():
     args.work.mkdir(parents=True, exist_ok=True)
     done = {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun") if r["commit"] == commit}
     for budget in args.budget:
-        for seed in args.seeds:
-            if (arm, budget, seed) in done:
-                print(f"{arm} {budget:g} s seed {seed}: recorded already")
-                continue
-            config, per_step = (fitted(base, args.work, budget, threads) if args.fit else (base, None))
-            config = {**config, "train": {**config["train"], **EVAL}}
+        seeds = [s for s in args.seeds if (arm, budget, s) not in done]
+        if len(seeds) < len(args.seeds):
+            print(f"{arm} {budget:g} s: seeds {sorted(set(args.seeds) - set(seeds))} recorded already")
+        if not seeds:
+            continue
+        # one probe of the step time serves every seed of a budget
+        config, per_step = fitted(base, args.work, budget, threads) if args.fit else (base, None)
+        config = {**config, "train": {**config["train"], "eval_batches": eval_batches(config["train"])}}
+        for seed in seeds:
             out = args.work / f"{arm}-{budget:g}-{seed}"
             wall, _ = train(config, out, seed, budget, threads, args.target)
             from tbp.runs.disk import read_metrics, read_state
