@@ -20,7 +20,8 @@ CPU, the threads, the tokens and steps it took, its evaluations' curve, and:
 on a short probe run (not scored), and the cosine's steps, warmup (the recipe's share of them)
 and decay become what the budget holds, so the rate has decayed when the clock stops the run.
 
-Runs already recorded for this commit are skipped, so a study resumes where it stopped:
+A seed already recorded for an arm with the same configuration is skipped (whatever the
+commit: a study spans sessions; ``--again`` reruns it), so a study resumes where it stopped:
 
     python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --budget 900 --seeds 1 2 3
     python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --fit --budget 900 --seeds 1 2 3
@@ -130,6 +131,13 @@ def halves(run: Path) -> dict:
     return out
 
 
+def _same_recipe(recorded: dict, recipe: dict, fit: bool) -> bool:
+    """A record's training options are the recipe's, less what the harness set itself (the
+    evaluation's batches; a fitted schedule's steps)."""
+    own = ("eval_batches",) + (("max_iters", "lr_decay_iters", "warmup", "eval_interval") if fit else ())
+    return all(recorded.get(k) == v for k, v in recipe.items() if k not in own)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("recipe", type=Path)
@@ -141,6 +149,7 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="tbp train --threads (0: one per core)")
     p.add_argument("--target", type=float, default=TARGET)
     p.add_argument("--work", type=Path, default=Path("/tmp/tbp-speedrun"))
+    p.add_argument("--again", action="store_true", help="run seeds already recorded for this arm too")
     args = p.parse_args()
     records.pin_gemm()
     arm = args.arm or args.recipe.stem
@@ -148,7 +157,11 @@ def main():
     commit = records.commit()
     threads = args.threads or os.cpu_count()
     args.work.mkdir(parents=True, exist_ok=True)
-    done = {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun") if r["commit"] == commit}
+    # a seed recorded before with this arm's very configuration is not run again, whatever the
+    # commit (a study spans sessions); --again runs it anyway
+    done = set() if args.again else {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun")
+                                     if r["model"] == base["model"] and r["sets"] == args.sets
+                                     and _same_recipe(r["train"], base["train"], r["fit"])}
     for budget in args.budget:
         seeds = [s for s in args.seeds if (arm, budget, s) not in done]
         if len(seeds) < len(args.seeds):
