@@ -25,7 +25,11 @@ commit: a study spans sessions; ``--again`` reruns it), so a study resumes where
 
     python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --budget 900 --seeds 1 2 3
     python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --fit --budget 900 --seeds 1 2 3
-    python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --set mlp=standard --arm no-relu2 ...
+    python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --set optimizer=adamw --arm "no Muon"
+
+``--plan benchmarks/studies/speedrun_plan.json`` runs the whole study in its order (the recipes at
+15 minutes, the ablations, then 30 and 60), each seed once: the command to leave running in the
+background, and to start again after an interruption.
 """
 import argparse
 import json
@@ -138,50 +142,38 @@ def _same_recipe(recorded: dict, recipe: dict, fit: bool) -> bool:
     return all(recorded.get(k) == v for k, v in recipe.items() if k not in own)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("recipe", type=Path)
-    p.add_argument("--budget", type=float, nargs="+", default=[900.0], help="seconds of training (--max-time)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--arm", help="the record's name for this arm (default: the recipe's file name)")
-    p.add_argument("--fit", action="store_true", help="fit a step-keyed cosine to the budget (nanoGPT's recipe)")
-    p.add_argument("--threads", type=int, default=0, help="tbp train --threads (0: one per core)")
-    p.add_argument("--target", type=float, default=TARGET)
-    p.add_argument("--work", type=Path, default=Path("/tmp/tbp-speedrun"))
-    p.add_argument("--again", action="store_true", help="run seeds already recorded for this arm too")
-    args = p.parse_args()
-    records.pin_gemm()
-    arm = args.arm or args.recipe.stem
-    base = recipe(args.recipe, args.sets)
+def run_arm(recipe_path: Path, arm: str, sets: list[str], fit: bool, budgets: list[float], seeds: list[int],
+            threads: int, target: float, work: Path, again: bool = False) -> None:
+    """Every (budget, seed) of one arm not recorded yet: trained, scored, one record each."""
+    base = recipe(recipe_path, sets)
     commit = records.commit()
-    threads = args.threads or os.cpu_count()
-    args.work.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     # a seed recorded before with this arm's very configuration is not run again, whatever the
     # commit (a study spans sessions); --again runs it anyway
-    done = set() if args.again else {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun")
-                                     if r["model"] == base["model"] and r["sets"] == args.sets
-                                     and _same_recipe(r["train"], base["train"], r["fit"])}
-    for budget in args.budget:
-        seeds = [s for s in args.seeds if (arm, budget, s) not in done]
-        if len(seeds) < len(args.seeds):
-            print(f"{arm} {budget:g} s: seeds {sorted(set(args.seeds) - set(seeds))} recorded already")
-        if not seeds:
+    done = set() if again else {(r["arm"], r["budget_s"], r["seed"]) for r in records.read("speedrun")
+                                if r["model"] == base["model"] and r["sets"] == sets
+                                and _same_recipe(r["train"], base["train"], r["fit"])}
+    for budget in budgets:
+        todo = [s for s in seeds if (arm, budget, s) not in done]
+        if len(todo) < len(seeds):
+            print(f"{arm} {budget:g} s: seeds {sorted(set(seeds) - set(todo))} recorded already", flush=True)
+        if not todo:
             continue
         # one probe of the step time serves every seed of a budget
-        config, per_step = fitted(base, args.work, budget, threads) if args.fit else (base, None)
+        config, per_step = fitted(base, work, budget, threads) if fit else (base, None)
         config = {**config, "train": {**config["train"], "eval_batches": eval_batches(config["train"])}}
-        for seed in seeds:
-            out = args.work / f"{arm}-{budget:g}-{seed}"
-            wall, _ = train(config, out, seed, budget, threads, args.target)
+        for seed in todo:
+            out = work / f"{arm}-{budget:g}-{seed}".replace(" ", "_")
+            wall, _ = train(config, out, seed, budget, threads, target)
             from tbp.runs.disk import read_metrics, read_state
             state, metrics = read_state(out), read_metrics(out)
             evals = [m for m in metrics if "val_loss" in m]
             startup = wall - evals[-1]["elapsed_s"]
             reached = next((m for m in evals if "target_s" in m), None)
-            rec = {"study": "speedrun", "arm": arm, "recipe": str(args.recipe), "sets": args.sets, "fit": args.fit,
+            shown = recipe_path.relative_to(ROOT) if recipe_path.is_relative_to(ROOT) else recipe_path
+            rec = {"study": "speedrun", "arm": arm, "recipe": str(shown), "sets": sets, "fit": fit,
                    "fit_step_s": per_step, "budget_s": budget, "seed": seed, "commit": commit, "threads": threads,
-                   "model": config["model"], "train": config["train"], "target": args.target,
+                   "model": config["model"], "train": config["train"], "target": target,
                    "wall_s": wall, "startup_s": startup, "steps": state["step"], "tokens": state["tokens_seen"],
                    "run_clock_s": state["elapsed_s"], "stopped": state.get("stopped"),
                    "time_to_target_s": reached and reached["target_s"] + startup,
@@ -194,6 +186,35 @@ def main():
             print(f"{arm} {budget:g} s seed {seed}: half A {rec['half_a']:.4f} · half B {rec['half_b']:.4f} · "
                   f"{rec['tokens']:,} tokens in {rec['steps']:,} steps · target "
                   f"{'at %.0f s' % rec['time_to_target_s'] if reached else 'not reached'}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", type=Path, nargs="?", help="a recipe file (or --plan)")
+    p.add_argument("--plan", type=Path, help="a JSON list of arms ({recipe, arm, sets, fit, budgets, seeds}), run "
+                                             "in order, each seed not recorded yet")
+    p.add_argument("--budget", type=float, nargs="+", default=[900.0], help="seconds of training (--max-time)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--arm", help="the record's name for this arm (default: the recipe's file name)")
+    p.add_argument("--fit", action="store_true", help="fit a step-keyed cosine to the budget (nanoGPT's recipe)")
+    p.add_argument("--threads", type=int, default=0, help="tbp train --threads (0: one per core)")
+    p.add_argument("--target", type=float, default=TARGET)
+    p.add_argument("--work", type=Path, default=Path("/tmp/tbp-speedrun"))
+    p.add_argument("--again", action="store_true", help="run seeds already recorded for this arm too")
+    args = p.parse_args()
+    if (args.recipe is None) == (args.plan is None):
+        p.error("give a recipe or --plan")
+    records.pin_gemm()
+    threads = args.threads or os.cpu_count()
+    arms = json.loads(args.plan.read_text()) if args.plan else [
+        {"recipe": str(args.recipe), "arm": args.arm, "sets": args.sets, "fit": args.fit, "budgets": args.budget,
+         "seeds": args.seeds}]
+    for a in arms:
+        path = Path(a["recipe"])
+        run_arm(path if path.is_absolute() else ROOT / path, a.get("arm") or path.stem, a.get("sets", []),
+                a.get("fit", False), [float(b) for b in a.get("budgets", args.budget)], a.get("seeds", args.seeds),
+                threads, args.target, args.work, args.again)
 
 
 if __name__ == "__main__":
