@@ -108,3 +108,19 @@ def designs_named(text: str) -> tuple[str, ...]:
     import re
     return tuple(d for d, words in DESIGN_WORDS.items()
                  if any(re.search(r"(?<![A-Za-z])" + re.escape(w) + r"(?![a-z])", text) for w in words))
+
+
+def mlp_against_twin(layer, twin_forward, twin_backward, rng, B: int = 2, T: int = 7):
+    """A feed-forward layer with random parameters, run forward and backward on random x and dy (float64),
+    beside its plain twin: (y, dx, the twin's y, the twin's (dx, dw_fc, db_fc, dw_proj, db_proj))."""
+    import numpy as np
+    for p in layer.params.values():
+        p[...] = rng.standard_normal(p.shape)
+    C = layer.c_fc.d_in
+    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    layer.zero_grad()
+    y = layer.forward(x)
+    dx = layer.backward(dy.copy())
+    P = layer.params
+    y_ref, cache = twin_forward(x, P["c_fc.weight"], P.get("c_fc.bias"), P["c_proj.weight"], P.get("c_proj.bias"))
+    return y, dx, y_ref, twin_backward(dy, cache)

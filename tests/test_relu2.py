@@ -4,7 +4,7 @@ in, training and generation, and its refusals. Cached decoding equal to the forw
 gradient rows of every declared case are tests/test_designs.py's and tests/test_gradcheck.py's."""
 import numpy as np
 import pytest
-from helpers import clean_fail, run, train_tiny
+from helpers import clean_fail, mlp_against_twin, run, train_tiny
 
 from tbp.check import gradcheck
 from tbp.machine import memory
@@ -19,16 +19,7 @@ B, T, C = 2, 7, 12
 
 def _against_twin(rng, bias=True):
     layer = design.ReLU2MLP(C, rng, np.float64, bias)
-    for p in layer.params.values():
-        p[...] = rng.standard_normal(p.shape)
-    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
-    layer.zero_grad()
-    y = layer.forward(x)
-    dx = layer.backward(dy.copy())
-    P = layer.params
-    y_ref, cache = twin.relu2_forward(x, P["c_fc.weight"], P.get("c_fc.bias"), P["c_proj.weight"],
-                                      P.get("c_proj.bias"))
-    return layer, y, dx, y_ref, twin.relu2_backward(dy, cache)
+    return (layer, *mlp_against_twin(layer, twin.relu2_forward, twin.relu2_backward, rng, B, T))
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import clean_fail, run, train_tiny
+from helpers import clean_fail, mlp_against_twin, run, train_tiny
 
 from tbp.check import gradcheck
 from tbp.machine import memory
@@ -24,16 +24,7 @@ B, T, C = 2, 7, 12
 
 def _against_twin(rng, F, bias=True):
     layer = design.SwiGLU(C, F, rng, np.float64, bias)
-    for p in layer.params.values():
-        p[...] = rng.standard_normal(p.shape)
-    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
-    layer.zero_grad()
-    y = layer.forward(x)
-    dx = layer.backward(dy.copy())
-    P = layer.params
-    y_ref, cache = twin.swiglu_forward(x, P["c_fc.weight"], P.get("c_fc.bias"), P["c_proj.weight"],
-                                       P.get("c_proj.bias"))
-    return layer, y, dx, y_ref, twin.swiglu_backward(dy, cache)
+    return (layer, *mlp_against_twin(layer, twin.swiglu_forward, twin.swiglu_backward, rng, B, T))
 
 
 @pytest.mark.parametrize("F,bias", [(12, True), (5, False), (32, True)], ids=str)
