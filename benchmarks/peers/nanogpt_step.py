@@ -50,8 +50,10 @@ def scratch_copy(src: Path, work: Path, python: str) -> Path:
         shutil.copytree(src / "config", dst / "config")
         shutil.copytree(src / "data" / "shakespeare_char", dst / "data" / "shakespeare_char")
         shutil.copy(ROOT / "data" / "tinyshakespeare.txt", dst / "data" / "shakespeare_char" / "input.txt")
-        subprocess.run([python, "prepare.py"], cwd=dst / "data" / "shakespeare_char", check=True,
-                       capture_output=True)
+        done = subprocess.run([python, "prepare.py"], cwd=dst / "data" / "shakespeare_char",
+                              capture_output=True, text=True)
+        if done.returncode:     # its prepare.py imports requests even when input.txt is there
+            sys.exit(f"nanoGPT's prepare.py failed (its Python needs numpy and requests):\n{done.stderr[-2000:]}")
     return dst
 
 
@@ -97,11 +99,13 @@ def main():
     dst = scratch_copy(args.nanogpt, work, args.torch_python)
     torch_version = subprocess.run([args.torch_python, "-c", "import torch; print(torch.__version__)"],
                                    capture_output=True, text=True, check=True).stdout.strip()
-    commit, theirs = torch.__version__, records.commit(), nanogpt_commit(args.nanogpt)
+    commit, theirs = records.commit(), nanogpt_commit(args.nanogpt)
     for rnd in range(args.rounds):
         for arm in args.arms.split(","):
             if arm == "tbp":
-                times = tbp_steps(work, args.steps + 1, args.threads)
+                # step 1's clock starts with the run, and the last step's line carries the final
+                # evaluation: two steps more give as many step times as train.py's arms
+                times = tbp_steps(work, args.steps + 2, args.threads)
             else:
                 # a compiled arm's first steps compile: skip them as warm-up, as for every arm
                 times = nanogpt_steps(args.torch_python, dst, arm == "compile", args.steps + 1, args.threads)
