@@ -15,6 +15,7 @@ of the two settings in every round, its worst and its median. ``--busy`` runs a 
 spins on one core for the whole benchmark (the load a user's other work puts beside a server).
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -56,6 +57,21 @@ def start(checkpoint: str, parallel: int, queue: int, threads: int, env: dict):
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the server did not start")
+
+
+@contextlib.contextmanager
+def servers_of(checkpoint: str, settings: dict, queue: int, threads: int, env: dict):
+    """{key: (process, url)}: one server for each ``--parallel`` of ``settings`` ({key: parallel}),
+    all stopped when the block ends, however it ends."""
+    servers = {}
+    try:
+        for key, parallel in settings.items():
+            servers[key] = start(checkpoint, parallel, queue, threads, env)
+        yield servers
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
 
 
 def ask(client: httpx.Client, url: str, prompt: str, seed: int, max_tokens: int):
@@ -124,9 +140,8 @@ def matrix(args, env) -> None:
     """--matrix: 1, 4, 8 and 16 clients against --parallel 1, 4 and 8 (three servers), over
     --rounds rounds, every pair once a round, the servers' order alternating."""
     settings, counts = (1, 4, 8), (1, 4, 8, 16)
-    servers = {p: start(args.checkpoint, p, 16, args.threads, env) for p in settings}
     cells = {(c, p): [] for c in counts for p in settings}
-    try:
+    with servers_of(args.checkpoint, {p: p for p in settings}, 16, args.threads, env) as servers:
         with httpx.Client(timeout=600) as h:
             expected = {(q, s): ask(h, servers[1][1], q, s, args.max_tokens)[0] for q, s in PAIRS}
         for r in range(args.rounds):
@@ -135,10 +150,6 @@ def matrix(args, env) -> None:
                     cells[(c, p)].append(load(servers[p][1], c, args.seconds, args.max_tokens, expected))
             print(f"round {r + 1}: " + " · ".join(f"{c}×p{p} {v[-1]['tokens_per_s']:.0f}" for (c, p), v in cells.items()),
                   flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     if args.record:
         records.append("serve_matrix", {
             "checkpoint": Path(args.checkpoint).name,
@@ -151,6 +162,17 @@ def matrix(args, env) -> None:
                        "latency_max_s": max(x["latency_max_s"] for x in v),
                        "errors": sum(x["errors"] for x in v), "mismatched_answers": sum(x["mismatched_answers"] for x in v)}
                       for (c, p), v in cells.items()], "commit": records.commit()})
+
+
+@contextlib.contextmanager
+def spinning(busy: bool):
+    """With ``busy``: another process keeps one core busy while the block runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
+    try:
+        yield
+    finally:
+        if spinner is not None:
+            spinner.kill()
 
 
 def main() -> None:
@@ -173,10 +195,8 @@ def main() -> None:
         matrix(args, env)
         return
     settings = {"parallel 1": 1, f"parallel {parallel}": parallel}
-    servers = {k: start(args.checkpoint, p, args.clients, args.threads, env) for k, p in settings.items()}
-    spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if args.busy else None
     rounds = []
-    try:
+    with servers_of(args.checkpoint, settings, args.clients, args.threads, env) as servers, spinning(args.busy):
         with httpx.Client(timeout=600) as h:        # each pair asked alone, of the batched server
             url = servers[f"parallel {parallel}"][1]
             expected = {(p, s): ask(h, url, p, s, args.max_tokens)[0] for p, s in PAIRS}
@@ -191,12 +211,6 @@ def main() -> None:
                 f"{k} {v['tokens_per_s']:.0f} tok/s (max {v['latency_max_s']:.2f} s, p50 {v['latency_p50_s']:.2f} s, "
                 f"errors {v['errors']}, wrong {v['mismatched_answers']})" for k, v in row.items() if k != "ratio")
                   + f" · ratio {row['ratio']:.2f}", flush=True)
-    finally:
-        if spinner is not None:
-            spinner.kill()
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     ratios = [r["ratio"] for r in rounds]
     worst_tail = max(r[k]["latency_max_s"] / r[k]["latency_p50_s"] for r in rounds for k in settings)
     summary = {"ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import registry
+from .config import ConfigError
 from .linear import Linear, weight_of
 from .module import DecodeState, Module
 
@@ -154,3 +155,14 @@ class MLP(Module):
         np.dot(g, proj, out=rows.out)                                      # (N, C)
         if proj_b is not None:
             rows.out += proj_b
+
+
+def own_nonlinearity(switch: str, nonlinearity: str):
+    """The check of an MLP design whose nonlinearity is its own (``switch`` names the design,
+    ``nonlinearity`` says what it is): --activation chooses the standard MLP's, and must stay
+    at its default beside it."""
+    def check(cfg) -> None:
+        if cfg.activation != "gelu":
+            raise ConfigError(f"--activation {cfg.activation} chooses the standard MLP's nonlinearity; {nonlinearity} "
+                              f"(leave --activation at its default with {switch})")
+    return check

@@ -44,6 +44,30 @@ def split_stride(ds: Dataset, limit: int = SPLIT_EVAL_TOKENS) -> int:
     return max(1, -(-ds.val.size // limit))
 
 
+def fixed_batches_loss(losses, eval_sets: dict, ds: Dataset) -> dict:
+    """A training curve's point: the mean loss over each split's fixed eval batches
+    (``eval_sets``: split -> batches, the same windows at every evaluation, so points compare)
+    as val_loss and eval_train_loss, and val_bpb. ``losses`` maps batches to their losses (a
+    trainer's workers)."""
+    out = {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for split, batches in eval_sets.items():
+            out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses(batches)))
+    out["val_bpb"] = out["val_loss"] / math.log(2) / ds.bytes_per_loss_token
+    return out
+
+
+def val_split_figures(model: LanguageModel, ds: Dataset, batch_size: int, losses) -> dict:
+    """A run's final figures: the mean loss over the validation split itself, in order -- what
+    ``tbp eval`` reports -- rather than the fixed batches' estimate: every window of a text split
+    up to SPLIT_EVAL_TOKENS, every k-th beyond (``val_split_every``). Batches of the training's
+    rows, one per worker at a time: within the step's memory (memory.py)."""
+    every = split_stride(ds)
+    loss, tokens = split_loss(model, ds, "val", batch_size, losses=losses, every=every)
+    return {"val_split_loss": loss, "val_split_tokens": tokens, "val_split_every": every,
+            "val_split_bpb": loss / math.log(2) / ds.bytes_per_loss_token}
+
+
 def token_accuracy(model: LanguageModel, ds: Dataset, split: str = "val", batch_size: int = 32) -> float:
     """Share of a pairs split's target tokens (each with its end token) that the model ranks
     first given the true tokens before it (teacher forcing): 1/V is chance."""

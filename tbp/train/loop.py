@@ -27,7 +27,7 @@ from .optim import scheduled_lr
 from .optimizers import OPTIMIZERS
 from .distributed import World
 from .gradsync import GradientSync
-from .evaluate import split_loss, split_stride
+from .evaluate import fixed_batches_loss, val_split_figures
 from .layerstats import LayerStats
 from .parallel import Ranks, data_parallel
 from ..machine.cores import available_cores
@@ -290,25 +290,12 @@ class Trainer:
             commit.write_state(self.run, self.state.to_dict())
 
     def evaluate(self) -> dict:
-        """Mean loss over the fixed eval batches of each split; val also in bits per byte."""
-        out = {}
-        with np.errstate(over="ignore", invalid="ignore"):
-            for split, batches in self.eval_sets.items():
-                losses = self.workers.losses(batches)
-                out[f"{split if split == 'val' else 'eval_train'}_loss"] = float(np.mean(losses))
-        out["val_bpb"] = out["val_loss"] / math.log(2) / self.data.bytes_per_loss_token
-        return out
+        """The curve's figures: each split's mean loss over the fixed eval batches (evaluate.py)."""
+        return fixed_batches_loss(self.workers.losses, self.eval_sets, self.data)
 
     def evaluate_split(self) -> dict:
-        """The mean loss over the validation split itself, in order -- what ``tbp eval`` reports --
-        rather than over the fixed batches (an estimate, the curve's): every window of a text
-        split up to SPLIT_EVAL_TOKENS, every k-th beyond (``val_split_every``)."""
-        every = split_stride(self.data)
-        # batches of the training's rows, one per worker at a time: within the step's memory (memory.py)
-        loss, tokens = split_loss(self.model, self.data, "val", self.cfg.batch_size, losses=self.workers.losses,
-                                  every=every)
-        return {"val_split_loss": loss, "val_split_tokens": tokens, "val_split_every": every,
-                "val_split_bpb": loss / math.log(2) / self.data.bytes_per_loss_token}
+        """The run's final figures: the validation split itself, in order (evaluate.py)."""
+        return val_split_figures(self.model, self.data, self.cfg.batch_size, self.workers.losses)
 
     def save(self, val_loss: float | None) -> None:
         st = self.state

@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import registry
-from ...config import ConfigError
-from ...mlp import MLP
+from ...mlp import MLP, own_nonlinearity
 from ...module import DecodeState
 from ...variant import Variant
 
@@ -66,16 +65,10 @@ class ReLU2MLP(MLP):
             rows.out += proj_b
 
 
-def _check(cfg) -> None:
-    if cfg.activation != "gelu":
-        raise ConfigError(f"--activation {cfg.activation} chooses the standard MLP's nonlinearity; --mlp relu2 is "
-                          f"that MLP with ReLU² (leave --activation at its default)")
-
-
 VARIANT = registry.declare(Variant(
     key="relu2", name="ReLU²", active=lambda cfg: cfg.mlp == "relu2", axis="mlp",
     summary="relu2: the standard MLP with relu(u)^2 in place of GELU (Primer's; the speedruns').",
-    switch="--mlp relu2", check=_check,
+    switch="--mlp relu2", check=own_nonlinearity("--mlp relu2", "ReLU² is relu(u) squared"),
     refuses={"export": "a GPT-2 folder's MLP activation is GELU; transformers has no relu(u)^2 for GPT-2",
              "gguf": "llama.cpp's gpt2 and gptneox MLPs use GELU"},
     describe=lambda cfg: ("mlp", "ReLU², c_proj(relu(c_fc(x))^2) · 4 C wide"),

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import registry
-from ...config import ConfigError, Options, option
+from ...config import Options, option
 from ...linear import Linear, weight_of
+from ...mlp import own_nonlinearity
 from ...module import DecodeState, Module
 from ...variant import Variant
 
@@ -127,12 +128,6 @@ class SwiGLU(Module):
             rows.out += proj_b
 
 
-def _check(cfg) -> None:
-    if cfg.activation != "gelu":
-        raise ConfigError(f"--activation {cfg.activation} chooses the standard MLP's nonlinearity; SwiGLU's gate "
-                          f"is SiLU (leave --activation at its default with --mlp swiglu)")
-
-
 def _llama_block() -> tuple:
     """The Llama family's block, where its designs are there: RMSNorm, SwiGLU, rotary positions,
     grouped-query attention, no biases, an untied head without one."""
@@ -147,7 +142,7 @@ def _llama_block() -> tuple:
 VARIANT = registry.declare(Variant(
     key="swiglu", name="SwiGLU", active=lambda cfg: cfg.mlp == "swiglu", axis="mlp",
     summary="swiglu: a gated MLP, c_proj(silu(x W_gate) * x W_up), F wide (--swiglu-hidden; Llama's).",
-    options=SwiGLUOptions, switch="--mlp swiglu", check=_check,
+    options=SwiGLUOptions, switch="--mlp swiglu", check=own_nonlinearity("--mlp swiglu", "SwiGLU's gate is SiLU"),
     refuses={"export": "a GPT-2 folder's MLP is c_fc, GELU, c_proj; it has no gate",
              "gguf": "llama.cpp's gpt2 and gptneox graphs have an ungated MLP (a model of Llama blocks exports "
                      "as llama)"},
