@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from test_serve import WHY, Server, text_run  # noqa: F401  (the module's run fixture)
+from test_serve import WHY, Server, chat_dir, text_run  # noqa: F401  (the module's run fixtures)
 
 pytest.importorskip("starlette", reason=WHY)
 httpx = pytest.importorskip("httpx", reason=WHY)
@@ -181,6 +181,31 @@ def test_a_prompt_over_the_context_is_refused_before_it_is_encoded(guarded, monk
     assert post(guarded.port, REQUEST).status_code == 200 and encoded
 
 
+def test_messages_are_bounded_by_their_templates_tokens_too_before_any_is_rendered(chat_dir, monkeypatch):  # noqa: F811
+    """Each message costs its role's opening and its close whatever its text: a conversation of
+    empty turns (300,001 fit in the body limit) is refused by the bound, not after the template
+    has rendered every one."""
+    from tbp.generate import requests
+    rendered = []
+    real = requests.chatfmt.prompt_ids
+    monkeypatch.setattr(requests.chatfmt, "prompt_ids", lambda tok, m: rendered.append(len(m)) or real(tok, m))
+    s = Server(chat_dir, limits=FAST)
+    try:
+        url = f"http://127.0.0.1:{s.port}/v1/chat/completions"
+        turns = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+        for n in (20, 5_000):                  # past the context of 72 by 2 tokens a message
+            body = {"model": "m", "messages": turns * n + [{"role": "user", "content": "x"}]}
+            r = httpx.post(url, json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+            assert f"at least {2 * (2 * n + 1) + 1:,} tokens" in r.json()["error"]["message"]
+        assert rendered == []
+        ok = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "the sky?"}], "max_tokens": 2},
+                        timeout=30)
+        assert ok.status_code == 200 and rendered == [1]
+    finally:
+        s.stop()
+
+
 def test_a_request_waits_for_a_place_before_any_model_work(text_run):  # noqa: F811
     """Admission comes before encoding: with every place taken, a request is 429 and its text
     is never read by the tokenizer."""
@@ -224,6 +249,38 @@ def test_a_web_page_of_another_site_cannot_post_even_as_plain_text(guarded):
         assert "access-control-allow-origin" not in r.headers
     own = httpx.post(url, json=REQUEST, headers={"origin": f"http://127.0.0.1:{guarded.port}"}, timeout=30)
     assert own.status_code == 200 and "access-control-allow-origin" not in own.headers   # no CORS by default
+
+
+def test_two_hosts_or_two_origins_are_refused_whichever_comes_first(guarded):
+    """Which of two Host (or Origin) headers counts depends on who reads them (a proxy, a
+    browser, this gate): a request with two is 400 (RFC 9112 for Host) in either order."""
+    own, stranger = f"127.0.0.1:{guarded.port}", "attacker.example"
+    body = json.dumps(REQUEST).encode()
+    for name, pair in (("host", (stranger, own)), ("host", (own, stranger)),
+                       ("origin", (f"http://{own}", f"http://{stranger}")), ("origin", (f"http://{stranger}", f"http://{own}"))):
+        lines = [f"{name}: {v}" for v in pair] + ([] if name == "host" else [f"host: {own}"])
+        s = raw(guarded.port)
+        s.sendall(("POST /v1/completions HTTP/1.1\r\n" + "\r\n".join(lines) + f"\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body)
+        s.settimeout(10)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        s.close()
+        # h11 refuses two Hosts itself; two Origins reach the gate
+        assert got.startswith(b"HTTP/1.1 400") and (name == "host" or b"duplicate_header" in got), (name, pair, got[:300])
+    assert post(guarded.port, REQUEST).status_code == 200
+
+
+def test_a_websocket_upgrade_stays_plain_http_under_the_guards(guarded):
+    """No route speaks WebSocket, and an upgraded connection would leave the HTTP protocol whose
+    deadlines and cap guard.py sets: the upgrade is answered as the HTTP request it also is."""
+    s = raw(guarded.port)
+    s.sendall(f"GET /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{guarded.port}\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+              .encode())
+    assert status_of(s) == 405                 # the POST route's answer to a GET, not 101 or a socket's 403
+    s.close()
 
 
 def test_an_allowed_origin_and_host_are_served_with_cors(text_run):  # noqa: F811

@@ -27,7 +27,8 @@ rebinding -- a name the page controls, pointed at 127.0.0.1 -- read the answer. 
 header must name an address the server is reached by (the loopback names and the listening
 address by default, ``--allowed-host`` more), and a request with an Origin other than the
 server's own is refused unless ``--allowed-origin`` names it, in which case (and only then)
-CORS headers let that page read the answers.
+CORS headers let that page read the answers. A request with two Host or two Origin headers
+is refused outright (400): which of the two counts must not depend on who reads it.
 """
 from __future__ import annotations
 
@@ -221,8 +222,15 @@ class Gatekeeper:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                   if k in (b"host", b"origin")}
+        named = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in (b"host", b"origin")]
+        headers = dict(named)
+        if len(named) > len(headers):
+            # two Hosts (RFC 9112 says 400) or two Origins: which one a proxy, a browser or this
+            # gate believes is not for a client to choose
+            twice = sorted({k for k, _ in named if sum(k == j for j, _ in named) > 1})
+            return await _refuse(send, f"more than one {' and more than one '.join(twice)} header in one request",
+                                 "duplicate_header",
+                                 status=400)
         host = _host_name(headers.get("host", ""))
         if "*" not in self.hosts and host not in self.hosts:
             return await _refuse(send, f"Host {headers.get('host', '')!r} is not an address this server answers "
@@ -244,9 +252,9 @@ class Gatekeeper:
         return scheme == "http" and _host_name(authority) in self.hosts and port == str(self.port)
 
 
-async def _refuse(send, message: str, code: str) -> None:
+async def _refuse(send, message: str, code: str, status: int = 403) -> None:
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": code}}).encode()
-    await send({"type": "http.response.start", "status": 403,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -128,7 +128,11 @@ class Served:
                 content = "".join(p["text"] for p in content)
             messages.append({"role": role, "content": content})
         texts = [m["content"] for m in messages if isinstance(m["content"], str)]
-        self._bound(sum(self.tok.min_tokens(t) for t in texts), "messages", chat=True)
+        # every message costs its role's opening and its close as well as its text: empty
+        # messages by the hundred thousand are refused here, before the template renders them
+        tpl = self.chat_template
+        per_message = min(len(o) for o in tpl.opens.values()) + len(tpl.close)
+        self._bound(sum(self.tok.min_tokens(t) for t in texts) + per_message * len(messages), "messages", chat=True)
         try:
             messages = chatfmt.check_messages(messages, "messages", need_reply=False)
         except TbpError as e:
@@ -139,7 +143,6 @@ class Served:
             ids = chatfmt.prompt_ids(self.tok, messages)
         except TbpError as e:
             raise BadRequest(str(e), "messages") from None
-        tpl = self.chat_template
         if "max_completion_tokens" in body and "max_tokens" not in body:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         return self._request(body, ids, tpl.banned, (tpl.stop, tpl.eot), chat=True, default_max=None)

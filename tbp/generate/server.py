@@ -345,6 +345,8 @@ def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: st
     application = Gatekeeper.around(app(served, parallel, queue, api_key, limits, access), host, port,
                                     allowed_hosts, allowed_origins)
     limit_logs(limits)
-    return uvicorn.Config(application, http=protocol(limits), log_level=log_level, lifespan="off",
+    # ws="none": OpenAI's API has no WebSocket route, and an upgraded connection would leave the
+    # HTTP protocol whose deadlines and connection cap guard.py sets
+    return uvicorn.Config(application, http=protocol(limits), ws="none", log_level=log_level, lifespan="off",
                           timeout_keep_alive=int(max(1, limits.idle_s)), timeout_graceful_shutdown=2,
                           h11_max_incomplete_event_size=limits.header_bytes, backlog=ACCEPT_BURST)
