@@ -81,6 +81,52 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_deadline(guarded):
     s.close()
 
 
+def test_a_header_block_over_the_limit_is_refused_however_it_arrives(guarded):
+    """16 KiB of request line and headers at most, whether they come in pieces (the parser's
+    limit) or whole in one write (parsed before anything could count them: the gate's)."""
+    for what, head in (("a long path", b"GET /" + b"a" * 40_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+                       ("long headers", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 1000) for i in range(30)) + b"\r\n")):
+        for pieces in (1, 8):
+            s = raw(guarded.port)
+            step = -(-len(head) // pieces)
+            try:
+                for i in range(0, len(head), step):
+                    s.sendall(head[i:i + step])
+                    time.sleep(0.02 if pieces > 1 else 0)
+                code = status_of(s)
+            except (BrokenPipeError, ConnectionResetError):
+                code = 431                       # cut off while sending: refused too
+            s.close()
+            assert code in (400, 431), (what, pieces, code)
+    assert httpx.get(f"http://127.0.0.1:{guarded.port}/health", timeout=10).status_code == 200
+
+
+def test_a_body_is_parsed_off_the_event_loop(guarded, monkeypatch):
+    """Parsing a large body takes a second and ten times its size: a worker thread does it, so
+    other clients are answered meanwhile. The parse here waits until /health has been answered;
+    on the event loop it would wait forever (and /health with it)."""
+    import threading
+
+    from tbp.generate import server
+    answered, started = threading.Event(), threading.Event()
+    real = server.jsonio.parse
+
+    def slow(text, where):
+        started.set()
+        assert answered.wait(10), "the event loop could not answer /health while a body was parsed"
+        return real(text, where)
+    monkeypatch.setattr(server.jsonio, "parse", slow)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", post(guarded.port, REQUEST)))
+    t.start()
+    assert started.wait(10)
+    assert httpx.get(f"http://127.0.0.1:{guarded.port}/health", timeout=5).status_code == 200
+    answered.set()
+    t.join(30)
+    assert got["r"].status_code == 200
+
+
 def test_a_connection_that_never_speaks_is_closed(guarded):
     s = raw(guarded.port)
     assert closed_within(s, 5) < 3

@@ -145,9 +145,8 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
         given = request.headers.get("authorization", "").encode()
         return hmac.compare_digest(given, f"Bearer {api_key}".encode())       # in constant time
 
-    async def read(request):
-        """The body as JSON: counted as it arrives (chunked or not), whole within the deadline,
-        through the JSON reader every outside file takes (depth bounded, text checked)."""
+    async def read(request) -> bytes:
+        """The body's bytes: counted as it arrives (chunked or not), whole within the deadline."""
         too_big = BadRequest(f"the request body is over {limits.body_bytes // 2 ** 20} MiB", status=413,
                              code="request_too_large")
         size = request.headers.get("content-length")
@@ -165,8 +164,15 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                              code="request_timeout") from None
         except ClientDisconnect:            # gone mid-body (or the server is stopping): nobody to answer
             raise BadRequest("the client left before its body arrived", status=408) from None
+        return bytes(body)
+
+    def parsed(raw: bytes):
+        """The body as JSON, through the reader every outside file takes (depth bounded, text
+        checked). Run in a worker thread, as encoding is: parsing 16 MiB takes a second and
+        ten times its size in objects, which the event loop must not wait for, and the workers'
+        limit bounds how many bodies are parsed at once."""
         try:
-            return jsonio.parse(body.decode("utf-8"), "the request body")
+            return jsonio.parse(raw.decode("utf-8"), "the request body")
         except UnicodeDecodeError:
             raise BadRequest("the request body is not UTF-8 text") from None
         except TbpError as e:
@@ -195,13 +201,15 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
         if gate is None:
             gate = Gate(parallel, queue)
         try:
-            body = await read(request)
+            raw = await read(request)
             gate.admit()                        # a place in the queue before any model work
         except BadRequest as e:
             return error(e)
+        checked = served.chat if chat else served.completion
         try:
-            # encoding a prompt takes a while: off the event loop, where other streams are sent
-            req = await to_thread.run_sync(served.chat if chat else served.completion, body, limiter=workers)
+            # parsing a body and encoding a prompt take a while: off the event loop, where other
+            # clients are answered and streams are sent
+            req = await to_thread.run_sync(lambda: checked(parsed(raw)), limiter=workers)
         except BadRequest as e:
             gate.leave()
             return error(e)
@@ -343,7 +351,7 @@ def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: st
     import uvicorn
     host, port = sock.getsockname()[:2]
     application = Gatekeeper.around(app(served, parallel, queue, api_key, limits, access), host, port,
-                                    allowed_hosts, allowed_origins)
+                                    allowed_hosts, allowed_origins, limits.header_bytes)
     limit_logs(limits)
     # ws="none": OpenAI's API has no WebSocket route, and an upgraded connection would leave the
     # HTTP protocol whose deadlines and connection cap guard.py sets
