@@ -159,7 +159,8 @@ def check_step_work(cfg: ModelConfig, batch_size: int) -> None:
 
 def decoder_bytes(cfg: ModelConfig, batch: int = 1, dtype=np.float32) -> int:
     """An Inference beside the loaded weights: the folded copies of the matrices that read a layer
-    norm (about as much as the weights) and the KV cache."""
+    norm and the transposed MLP projections (together about as much as the weights) and the KV
+    cache."""
     return model_bytes(cfg, dtype) + build.kv_cache_bytes(cfg, batch, dtype)
 
 

@@ -25,9 +25,10 @@ What a layer must provide to decode (the attention kinds, the MLP, cross-attenti
 The residual scheme runs the layers (``decode(layers, rows, step, state)``, residual.py): it forms each
 sublayer's input and takes its output from ``rows.out`` (the sum adds it into ``rows.x``); a
 block lists its sublayers (``Block.sublayers``); an encoder-decoder reads
-its source into the states first (``read_source``). Only the matrices that read a layer norm
-(c_attn, c_fc, the head) are copied; the output projections and the embeddings are the
-model's own arrays. The result equals ``GPT.forward`` up to rounding (float64: ~1e-14;
+its source into the states first (``read_source``). The matrices that read a layer norm
+(c_attn, c_fc, the head) are copied folded, and an MLP's c_proj transposed (a contraction is
+streamed faster as dot products: linear.contraction); the attention's output projection and
+the embeddings are the model's own arrays. The result equals ``GPT.forward`` up to rounding (float64: ~1e-14;
 float32: ~1e-6 relative); ``tests/test_generate.py`` checks this at every step.
 """
 from __future__ import annotations

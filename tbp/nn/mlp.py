@@ -5,7 +5,7 @@ import numpy as np
 
 from . import registry
 from .config import ConfigError
-from .linear import Linear, weight_of
+from .linear import Linear, contraction, dot_contraction, weight_of
 from .module import DecodeState, Module
 
 GELU_K = np.sqrt(2.0 / np.pi)
@@ -133,9 +133,10 @@ class MLP(Module):
 
     # --- inference (decode.py) --------------------------------------------------------------
     def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(c_fc with ``ln`` folded in (C+1, 4C), c_proj's weight (4C, C), its bias or None)."""
+        """(c_fc with ``ln`` folded in (C+1, 4C), c_proj's weight transposed (C, 4C) as
+        decoding reads it (linear.contraction), its bias or None)."""
         fc = ln.fold(weight_of(self.c_fc), self.c_fc.params.get("bias"))
-        return fc, weight_of(self.c_proj), self.c_proj.params.get("bias")
+        return fc, contraction(self.c_proj), self.c_proj.params.get("bias")
 
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """The folded weights, and the (N, 4C) rows of c_fc's output u and the activation g."""
@@ -145,14 +146,14 @@ class MLP(Module):
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(g(c_fc(rows.xa))), with rows.xa = [xhat, 1] from the layer norm."""
-        fc, proj, proj_b = state.folded
+        fc, proj_t, proj_b = state.folded
         u, g = state.scratch(step.t1 - step.t0)
         np.dot(rows.xa, fc, out=u)                                         # (N, 4C)
         if self.activation == "relu":
             np.maximum(u, 0, out=g)
         else:
             np.multiply(u, gelu_gate(u, g), out=g)
-        np.dot(g, proj, out=rows.out)                                      # (N, C)
+        dot_contraction(g, proj_t, rows.out)                               # (N, C)
         if proj_b is not None:
             rows.out += proj_b
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import registry
+from ...linear import dot_contraction
 from ...mlp import MLP, own_nonlinearity
 from ...module import DecodeState
 from ...variant import Variant
@@ -57,10 +58,10 @@ class ReLU2MLP(MLP):
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(relu(u)^2), u = rows.xa @ the folded c_fc."""
-        fc, proj, proj_b = state.folded
+        fc, proj_t, proj_b = state.folded
         u, g = state.scratch(step.t1 - step.t0)
         np.dot(rows.xa, fc, out=u)                                         # (N, 4C)
-        np.dot(relu2(u, g), proj, out=rows.out)                            # (N, C)
+        dot_contraction(relu2(u, g), proj_t, rows.out)                     # (N, C)
         if proj_b is not None:
             rows.out += proj_b
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ... import registry
 from ...config import Options, option
-from ...linear import Linear, weight_of
+from ...linear import Linear, contraction, dot_contraction, weight_of
 from ...mlp import own_nonlinearity
 from ...module import DecodeState, Module
 from ...variant import Variant
@@ -103,9 +103,10 @@ class SwiGLU(Module):
 
     # --- inference (decode.py) --------------------------------------------------------------
     def fold(self, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(c_fc with ``ln`` folded in (C+1, 2F), c_proj's weight (F, C), its bias or None)."""
+        """(c_fc with ``ln`` folded in (C+1, 2F), c_proj's weight transposed (C, F) as decoding
+        reads it (linear.contraction), its bias or None)."""
         fc = ln.fold(weight_of(self.c_fc), self.c_fc.params.get("bias"))
-        return fc, weight_of(self.c_proj), self.c_proj.params.get("bias")
+        return fc, contraction(self.c_proj), self.c_proj.params.get("bias")
 
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """The folded weights, and the rows of u = [a | b] (N, 2F), the sigmoid and h (N, F)."""
@@ -116,14 +117,14 @@ class SwiGLU(Module):
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(silu(a) b), [a | b] = rows.xa @ the folded c_fc."""
-        fc, proj, proj_b = state.folded
+        fc, proj_t, proj_b = state.folded
         u, s, h = state.scratch(step.t1 - step.t0)
         F = self.hidden
         np.dot(rows.xa, fc, out=u)                                         # (N, 2F)
         a = u[:, :F]
         np.multiply(a, sigmoid(a, s), out=h)
         h *= u[:, F:]
-        np.dot(h, proj, out=rows.out)                                      # (N, C)
+        dot_contraction(h, proj_t, rows.out)                               # (N, C)
         if proj_b is not None:
             rows.out += proj_b
 
