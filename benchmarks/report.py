@@ -385,6 +385,8 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "precision_speed": (tables_precision.speed, "precision_speed"),
           "precision_products": (tables_precision.products, "precision_products"),
           "decode_weights": (tables_precision.decode_weights, "decode_weights"),
+          "decode_int8": (tables_precision.decode_int8, "decode_int8"),
+          "decode_layout": (tables_precision.decode_layout, "decode_layout"),
           "gpt2_parity": (gpt2_parity, "gpt2_parity"), "llama_parity": (llama_parity, "llama_parity"),
           "llama_lora": (llama_lora, "llama_lora"),
           "gqa_quality": (tables_gqa.quality, "gqa_quality"), "gqa_speed": (tables_gqa.speed, "gqa_speed"),

@@ -105,3 +105,37 @@ def decode_weights(rows: list[dict]) -> str:
                     f"{r['numpy_blas']}; MKL {r['mkl']}"
                     f"{'; oneDNN ' + r['onednn'] if r.get('onednn') else ''}; commit {r['commit']}.", ""]
     return "\n".join(out).rstrip()
+
+
+def decode_int8(rows: list[dict]) -> str:
+    """oneDNN's int8-weight product against NumPy's float32 one, one token at GPT-2 124M's shapes,
+    newest record per CPU (decode_int8.py)."""
+    out = ["| CPU | oneDNN | weights through | MB per token | ms per token | GB/s of its bytes |",
+           "| --- | --- | --- | ---: | ---: | ---: |"]
+    for r in records.newest(rows, lambda r: (r["cpu"], r.get("simd"))):
+        for name, a in r["arms"].items():
+            out.append(f"| {r['cpu']} ({r.get('simd') or '?'}) | {r['onednn']} | {name} | {a['mb']} | "
+                       f"{a['ms_per_token']:.1f} | {a['gb_s']:.1f} |")
+    out += ["", "Batch 1, 12 blocks and the head of GPT-2 124M; int8 weights quantised per output column, "
+                "checked against the dequantised weights in float64 before timing; medians, the arms "
+                f"interleaved. {records.provenance(rows)} `benchmarks/speed/decode_int8.py`."]
+    return "\n".join(out)
+
+
+def decode_layout(rows: list[dict]) -> str:
+    """Each decoding product read in both forms, and the whole step with the MLP's c_proj read
+    transposed or as stored, newest record per CPU (decode_layout.py)."""
+    out = []
+    for r in records.newest(rows, lambda r: (r["cpu"], r.get("simd"))):
+        out += [f"**{r['cpu']}** ({r.get('simd') or '?'}), {r['threads']} BLAS threads:", "",
+                "| product (in x out) | as stored, x @ W: GB/s | transposed, W^T x: GB/s |", "| --- | ---: | ---: |"]
+        for p in r["products"]:
+            out.append(f"| {p['product']} | {p['x @ W GB/s']:.1f} | {p['W^T x GB/s']:.1f} |")
+        out += ["", "| decoding step, 12 x 768, vocabulary " f"{r['vocab']:,} | ms per token | tokens/s |",
+                "| --- | ---: | ---: |"]
+        for arm, a in r["step"].items():
+            out.append(f"| {arm} | {a['ms_per_token']:.2f} | {a['tokens_per_s']:.1f} |")
+        out.append("")
+    out.append(f"Medians of {rows[-1]['rounds']} rounds, the arms interleaved. {records.provenance(rows)} "
+               "`benchmarks/speed/decode_layout.py`.")
+    return "\n".join(out)

@@ -77,7 +77,7 @@ def recipe(path: Path, sets: list[str]) -> dict:
 def train(config: dict, out: Path, seed: int, budget: float, threads: int, target: float) -> float:
     """``tbp train`` of ``config`` into ``out`` for ``budget`` seconds; its wall time (a failed run
     ends the study, with its error)."""
-    cfg_file = out.with_suffix(".recipe.json")
+    cfg_file = out.parent / (out.name + ".recipe.json")        # not with_suffix: arm names hold dots
     cfg_file.write_text(json.dumps(config))
     cmd = [sys.executable, "-m", "tbp", "train", "--config", str(cfg_file), "--data", str(DATA), "--out", str(out),
            "--force", "--seed", str(seed), "--threads", str(threads), "--quiet"]
