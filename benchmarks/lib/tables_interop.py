@@ -29,13 +29,13 @@ def gguf_agree(rows: list[dict]) -> str:
 
 def gguf_speed(rows: list[dict]) -> str:
     """The newest record per (checkpoint, threads): batch-1 decoding, tbp and llama.cpp per file type."""
-    # per machine too: who wins changes with the CPU (records before the SIMD field: "?")
+    # per machine too: who wins changes with the CPU (records made before the SIMD was recorded say so)
     rows = records.newest(rows, lambda r: (r["cpu"], r.get("simd"), r["checkpoint"], r["threads"]))
     out = ["| CPU | model | threads | tbp (float32) | llama.cpp f32 | llama.cpp f16 | llama.cpp q8_0 |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         t = r["tokens_per_s"]
-        out.append(f"| {r['cpu']} ({r.get('simd') or '?'}) | `{r['checkpoint']}`: {_shape(r['model'])} | {r['threads']} | "
+        out.append(f"| {r['cpu']} ({r.get('simd') or 'SIMD not recorded'}) | `{r['checkpoint']}`: {_shape(r['model'])} | {r['threads']} | "
                    f"{t['tbp']:,.0f} | {t['f32']:,.0f} | {t['f16']:,.0f} | {t['q8_0']:,.0f} |")
     out += ["", "Tokens per second, batch 1, greedy, after a 16-token prompt: "
                 + "; ".join(sorted({f"`{r['checkpoint']}` {r['new_tokens']} new tokens, median of {r['rounds']}"
