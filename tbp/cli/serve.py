@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 from ..errors import TbpError
 from ..generate.guard import ACCEPT_BURST
 from ..machine.cores import blas_threads
-from .common import console, the_run, load_run
+from .common import Terminated, console, the_run, load_run
 from .speculation import speculation_options
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")       # this machine's loopback: no key needed
@@ -107,6 +108,12 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     # take the core the decoder is waiting for, so by default the products run on one thread
     with blas_threads(threads):
         server.run(sockets=[sock])
+    # SIGTERM raised again reaches tbp's handler (Terminated, 143). SIGINT raised again reaches
+    # asyncio's runner, which cancels its task -- and when that task is already ending, the run
+    # returns as if nothing had happened (exit 0 after a Ctrl-C, seen under load). Say it here.
+    stopped_by = getattr(server, "_captured_signals", None)
+    if stopped_by:
+        raise Terminated() if stopped_by[-1] == signal.SIGTERM else KeyboardInterrupt()
 
 
 def listen(host: str, port: int) -> socket.socket:
