@@ -20,14 +20,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
 
-from serve_soak import rss_mib
+from serve_soak import rss_mib, start
 
 
 def http(port: int, raw: bytes, timeout: float = 20.0, read_all: bool = False) -> tuple[int | None, bytes]:
@@ -137,19 +136,6 @@ def chat_run(work: Path) -> Path:
                     "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--n-ctx", "96", "--batch-size", "8",
                     "--eval-interval", "20", "--quiet"], check=True, capture_output=True)
     return work / "run"
-
-
-def start(checkpoint: str):
-    proc = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", checkpoint, "--port", "0", "--name", "m"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log: list[str] = []
-    for line in proc.stdout:
-        log.append(line)
-        if "serving" in line:
-            port = int(line.split("/v1")[0].rsplit(":", 1)[1])
-            threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
-            return proc, port, log
-    raise SystemExit("the server did not start:\n" + "".join(log[-20:]))
 
 
 def audit(checkpoint: str, rss_slack: float, seconds: float) -> dict:

@@ -45,18 +45,24 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start(checkpoint: str, parallel: int):
+def start(checkpoint: str, parallel: int = 1, fd_limit: int | None = None):
+    """``tbp serve --port 0`` on ``checkpoint`` in its own process (the model named "m"), with
+    at most ``fd_limit`` open files; (the process, its port, its output's lines so far, which a
+    thread keeps extending)."""
     def low_limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
     proc = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", checkpoint, "--port", "0",
                              "--parallel", str(parallel), "--name", "m"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=low_limit)
+    log: list[str] = []
     for line in proc.stdout:
+        log.append(line)
         if "serving" in line:
             port = int(line.split("/v1")[0].rsplit(":", 1)[1])
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()   # drain the log
-            return proc, port
-    raise SystemExit("the server did not start")
+            threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+            return proc, port, log
+    raise SystemExit("the server did not start:\n" + "".join(log[-20:]))
 
 
 def ask(client: httpx.Client, url: str, prompt: str, seed: int, max_tokens: int) -> str:
@@ -133,7 +139,7 @@ def hostile(port: int, stop: float, idle_n: int, tricklers: int, out) -> None:
 
 
 def soak(a) -> dict:
-    proc, port = start(a.checkpoint, a.parallel)
+    proc, port, _ = start(a.checkpoint, a.parallel, fd_limit=1024)
     url = f"http://127.0.0.1:{port}/v1"
     with httpx.Client(timeout=60) as c:
         expected = {pair: ask(c, url, *pair, a.max_tokens) for pair in PAIRS}

@@ -102,18 +102,15 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     # the event loop (accepting, reading, answering) shares the GIL with the decoding threads:
     # a shorter slice lets it in sooner while they step
     sys.setswitchinterval(0.001)
-    # uvicorn stops on SIGTERM or Ctrl-C (waiting 2 s at most for clients), then raises the signal
-    # again, into tbp's handlers: "terminated", 143, or "interrupted", 130. The BLAS's own threads
-    # busy-wait between products: beside the event loop, the clients or any other process they
-    # take the core the decoder is waiting for, so by default the products run on one thread
+    # the server stops on SIGTERM or Ctrl-C (waiting 2 s at most for clients) and says which it
+    # was: tbp then exits as for any other command, "terminated", 143, or "interrupted", 130.
+    # The BLAS's own threads busy-wait between products: beside the event loop, the clients or
+    # any other process they take the core the decoder is waiting for, so by default the products
+    # run on one thread
     with blas_threads(threads):
         server.run(sockets=[sock])
-    # SIGTERM raised again reaches tbp's handler (Terminated, 143). SIGINT raised again reaches
-    # asyncio's runner, which cancels its task -- and when that task is already ending, the run
-    # returns as if nothing had happened (exit 0 after a Ctrl-C, seen under load). Say it here.
-    stopped_by = getattr(server, "_captured_signals", None)
-    if stopped_by:
-        raise Terminated() if stopped_by[-1] == signal.SIGTERM else KeyboardInterrupt()
+    if server.stopped_by is not None:
+        raise Terminated() if server.stopped_by == signal.SIGTERM else KeyboardInterrupt()
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -12,7 +12,7 @@ The connection side (below the application, in uvicorn's HTTP protocol):
   kept-alive connection only if there is no such one -- so a fresh client is served whatever a
   crowd of idle sockets does, and the process never meets its file-descriptor limit;
 - a header block over ``header_bytes`` is refused: by the HTTP parser (h11's limit) while it
-  arrives in pieces, by the gate below when it arrives whole in one read;
+  arrives in pieces, by :class:`HeaderLimit` when it arrives whole in one read;
 - log lines: each kind of message at most ``log_burst`` times a minute, then one line counting
   the rest (a client cannot fill the disk with "invalid HTTP request");
 - a stop (SIGTERM, Ctrl-C) closes every connection at once: no client can hold it.
@@ -37,6 +37,7 @@ import json
 import logging
 import resource
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -200,17 +201,34 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+class HeaderLimit:
+    """ASGI middleware: refuse (431) a request whose request line and headers hold more than
+    ``limit`` bytes. h11's own limit holds for a header block that arrives in pieces; one that
+    arrives whole in a single read (up to the transport's 256 KiB) is parsed before h11 can
+    count it, so it is counted here, before any other part of the server sees the request."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
+                + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+            if size > self.limit:
+                return await _refuse(send, f"the request line and headers hold {size:,} bytes, over "
+                                           f"{self.limit:,}", "headers_too_large", status=431)
+        return await self.app(scope, receive, send)
+
+
 class Gatekeeper:
     """ASGI middleware: refuse (403, OpenAI's error shape) a request whose Host is not an
     address the server is reached by, or whose Origin is a page not allowed to drive it."""
 
-    def __init__(self, app, hosts: set[str], origins: set[str], port: int, header_bytes: int = Limits.header_bytes):
+    def __init__(self, app, hosts: set[str], origins: set[str], port: int):
         self.app, self.hosts, self.origins, self.port = app, hosts, origins, port
-        self.header_bytes = header_bytes
 
     @classmethod
-    def around(cls, app, listen: str, port: int, allowed_hosts=(), allowed_origins=(),
-               header_bytes: int = Limits.header_bytes):
+    def around(cls, app, listen: str, port: int, allowed_hosts=(), allowed_origins=()):
         """The application behind the gate, with CORS for the origins named (none by default)."""
         hosts = {*LOOPBACK_NAMES, *(_host_name(h) for h in allowed_hosts)}
         if listen not in ("0.0.0.0", "::"):
@@ -220,24 +238,17 @@ class Gatekeeper:
             from starlette.middleware.cors import CORSMiddleware
             app = CORSMiddleware(app, allow_origins=sorted(origins), allow_methods=["GET", "POST"],
                                  allow_headers=["authorization", "content-type"])
-        return cls(app, hosts, origins, port, header_bytes)
+        return cls(app, hosts, origins, port)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        # h11's limit holds for headers that arrive in pieces; a block that arrives whole in one
-        # read (up to the transport's 256 KiB) is parsed before anything can count it: refused here
-        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
-            + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-        if size > self.header_bytes:
-            return await _refuse(send, f"the request line and headers hold {size:,} bytes, over "
-                                       f"{self.header_bytes:,}", "headers_too_large", status=431)
         named = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in (b"host", b"origin")]
         headers = dict(named)
         if len(named) > len(headers):
             # two Hosts (RFC 9112 says 400) or two Origins: which one a proxy, a browser or this
             # gate believes is not for a client to choose
-            twice = sorted({k for k, _ in named if sum(k == j for j, _ in named) > 1})
+            twice = sorted(k for k, n in Counter(k for k, _ in named).items() if n > 1)
             return await _refuse(send, f"more than one {' and more than one '.join(twice)} header in one request",
                                  "duplicate_header",
                                  status=400)

@@ -19,8 +19,10 @@ What a request may hold, how it is read and what the reply looks like: requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
+import signal
 import threading
 import time
 import weakref
@@ -28,7 +30,7 @@ from typing import Callable
 
 from ..errors import TbpError
 from ..files import jsonio
-from .guard import ACCEPT_BURST, Gatekeeper, Limits, limit_logs, protocol
+from .guard import ACCEPT_BURST, Gatekeeper, HeaderLimit, Limits, limit_logs, protocol
 from .requests import BadRequest, Request, Served
 
 
@@ -145,7 +147,7 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
         given = request.headers.get("authorization", "").encode()
         return hmac.compare_digest(given, f"Bearer {api_key}".encode())       # in constant time
 
-    async def read(request) -> bytes:
+    async def read(request) -> bytearray:
         """The body's bytes: counted as it arrives (chunked or not), whole within the deadline."""
         too_big = BadRequest(f"the request body is over {limits.body_bytes // 2 ** 20} MiB", status=413,
                              code="request_too_large")
@@ -164,9 +166,9 @@ def app(served: Served, parallel: int = 1, queue: int = 16, api_key: str | None 
                              code="request_timeout") from None
         except ClientDisconnect:            # gone mid-body (or the server is stopping): nobody to answer
             raise BadRequest("the client left before its body arrived", status=408) from None
-        return bytes(body)
+        return body                         # as received: a copy of up to 16 MiB would stall the loop
 
-    def parsed(raw: bytes):
+    def parsed(raw: bytearray):
         """The body as JSON, through the reader every outside file takes (depth bounded, text
         checked). Run in a worker thread, as encoding is: parsing 16 MiB takes a second and
         ten times its size in objects, which the event loop must not wait for, and the workers'
@@ -330,16 +332,41 @@ def server(config):
     """uvicorn's Server for ``config``, with the listening socket's kernel queue deep
     (LISTEN_QUEUE) while asyncio accepts few connections a turn (config.backlog, ACCEPT_BURST,
     which asyncio also makes the queue's length): a burst of connections waits in the queue
-    instead of being refused by the kernel, and never outruns the descriptor limit."""
+    instead of being refused by the kernel, and never outruns the descriptor limit.
+
+    A stop (SIGTERM, Ctrl-C) ends the serving gracefully and is kept in ``stopped_by`` for the
+    caller to act on. uvicorn itself raises the caught signal again once it has stopped; a
+    SIGINT raised there reaches asyncio's runner, which takes it as a cancel of a task that is
+    already ending and may return as if nothing happened. So this server does not raise it:
+    the command that runs it says how it ended."""
     import uvicorn
 
-    class Listening(uvicorn.Server):
+    class Service(uvicorn.Server):
+        stopped_by: int | None = None            # the signal that stopped it
+
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
             for sock in sockets or ():
                 sock.listen(LISTEN_QUEUE)
 
-    return Listening(config)
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield                            # signals reach the main thread only
+                return
+            stops = (signal.SIGINT, signal.SIGTERM)
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame) -> None:
+            self.stopped_by = sig
+            super().handle_exit(sig, frame)      # a second Ctrl-C forces the exit, as in uvicorn
+
+    return Service(config)
 
 
 def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: str | None = None,
@@ -350,8 +377,8 @@ def config(served: Served, sock, parallel: int = 1, queue: int = 16, api_key: st
     waits for no client (guard.py)."""
     import uvicorn
     host, port = sock.getsockname()[:2]
-    application = Gatekeeper.around(app(served, parallel, queue, api_key, limits, access), host, port,
-                                    allowed_hosts, allowed_origins, limits.header_bytes)
+    application = HeaderLimit(Gatekeeper.around(app(served, parallel, queue, api_key, limits, access), host, port,
+                                                allowed_hosts, allowed_origins), limits.header_bytes)
     limit_logs(limits)
     # ws="none": OpenAI's API has no WebSocket route, and an upgraded connection would leave the
     # HTTP protocol whose deadlines and connection cap guard.py sets
