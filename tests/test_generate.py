@@ -81,6 +81,26 @@ def test_a_prefill_in_chunks_equals_one_pass(monkeypatch):
     np.testing.assert_allclose(whole, model.forward(tokens), rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(mlp="swiglu"), dict(mlp="relu2", tie_head=False, positions="rope"),
+                                     dict(attention="mta", mta_cq=2, mta_ck=3)],
+                         ids=["gpt2", "swiglu", "relu2-untied-rope", "mta"])
+def test_a_decoder_reads_anothers_folded_weights_and_keeps_its_own_cache(options):
+    model = randomized(np.float64, **options)
+    tokens = np.random.default_rng(8).integers(0, 17, (2, 9))
+    lender = Inference(model, 2)
+    lender.forward(tokens[:, :4])                           # its cache holds another text
+    sharer = Inference(model, 1, share=lender)              # another batch: the folds do not depend on it
+    pairs = [(state, lent) for mine, theirs in zip(sharer.layers, lender.layers)
+             for (*_, state), (*_, lent) in zip(mine, theirs)]
+    assert pairs and all(state.folded is lent.folded for state, lent in pairs)
+    assert sharer.head is lender.head
+    np.testing.assert_allclose(sharer.forward(tokens[:1, 2:9]), model.forward(tokens[:1, 2:9]), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(lender.forward(tokens[:, 4:5])[:, -1], model.forward(tokens[:, :5])[:, -1],
+                               rtol=0, atol=1e-10)             # the lender's cache was never written by the other
+    with pytest.raises(ValueError, match="same model"):
+        Inference(randomized(np.float64, seed=1, **options), 1, share=lender)
+
+
 def test_decoder_merges_lora_adapters():
     model = randomized(np.float64, tie_head=False)
     add_lora(model, rank=2, alpha=4.0, targets=LORA_TARGETS)

@@ -35,13 +35,17 @@ def gguf_speed(rows: list[dict]) -> str:
            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         t = r["tokens_per_s"]
+        # a row whose tbp timing included folding the weights for decoding (older records) is marked
+        fold = "" if r.get("tbp_fold") == "before timing" else " *"
         out.append(f"| {r['cpu']} ({r.get('simd') or 'SIMD not recorded'}) | `{r['checkpoint']}`: {_shape(r['model'])} | {r['threads']} | "
-                   f"{t['tbp']:,.0f} | {t['f32']:,.0f} | {t['f16']:,.0f} | {t['q8_0']:,.0f} |")
+                   f"{t['tbp']:,.0f}{fold} | {t['f32']:,.0f} | {t['f16']:,.0f} | {t['q8_0']:,.0f} |")
     out += ["", "Tokens per second, batch 1, greedy, after a 16-token prompt: "
                 + "; ".join(sorted({f"`{r['checkpoint']}` {r['new_tokens']} new tokens, median of {r['rounds']}"
                                     for r in rows}))
                 + ", the programs interleaved in each round. tbp's products through NumPy's BLAS; llama.cpp "
                   f"through llama-cpp-python {rows[-1]['llama_cpp_python']}, one Python call per token for both. "
+                  "Each program's preparation is made before timing: llama.cpp's load of the file, and tbp's fold "
+                  "of the layer norms into the weights (in the rows marked *, tbp's fold was timed in each round). "
                   f"{records.provenance(rows)} `benchmarks/peers/gguf_check.py speed`."]
     return "\n".join(out)
 

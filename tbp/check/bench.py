@@ -151,7 +151,8 @@ def bench_decode_strategy(cfg: ModelConfig, strategy, name: str, steps: int = 32
     model = GPT(cfg, seed=seed, dtype=dtype)
     n = cfg.n_ctx - steps - 1
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (1, cfg.n_ctx))
-    engines = {"dense": Inference(model, 1), name: Inference(model, 1, strategy)}
+    dense = Inference(model, 1)
+    engines = {"dense": dense, name: Inference(model, 1, strategy, share=dense)}
     for engine in engines.values():
         engine.forward(tokens[:, :n])
     rates: dict = {key: [] for key in engines}
@@ -174,12 +175,15 @@ def bench_decode_strategy(cfg: ModelConfig, strategy, name: str, steps: int = 32
 
 def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: bool = True,
                    seed: int = 0, dtype=np.float32) -> dict:
-    """Batch-1 sampling from a one-token prompt, up to the context: tokens/s over all of it."""
+    """Batch-1 sampling from a one-token prompt, up to the context: tokens/s over all of it. The
+    decoder's folded weights are made in the warm-up, as a model's load (Inference's ``share``)."""
     model = GPT(cfg, seed=seed, dtype=dtype)
     n = min(new_tokens or cfg.n_ctx - 1, cfg.n_ctx - 1)
-    list(generate_ids(model, [0], 4, Sampling(1.0), np.random.default_rng(seed), 1, use_cache))  # warm-up
+    folds = Inference(model, 1) if use_cache else None
+    list(generate_ids(model, [0], 4, Sampling(1.0), np.random.default_rng(seed), 1, use_cache, share=folds))  # warm-up
     t = time.perf_counter()
-    count = sum(1 for _ in generate_ids(model, [0], n, Sampling(1.0), np.random.default_rng(seed), 1, use_cache))
+    count = sum(1 for _ in generate_ids(model, [0], n, Sampling(1.0), np.random.default_rng(seed), 1, use_cache,
+                                        share=folds))
     dt = time.perf_counter() - t
     # what one token reads at least: every weight (the tied head's rows too, once); the KV cache besides
     weight_bytes = sum(p.nbytes for p in model.params.values())

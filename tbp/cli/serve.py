@@ -89,6 +89,8 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     model, tok, _ = load_run(run, best=best)
     drafter = speculation.drafter(model, tok, run) if speculation is not None else None
     served = Served(model, tok, name or Path(run).resolve().name, drafter)
+    if model.config.causal:
+        served.folds.prepare()               # the weights folded for decoding now, not on the first request
     sock = listen(host, port)                # before anything says "serving": a port in use is one line
     port = sock.getsockname()[1]
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_template else "")

@@ -87,10 +87,10 @@ class Batcher:
     several rows), so a sampled token can differ from the request made alone only where two
     tokens' probabilities tie to the last bits."""
 
-    def __init__(self, model, tok: Tokenizer, slots: int):
+    def __init__(self, model, tok: Tokenizer, slots: int, share: Inference | None = None):
         self.tok, self.slots = tok, slots
-        self.decoder = Inference(model, slots)
-        self.prefill = Inference(model, 1)
+        self.decoder = Inference(model, slots, share=share)
+        self.prefill = Inference(model, 1, share=self.decoder)       # one copy of the folded weights
         self.incoming: queue.Queue = queue.Queue()
         self.active: dict[int, Job] = {}
         threading.Thread(target=self._run, daemon=True, name="tbp-batcher").start()

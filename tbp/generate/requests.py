@@ -25,6 +25,7 @@ from ..errors import TbpError
 from .sampling import Sampling, generate_ids
 from .speculative import Tally, speculative_ids
 from ..nn import build
+from ..nn.decode import Inference
 from ..data.tokenizer import Tokenizer
 
 MAX_STOP = 4                     # OpenAI's limit on stop sequences
@@ -75,6 +76,7 @@ class Served:
         self.model, self.tok, self.name = model, tok, name
         self.drafter = drafter                  # speculative decoding's (each request gets its own copy)
         self.batcher = None
+        self._folds = None                      # folds, once made
         self.n_ctx = model.config.n_ctx
         self.created = int(time.time())
         try:
@@ -269,6 +271,16 @@ class Served:
         threading.Thread(target=alone, daemon=True, name="tbp-decode").start()
         return stop.set
 
+    @property
+    def folds(self) -> Inference:
+        """An Inference of the model whose folded weights every decoder of this server reads
+        (``share``: a request's alone, the batcher's): the fold, a copy of nearly every weight,
+        is made once -- on the first request, or before serving (``folds.prepare()``), not on
+        each. Its own cache is never used."""
+        if self._folds is None:
+            self._folds = Inference(self.model, 1)
+        return self._folds
+
     def alone(self, req: Request):
         """This request decoded on its own: its items, as ``decode`` hands them out (speculatively
         with the server's drafter, if it has one, counting in ``req.tally``)."""
@@ -279,10 +291,10 @@ class Served:
         if self.drafter is not None:
             req.tally = Tally()
             gen = speculative_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, self.drafter.fresh(),
-                                  req.tally, keep)
+                                  req.tally, keep, share=self.folds)
         else:
             gen = generate_ids(self.model, req.ids, req.max_tokens, req.sampling, rng, 1, start=self.tok.sep_id,
-                               on_logits=keep)
+                               on_logits=keep, share=self.folds)
         try:
             for nxt in gen:
                 item = ending.push(int(nxt[0]), rows.pop(0) if rows else None)
@@ -301,7 +313,7 @@ class Served:
             raise ValueError("speculative decoding serves one request at a time: batched requests share each "
                              "read of the weights already")
         if slots > 1 and build.refusal(self.model.config, "rows") is None:
-            self.batcher = Batcher(self.model, self.tok, slots)
+            self.batcher = Batcher(self.model, self.tok, slots, share=self.folds)
 
     def models(self) -> dict:
         """OpenAI's list, with what llama-server and vLLM add: the context (``max_model_len``) and

@@ -150,7 +150,7 @@ def log_probs(logits: np.ndarray, token: int, top: int) -> tuple[int, float, lis
 def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: Sampling,
                  rng: np.random.Generator, num_samples: int = 1,
                  use_cache: bool = True, strategy=None, start: int | None = None,
-                 on_logits=None) -> Iterator[np.ndarray]:
+                 on_logits=None, share: Inference | None = None) -> Iterator[np.ndarray]:
     """Yield the next token of every sample, (num_samples,), ``max_new_tokens`` times.
     ``on_logits(logits, tokens)``, if given, is called with each step's logits (num_samples, V)
     and the tokens drawn from them, before they are yielded (the buffer is reused after).
@@ -160,12 +160,15 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     (decode.Inference's; a registered decoding strategy), or None.
     An encoder-decoder reads ``prompt`` as its source and starts its target with ``start``
     (the <|sep|> token); its target ends at n_ctx tokens.
+    ``share``: an Inference of ``model`` whose folded weights the cached decoder reads instead of
+    folding its own (Inference's ``share``: a caller that generates again pays the fold once).
     """
     why = build.refusal(model.config, strategy.use) if strategy is not None else None
     if why is not None:
         raise ValueError(why)
     if model.reads_source:
-        yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start, on_logits)
+        yield from _target_ids(model, prompt, max_new_tokens, sampling, rng, num_samples, use_cache, start, on_logits,
+                               share)
         return
     if strategy is not None and not use_cache:
         raise ValueError("a decoding strategy decodes from the KV cache: it needs the cache")
@@ -180,7 +183,7 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
     buf = np.empty((num_samples, reach + n_ctx + 1), dtype=np.int64)          # whatever max_new_tokens
     n = len(prompt)                           # tokens in the window
     buf[:, :n] = np.asarray(prompt, dtype=np.int64)
-    decoder = Inference(model, num_samples, strategy) if use_cache else None
+    decoder = Inference(model, num_samples, strategy, share) if use_cache else None
     if decoder is not None:
         logits = decoder.forward(buf[:, :n])[:, -1]                             # (B, V)
     else:
@@ -216,7 +219,8 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, sampling: S
 
 
 def _target_ids(model, source: list[int], max_new_tokens: int, sampling: Sampling,
-                rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None, on_logits=None):
+                rng: np.random.Generator, num_samples: int, use_cache: bool, start: int | None, on_logits=None,
+                share: Inference | None = None):
     """An encoder-decoder's target, token by token. Cached: the source is encoded once, each
     layer's cross-attention keys and values computed once (Inference.encode), and every step is
     one row of self-attention against the target's cache. Uncached: the whole model runs on
@@ -231,7 +235,7 @@ def _target_ids(model, source: list[int], max_new_tokens: int, sampling: Samplin
     buf[:, 0] = start
     n = 1
     if use_cache:
-        decoder = Inference(model, num_samples)
+        decoder = Inference(model, num_samples, share=share)
         decoder.encode(src)
         logits = decoder.forward(buf[:, :1])[:, -1]
     else:

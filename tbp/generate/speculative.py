@@ -214,11 +214,11 @@ class Draft(Drafter):
 
     name = "draft"
 
-    def __init__(self, model, most: int = 4, label: str = "a draft model"):
+    def __init__(self, model, most: int = 4, label: str = "a draft model", share: Inference | None = None):
         if most < 1:
             raise ValueError(f"a draft needs draft tokens >= 1, got {most}")
         self.model, self.label, self.pace = model, label, Pace(most)
-        self.decoder = Inference(model, 1)
+        self.decoder = Inference(model, 1, share=share)
         self.fed = 0                      # the context's first ``fed`` tokens are in the draft's cache
 
     def describe(self) -> str:
@@ -227,8 +227,8 @@ class Draft(Drafter):
 
     def fresh(self) -> "Draft":
         """Another drafter of the same model with a cache of its own, for a text decoded beside
-        this one's (a server's thread)."""
-        return Draft(self.model, self.pace.most, self.label)
+        this one's (a server's thread), reading this one's folded weights."""
+        return Draft(self.model, self.pace.most, self.label, share=self.decoder)
 
     def propose(self, ctx: np.ndarray, k: int, sampling: Sampling) -> list[int]:
         greedy = Sampling(0.0, banned=sampling.banned)
@@ -312,10 +312,10 @@ def step(target: Inference, ctx: np.ndarray, k: int, drafter, sampling: Sampling
 
 
 def speculative_ids(model, prompt: list[int], max_new_tokens: int, sampling: Sampling, rng: np.random.Generator,
-                    drafter, tally: Tally | None = None, on_logits=None):
+                    drafter, tally: Tally | None = None, on_logits=None, share: Inference | None = None):
     """Yield the next token, (1,) like generate_ids' one sample, ``max_new_tokens`` times:
     drafted by ``drafter`` (Lookup or Draft) and checked by ``model`` (module docstring), the
-    context window moved as generate_ids moves it."""
+    context window moved as generate_ids moves it. ``share``: as generate_ids'."""
     why = refusal(model.config)
     if why is not None:
         raise ValueError(why)
@@ -323,7 +323,7 @@ def speculative_ids(model, prompt: list[int], max_new_tokens: int, sampling: Sam
     n_ctx, slides = model.config.n_ctx, model.slides
     if not 1 <= len(prompt) <= n_ctx:
         raise ValueError(f"prompt must have 1..{n_ctx} tokens, got {len(prompt)}")
-    target = Inference(model, 1)
+    target = Inference(model, 1, share=share)
     drafter.start()
     ctx = np.asarray(prompt, dtype=np.int64)       # the window; its last token is not yet in the cache
     if len(ctx) > 1:

@@ -164,7 +164,7 @@ class CausalSelfAttention(Module):
         the dense product it replaced); the values' last column is ones, so that p @ [v, 1]
         gives both the weighted sum and the softmax's normaliser."""
         Hkv = self.kv_heads
-        return DecodeState(self.fold(ln), lambda Tn: self._scratch(batch, Tn, n_ctx, dtype),
+        return DecodeState(lambda: self.fold(ln), lambda Tn: self._scratch(batch, Tn, n_ctx, dtype),
                            keys=np.zeros((batch, Hkv, n_ctx, self.d_qk), dtype),
                            values=np.ones((batch, Hkv, n_ctx, self.d_v + 1), dtype))
 

@@ -102,8 +102,11 @@ class Inference:
 
     With rotary positions (``slides``) the cache keeps going past n_ctx one token at a time,
     as a ring over the last n_ctx positions (CausalSelfAttention.decode says why that is exact).
-    The folded matrices are made when the Inference is built: build a new one after changing
-    the model's weights. A long prefill runs in chunks of query rows, so its (B, H, rows,
+    The folded matrices are made when the Inference is built (each layer's on its first
+    step): build a new one after changing the model's weights. ``share``: another Inference of
+    the same model, unchanged since, whose folded matrices this one reads instead of making its
+    own -- a copy of nearly every weight, a few hundred milliseconds at GPT-2 124M's size, which
+    a server or a benchmark that decodes again and again pays once; the caches stay its own. A long prefill runs in chunks of query rows, so its (B, H, rows,
     n_ctx) attention scores stay under ``max_scores`` numbers (16 MiB in float32).
 
     ``strategy``: how one-token steps decode beyond dense attention (a sparse rule thins it,
@@ -114,7 +117,7 @@ class Inference:
 
     max_scores = 1 << 22
 
-    def __init__(self, model, batch: int = 1, strategy=None):
+    def __init__(self, model, batch: int = 1, strategy=None, share: "Inference | None" = None):
         cfg = model.config
         if not cfg.causal:
             raise ValueError("a KV cache needs causal attention: later tokens would change earlier outputs")
@@ -130,7 +133,14 @@ class Inference:
         self.residual = model.residual
         self.residual_state = self.residual.decode_state()
         self.layers = [block.decode_state(self.residual, batch, self.n_ctx, self.dtype) for block in model.blocks]
-        if model.lm_head is None:
+        if share is not None:
+            if share.model is not model:
+                raise ValueError("an Inference shares the folded weights of another Inference of the same model only")
+            for mine, theirs in zip(self.layers, share.layers):
+                for (*_, state), (*_, lent) in zip(mine, theirs):
+                    state.share(lent)
+            self.head = share.head
+        elif model.lm_head is None:
             self.head = model.ln_f.fold(model.embed.params["wte"].T)
         else:
             self.head = model.ln_f.fold(weight_of(model.lm_head), model.lm_head.params.get("bias"))
@@ -142,6 +152,14 @@ class Inference:
         # query rows per prefill chunk, so that its scores stay under max_scores numbers
         self._chunk = max(1, self.max_scores // (batch * cfg.n_head * self.n_ctx))
         self._one_row = Rows(batch, self.C, self.V, self.dtype)     # the rows of every one-token step
+
+    def prepare(self) -> "Inference":
+        """Make every layer's folded matrices now (each is otherwise made on its first step), so
+        that a server folds before it says it is serving, not on its first request."""
+        for layer in self.layers:
+            for *_, state in layer:
+                state.folded
+        return self
 
     @staticmethod
     def cache_size(model, batch: int = 1) -> int:

@@ -141,8 +141,8 @@ class MLP(Module):
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """The folded weights, and the (N, 4C) rows of c_fc's output u and the activation g."""
         d = self.c_fc.d_out
-        return DecodeState(self.fold(ln), lambda Tn: (np.empty((batch * Tn, d), dtype),
-                                                      np.empty((batch * Tn, d), dtype)))
+        return DecodeState(lambda: self.fold(ln), lambda Tn: (np.empty((batch * Tn, d), dtype),
+                                                              np.empty((batch * Tn, d), dtype)))
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(g(c_fc(rows.xa))), with rows.xa = [xhat, 1] from the layer norm."""

@@ -1,6 +1,8 @@
 """Module: the parameter bookkeeping every layer shares; Stack: a numbered list of modules."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import init
@@ -118,14 +120,25 @@ def _join(prefix: str, name: str) -> str:
 
 
 class DecodeState:
-    """One layer's state for decoding (decode.py): ``folded``, its matrices prepared once by the
-    layer's ``fold``; its caches, as named arrays (``keys``, ``values``, ...); and its scratch,
-    made by ``make(Tn)`` for Tn new rows -- kept for one-row steps, made afresh for a prefill."""
+    """One layer's state for decoding (decode.py): ``folded``, its matrices prepared by the
+    layer's ``fold`` (called with no arguments, on first use, so that another decoder of the
+    same weights can lend its own instead: :meth:`share`); its caches, as named arrays (``keys``,
+    ``values``, ...); and its scratch, made by ``make(Tn)`` for Tn new rows -- kept for one-row
+    steps, made afresh for a prefill."""
 
-    def __init__(self, folded, make, **caches: np.ndarray):
-        self.folded, self._make, self.caches = folded, make, caches
+    def __init__(self, fold, make, **caches: np.ndarray):
+        self._fold, self._make, self.caches = fold, make, caches
         self.__dict__.update(caches)
         self._step = make(1)
+
+    @functools.cached_property
+    def folded(self):
+        return self._fold()
+
+    def share(self, other: "DecodeState") -> None:
+        """Read ``other``'s folded matrices (the same layer's, of unchanged weights) instead of
+        folding them again: they are only read while decoding."""
+        self.folded = other.folded
 
     def scratch(self, Tn: int):
         return self._step if Tn == 1 else self._make(Tn)

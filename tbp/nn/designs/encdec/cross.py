@@ -94,7 +94,7 @@ class CrossAttention(Module):
             s.ysum_v, s.ysum_p = s.ysum[..., :-1], s.ysum[..., -1:]
             s.y = s.ya.reshape(batch, Tn, H, Dv).transpose(0, 2, 1, 3)
             return s
-        state = DecodeState(self.fold(ln), scratch)
+        state = DecodeState(lambda: self.fold(ln), scratch)
         state.keys = state.values = state.key_mask = None
         return state
 

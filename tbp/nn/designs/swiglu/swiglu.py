@@ -111,9 +111,9 @@ class SwiGLU(Module):
     def decode_state(self, ln, batch: int, n_ctx: int, dtype) -> DecodeState:
         """The folded weights, and the rows of u = [a | b] (N, 2F), the sigmoid and h (N, F)."""
         F = self.hidden
-        return DecodeState(self.fold(ln), lambda Tn: (np.empty((batch * Tn, 2 * F), dtype),
-                                                      np.empty((batch * Tn, F), dtype),
-                                                      np.empty((batch * Tn, F), dtype)))
+        return DecodeState(lambda: self.fold(ln), lambda Tn: (np.empty((batch * Tn, 2 * F), dtype),
+                                                              np.empty((batch * Tn, F), dtype),
+                                                              np.empty((batch * Tn, F), dtype)))
 
     def decode(self, rows, state: DecodeState, step) -> None:
         """rows.out = c_proj(silu(a) b), [a | b] = rows.xa @ the folded c_fc."""
