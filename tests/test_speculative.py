@@ -232,6 +232,37 @@ def test_a_draft_that_cannot_draft_is_refused_naming_both_models(runs):
                1, "no such checkpoint")
 
 
+def test_bench_times_a_runs_decoding_plain_and_speculative_and_says_what_the_drafts_did(runs):
+    base = ["bench", "--checkpoint", runs["target"], "--prompt", "the cat sat on the mat. the cat", "--gen-tokens", 12]
+    for extra, name in ((["--lookup"], "prompt lookup"), (["--draft", runs["draft"]], "a draft")):
+        r = run([*base, *extra, "--json"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.stdout)
+        assert res["speculation"].startswith(name) or str(runs["draft"]) in res["speculation"]
+        assert res["same_text"] is True                  # greedy: speculation is exact
+        assert res["plain_tokens_per_s"] > 0 and res["speculative_tokens_per_s"] > 0
+        assert res["target_forwards"] >= 1 and 0 <= res["accepted"] <= res["drafted"]
+        assert res["speculation_rounds"] == 5 and res["speculation_tokens"] == 12
+    r = run(base)
+    assert r.exit_code == 0, r.output
+    assert "tokens/s" in r.output and "speculative" not in r.output
+    r = run([*base, "--lookup"])
+    assert r.exit_code == 0, r.output
+    table = " ".join(r.output.replace("│", " ").split())          # the table's cells, unwrapped
+    assert "tokens a forward of the model" in table and "the same as plain decoding's" in table
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lookup"], "give the run with --checkpoint"),
+    (["--prompt", "the"], "--prompt is for --checkpoint"),
+    (["--checkpoint", "RUN", "--n-layer", "2"], "--n-layer shapes or trains a configuration"),
+    (["--checkpoint", "RUN", "--gen-tokens", "0"], "--gen-tokens 0 leaves nothing to time"),
+    (["--checkpoint", "RUN", "--sparse", "window", "--budget", "8"], "a sparse rule is timed on a configuration"),
+])
+def test_bench_refuses_options_that_a_runs_decoding_would_ignore(runs, extra, message):
+    clean_fail(run(["bench", *[str(runs["target"]) if a == "RUN" else a for a in extra]]), 2, message)
+
+
 def test_serve_decodes_speculatively_the_same_greedy_text_and_reports_it_in_usage(runs):
     pytest.importorskip("starlette")
     httpx = pytest.importorskip("httpx")

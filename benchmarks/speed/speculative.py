@@ -22,8 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import records
-from tbp.generate.sampling import Sampling, generate_ids
-from tbp.generate.speculative import Draft, Lookup, Tally, speculative_ids
+from tbp.check.bench import timed_decode
+from tbp.generate.sampling import Sampling
+from tbp.generate.speculative import Draft, Lookup
 from tbp.runs import disk
 
 PROMPTS = Path(__file__).resolve().parents[1] / "prompts" / "speculative.jsonl"
@@ -32,16 +33,6 @@ PROMPTS = Path(__file__).resolve().parents[1] / "prompts" / "speculative.jsonl"
 def distinct2(ids: list[int]) -> float:
     pairs = list(zip(ids, ids[1:]))
     return len(set(pairs)) / max(1, len(pairs))
-
-
-def decode(model, ids, new, sampling, seed, drafter):
-    tally = Tally()
-    t0 = time.perf_counter()
-    if drafter is None:
-        out = [int(t[0]) for t in generate_ids(model, ids, new, sampling, np.random.default_rng(seed))]
-    else:
-        out = [int(t[0]) for t in speculative_ids(model, ids, new, sampling, np.random.default_rng(seed), drafter, tally)]
-    return out, time.perf_counter() - t0, tally
 
 
 def costs(model, rounds: int = 21, most: int = 9) -> dict:
@@ -82,10 +73,13 @@ def main() -> None:
                 "model": records.shape(args.checkpoint, ("n_layer", "d_model", "n_ctx", "vocab_size")),
                 "forward_s": {str(m): v for m, v in c.items()}, "commit": records.commit()})
         return
+    from tbp.nn.decode import Inference
+    folds = Inference(model, 1)
     arms = {"plain": lambda: None, "lookup": lambda: Lookup(3, 8)}
     if args.draft:
         draft_model, _, _ = disk.load_model(args.draft)
-        arms["draft"] = lambda: Draft(draft_model, 4)
+        draft_folds = Inference(draft_model, 1)
+        arms["draft"] = lambda: Draft(draft_model, 4, share=draft_folds)
     prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     last = [json.loads(line) for line in (Path(args.checkpoint) / "metrics.jsonl").read_text().splitlines()][-1]
     for p in prompts:
@@ -97,7 +91,7 @@ def main() -> None:
             for r in range(args.rounds):
                 order = list(arms) if r % 2 == 0 else list(arms)[::-1]
                 for a in order:
-                    toks, dt, tally = decode(model, ids, args.new, sampling, 1, arms[a]())
+                    toks, dt, tally = timed_decode(model, ids, args.new, sampling, 1, arms[a](), folds)
                     times[a].append(dt)
                     out[a] = (toks, tally)
             plain = statistics.median(times["plain"])
@@ -122,6 +116,7 @@ def main() -> None:
                     "target_val_loss": last.get("val_split_loss"),
                     "target_val_estimate": last.get("val_loss"), "prompt": p["name"], "kind": p["kind"],
                     "temperature": temperature, "new_tokens": args.new, "rounds": args.rounds, "arms": row,
+                    "fold": "before timing",         # older records: each decode folded the weights afresh
                     "commit": records.commit()})
 
 

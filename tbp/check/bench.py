@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..generate.sampling import Sampling, generate_ids
+from ..generate.speculative import Tally, speculative_ids
 from ..nn.gpt import GPT
 from ..nn.config import ModelConfig
 from ..nn.batch import Batch
@@ -189,3 +190,58 @@ def bench_generate(cfg: ModelConfig, new_tokens: int | None = None, use_cache: b
     weight_bytes = sum(p.nbytes for p in model.params.values())
     return {"generate_tokens_per_s": count / dt, "generate_tokens": count, "generate_s": dt,
             "generate_weight_bytes": weight_bytes}
+
+
+def timed_decode(model, prompt: list[int], new_tokens: int, sampling: Sampling, seed: int, drafter=None,
+                 folds: Inference | None = None) -> tuple[list[int], float, Tally]:
+    """(the tokens, seconds, speculation's counts): ``new_tokens`` decoded at batch 1 from
+    ``prompt``, plainly or, with ``drafter`` (speculative.Lookup or Draft), speculatively; both
+    read the weights folded in ``folds`` (made once, as a server makes them), so the seconds are
+    decoding's alone."""
+    tally = Tally()
+    rng = np.random.default_rng(seed)
+    t = time.perf_counter()
+    if drafter is None:
+        out = [int(x[0]) for x in generate_ids(model, prompt, new_tokens, sampling, rng, share=folds)]
+    else:
+        out = [int(x[0]) for x in speculative_ids(model, prompt, new_tokens, sampling, rng, drafter, tally, share=folds)]
+    return out, time.perf_counter() - t, tally
+
+
+def bench_decoding(model, prompt: list[int], new_tokens: int, sampling: Sampling, rounds: int = 5,
+                   seed: int = 0) -> dict:
+    """A trained model's plain decoding from ``prompt``: after an untimed call that folds the
+    weights, the median of ``rounds`` decodings of ``new_tokens``."""
+    folds = Inference(model, 1)
+    timed_decode(model, prompt, 2, sampling, seed, None, folds)
+    times = [timed_decode(model, prompt, new_tokens, sampling, seed, None, folds)[1] for _ in range(rounds)]
+    return {"decoding_rounds": rounds, "decoding_tokens": new_tokens,
+            "plain_tokens_per_s": new_tokens / float(np.median(times))}
+
+
+def bench_speculation(model, prompt: list[int], new_tokens: int, drafter, sampling: Sampling, rounds: int = 5,
+                      seed: int = 0) -> dict:
+    """A trained model's decoding from ``prompt``, plain and speculative (``drafter``) paired in
+    one process: after an untimed round that folds the weights, ``rounds`` rounds each decode
+    ``new_tokens`` both ways, the order reversing every round, with the same seed (so the same
+    text: speculation is exact). Tokens/s are medians; the speed-up is the median of the rounds'
+    ratios (a drift of the machine's speed between rounds cannot move it); the counts are the
+    last speculative round's."""
+    folds = Inference(model, 1)
+    timed_decode(model, prompt, 2, sampling, seed, None, folds)
+    timed_decode(model, prompt, 2, sampling, seed, drafter.fresh(), folds)
+    times: dict = {"plain": [], "speculative": []}
+    texts: dict = {}
+    for r in range(rounds):
+        for arm in (("plain", "speculative") if r % 2 == 0 else ("speculative", "plain")):
+            out, dt, tally = timed_decode(model, prompt, new_tokens, sampling, seed,
+                                          drafter.fresh() if arm == "speculative" else None, folds)
+            times[arm].append(dt)
+            texts[arm] = out
+            if arm == "speculative":
+                counts = tally
+    plain, spec = (float(np.median(times[a])) for a in ("plain", "speculative"))
+    return {"speculation": drafter.describe(), "speculation_rounds": rounds, "speculation_tokens": new_tokens,
+            "plain_tokens_per_s": new_tokens / plain, "speculative_tokens_per_s": new_tokens / spec,
+            "speculative_speedup": float(np.median([p / q for p, q in zip(times["plain"], times["speculative"])])),
+            "same_text": texts["plain"] == texts["speculative"], **counts.record()}

@@ -3,16 +3,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import click
 
-from ..check.bench import (bench_decode_strategy, bench_generate, bench_precisions, bench_train, matmul_peak_gflops,
-                           memory_bandwidth_gbs, train_flops_per_token)
+from ..check.bench import (bench_decode_strategy, bench_decoding, bench_generate, bench_precisions, bench_speculation,
+                           bench_train, matmul_peak_gflops, memory_bandwidth_gbs, train_flops_per_token)
 from ..machine.cores import machine
 from ..nn.config import ModelConfig
 from ..nn import build
-from .common import console, fmt_count, kv_table
-from .options import check_strategy, config_options, strategy_name, strategy_options
+from .common import console, fmt_count, kv_table, load_run, the_run
+from .options import (USER_SOURCES, check_strategy, config_options, given, refuse_unused, strategy_name,
+                      strategy_options)
+from .speculation import speculation_options
 
 
 @click.command()
@@ -31,9 +34,18 @@ from .options import check_strategy, config_options, strategy_name, strategy_opt
               help="The training products' precision, as tbp train's --precision; both: fp32 and bf16 steps "
                    "paired in one process (--iters of each, in up to 5 rounds whose order reverses).")
 @strategy_options("time")
+@click.option("--checkpoint", "run", type=click.Path(path_type=Path), default=None, metavar="RUN",
+              help="Time a trained run's decoding from --prompt instead of a configuration's steps: plain, and with "
+                   "--lookup or --draft speculatively too, paired in 5 rounds (acceptance and tokens per forward "
+                   "reported). Training is not timed.")
+@click.option("--prompt", default="", help="With --checkpoint: the text decoding continues (default: from "
+                                           "<|endoftext|>).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="With --checkpoint: sampling temperature (0: greedy).")
+@speculation_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, as_json, strategy=None,
-          **model_opts):
+def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, precision, as_json, run, prompt, temperature,
+          strategy=None, speculation=None, **model_opts):
     """Time training steps and cached generation for one model configuration.
 
     Training: forward + handwritten backward + clipping + AdamW on random tokens, median of
@@ -49,7 +61,12 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
       tbp bench --n-layer 4 --n-head 4 --d-model 128 --n-ctx 64 --batch-size 12
       tbp bench --n-ctx 1024 --iters 3 --json
       tbp bench --positions rope --n-ctx 8192 --iters 1 --gen-tokens 0 --sparse window --budget 512
+      tbp bench --checkpoint checkpoints/pydoc --prompt "def add(a, b):" --lookup
     """
+    ctx = click.get_current_context()
+    if run is not None or speculation is not None:
+        return bench_run(ctx, run, prompt, temperature, gen_tokens, speculation, strategy, as_json)
+    refuse_unused(ctx, ("prompt", "temperature"), "--checkpoint")
     cfg = ModelConfig.from_dict({"vocab_size": vocab_size, **model_opts})
     why = build.refusal(cfg, "bench")
     if why is not None:
@@ -125,4 +142,54 @@ def bench(vocab_size, batch_size, iters, gen_tokens, no_kv_cache, threads, preci
     t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}"
                          + (f" ({m['blas_threads']} thread(s))" if m["blas_threads"] else "")
                          + f" · bf16 units: {m['bf16_units'] or 'none reported'}")
+    console.print(t)
+
+
+def bench_run(ctx, run, prompt: str, temperature: float, gen_tokens, speculation, strategy, as_json: bool) -> None:
+    """`tbp bench --checkpoint RUN`: the run's batch-1 decoding from ``prompt``, plain, and
+    speculative where asked, paired (check.bench.bench_speculation)."""
+    if run is None:
+        raise click.UsageError(f"{'--lookup' if speculation.lookup else '--draft'} drafts for a trained model's "
+                               f"text: give the run with --checkpoint")
+    if strategy is not None:
+        raise click.UsageError("--checkpoint times plain and speculative decoding; a sparse rule is timed on a "
+                               "configuration (leave --checkpoint out)")
+    set_here = sorted({*given(ctx, ModelConfig), *(n for n in ("vocab_size", "batch_size", "iters", "threads",
+                                                               "precision", "no_kv_cache")
+                                                   if ctx.get_parameter_source(n) in USER_SOURCES)})
+    if set_here:
+        raise click.UsageError(f"--{set_here[0].replace('_', '-')} shapes or trains a configuration; with --checkpoint "
+                               f"the run's own model is timed, and training is not")
+    if gen_tokens == 0:
+        raise click.UsageError("--gen-tokens 0 leaves nothing to time with --checkpoint")
+    from ..generate.sampling import Sampling
+    from .generate import start_tokens
+    run = the_run(run)
+    model, tok, _ = load_run(run)
+    ids, _ = start_tokens(tok, prompt, model.config.n_ctx)
+    ids = ids[-model.config.n_ctx:]
+    new = gen_tokens or 128
+    sampling = Sampling(temperature, banned=tuple(i for i in (tok.sep_id, tok.pad_id) if i is not None))
+    status = console.status("timing decoding...") if not as_json else contextlib.nullcontext()
+    with status:
+        if speculation is not None:
+            res = bench_speculation(model, ids, new, speculation.drafter(model, tok, run), sampling)
+        else:
+            res = bench_decoding(model, ids, new, sampling)
+    res.update({"checkpoint": str(run), "prompt_tokens": len(ids), "temperature": temperature, "machine": machine()})
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    cfg = model.config
+    t = kv_table(f"tbp bench: decoding {run} ({cfg.n_layer} × {cfg.d_model})")
+    t.add_row("prompt", f"{len(ids)} tokens, then {new} new at temperature {temperature:g}, batch 1")
+    t.add_row("plain", f"{res['plain_tokens_per_s']:.0f} tokens/s")
+    if speculation is not None:
+        t.add_row("speculative", f"{res['speculative_tokens_per_s']:.0f} tokens/s · {res['speculative_speedup']:.2f}× "
+                                 f"plain (median of {res['speculation_rounds']} paired rounds) · {res['speculation']}")
+        kept = "none drafted" if res["acceptance"] is None else f"{res['acceptance']:.0%} of {res['drafted']:,} kept"
+        t.add_row("drafts", f"{kept} · {res['tokens_per_forward']:.2f} tokens a forward of the model · "
+                            f"text {'the same as' if res['same_text'] else 'NOT the same as'} plain decoding's")
+    m = res["machine"]
+    t.add_row("machine", f"{m['cpu']} · {m['cores']} core(s) · SIMD {m['simd']} · BLAS {m['blas']}")
     console.print(t)
