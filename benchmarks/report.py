@@ -398,6 +398,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "speculative_costs": (tables_speculative.costs, "speculative_costs"),
           "speedrun": (tables_speedrun.budgets, "speedrun"),
           "nanogpt_step": (tables_speedrun.engines, "nanogpt_step"),
+          "defaults": (tables_speedrun.defaults, "defaults"),
           "recompute_memory": (tables_gpt2.recompute_memory, "recompute_memory"),
           "gpt2_generation": (tables_gpt2.gpt2_generation, "gpt2_generation"),
           "llmc_race": (tables_gpt2.llmc_race, "llmc_race"),

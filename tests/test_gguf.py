@@ -42,11 +42,12 @@ def export(run_dir, out, kind="f32", *extra):
     return out
 
 
-def load(path, n_ctx=96, threads=2):
+def load(path, n_ctx=96, threads=2, **kw):
     """llama.cpp with a float32 KV cache (its default is f16), every position's logits kept, and
     the weights as the file holds them: on a CPU with AMX, llama.cpp repacks q8_0 matrices for
     its AMX kernels, and that path crashes there -- on llama.cpp's own q8_0 files as well
-    (ggml-org/llama.cpp#20824); ``llama-cli --no-repack`` is the same switch."""
+    (ggml-org/llama.cpp#20824); ``llama-cli --no-repack`` is the same switch. ``kw``: more of
+    Llama's arguments (a draft model, say)."""
     lc = llama_cpp()
     default = lc.llama_cpp.llama_model_default_params
 
@@ -57,7 +58,7 @@ def load(path, n_ctx=96, threads=2):
     lc.llama_cpp.llama_model_default_params = as_stored        # read once, in Llama's constructor
     try:
         return lc.Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=threads,
-                        n_threads_batch=threads, type_k=0, type_v=0, seed=0)
+                        n_threads_batch=threads, type_k=0, type_v=0, seed=0, **kw)
     finally:
         lc.llama_cpp.llama_model_default_params = default
 

@@ -55,3 +55,34 @@ def engines(rows: list[dict]) -> str:
         out.append(f"| {engine} | {len(times)} | {t:.2f} s | {64 * 256 / t:,.0f} | {ratio} |")
     extra = sorted({f"PyTorch {r['torch']}, nanoGPT {r['nanogpt_commit']}" for r in rows if r["engine"] != "tbp"})
     return "\n".join(out) + f"\n\n{'; '.join(extra)}. {records.provenance(rows)}"
+
+
+def defaults(rows: list[dict]) -> str:
+    """The default run against candidate defaults (benchmarks/studies/defaults.py): per arm, the
+    whole split's loss over the seeds, its difference from the default paired by seed, and the
+    run's time against the default's."""
+    rows = records.newest(rows, lambda r: (r["arm"], r["seed"]))
+    by = {}
+    for r in rows:
+        by.setdefault(r["arm"], {})[r["seed"]] = r
+    base = by.get("default", {})
+    out = ["| arm | options | seeds | validation loss, whole split | − default, paired by seed | time a run, median | "
+           "× the default's |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    base_time = statistics.median(r["elapsed_s"] for r in base.values()) if base else float("nan")
+    for arm, runs in by.items():
+        losses = {s: r["val_split_loss"] for s, r in runs.items()}
+        diff = "" if arm == "default" else "{:+.4f} ± {:.4f} ({})".format(
+            *stats.paired(losses, {s: r["val_split_loss"] for s, r in base.items()})[:2],
+            ", ".join(f"{losses[s] - base[s]['val_split_loss']:+.4f}" for s in sorted(set(losses) & set(base))))
+        t = statistics.median(r["elapsed_s"] for r in runs.values())
+        options = " ".join(next(iter(runs.values()))["options"]) or "(none)"
+        out.append(f"| {arm} | `{options}` | {len(runs)} | {_loss(list(losses.values()))} | {diff} | {t:.0f} s | "
+                   f"{t / base_time:.2f} |")
+    r = rows[0]
+    out += ["", f"The default run (`tbp train`: {r['model']['n_layer']} × {r['model']['d_model']}, context "
+                f"{r['model']['n_ctx']}, {r['train']['max_iters']:,} steps on the built-in corpus) with the options "
+                f"shown; the loss of the final weights over the whole validation split ({r['val_split_tokens']:,} "
+                f"tokens), mean ± 95 % t interval over the seeds; the difference paired by seed (the same "
+                f"initialisation and batches), then each seed's. Runs two at a time, a thread each: the times "
+                f"compare the arms with each other. {records.provenance(rows)} `benchmarks/studies/defaults.py`."]
+    return "\n".join(out)

@@ -11,6 +11,10 @@ the mean loss of both programs; and greedy continuations of 64 tokens from 16 pr
 16 tokens of 16 windows), identical or where they first differ. llama.cpp runs through
 llama-cpp-python with a float32 KV cache.
 
+lookup: prompt-lookup decoding in both programs (tbp's --lookup, llama-cpp-python's
+LlamaPromptLookupDecoding) against each one's plain greedy decoding, on the fixed prompts of
+benchmarks/prompts/speculative.jsonl, the f32 file, --new tokens each, interleaved rounds.
+
 speed: batch-1 decoding, tokens per second after a 16-token prompt, --new greedy tokens (at most up to the context), tbp's KV-cached
 generator against llama.cpp on each file, interleaved, median of 5, at --threads (with the BLAS
 threads set to the same number in the environment).
@@ -42,10 +46,10 @@ def export(run: Path, kind: str, folder: Path) -> Path:
     return out
 
 
-def llama(path: Path, n_ctx: int, threads: int):
+def llama(path: Path, n_ctx: int, threads: int, **kw):
     """The file in llama.cpp as the tests load it (its weights as stored, a float32 KV cache)."""
     from test_gguf import load
-    return load(path, n_ctx, threads)
+    return load(path, n_ctx, threads, **kw)
 
 
 def windows(run: Path, model):
@@ -163,6 +167,72 @@ def speed(args) -> None:
             records.append("gguf_speed", rec)
 
 
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts" / "speculative.jsonl"
+
+
+def lookup(args) -> None:
+    """Prompt lookup in both programs on the fixed prompts: tbp's (--lookup: n-gram 3, up to 8
+    drafts, its draft length following the measured costs) and llama-cpp-python's
+    (LlamaPromptLookupDecoding, n-gram 3, 8 drafts: the speculative decoding it offers), each
+    against its own plain greedy decoding, on the f32 file, interleaved rounds."""
+    import json
+
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from tbp.check.bench import timed_decode
+    from tbp.generate.sampling import Sampling
+    from tbp.generate.speculative import Lookup
+    from tbp.nn.decode import Inference
+    from tbp.runs import disk
+    run = Path(args.checkpoint)
+    model, tok, _ = disk.load_model(run)
+    n_ctx, threads = model.config.n_ctx, args.threads
+    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    folds = Inference(model, 1).prepare()            # made before timing, as llama.cpp's load
+    with tempfile.TemporaryDirectory() as d:
+        path = export(run, "f32", Path(d))
+        plain = llama(path, n_ctx, threads)
+        looking = llama(path, n_ctx, threads, draft_model=LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=8))
+
+        def theirs(llm, ids, new):
+            t0 = time.perf_counter()
+            out = []
+            for t in llm.generate(ids, temp=0.0, reset=True):
+                out.append(int(t))
+                if len(out) == new:
+                    break
+            return out, time.perf_counter() - t0
+        for p in prompts:
+            ids = tok.encode(p["prompt"], "prompt")[-(n_ctx // 2):]
+            new = min(args.new, n_ctx - len(ids) - 8)       # llama.cpp aborts past the learned positions
+            arms = {"tbp": lambda: timed_decode(model, ids, new, Sampling(0), 0, None, folds)[:2],
+                    "tbp lookup": lambda: timed_decode(model, ids, new, Sampling(0), 0, Lookup(3, 8), folds)[:2],
+                    "llama.cpp": lambda: theirs(plain, ids, new), "llama.cpp lookup": lambda: theirs(looking, ids, new)}
+            for a in arms.values():                     # warm: caches, the first forward over several tokens
+                a()
+            times = {a: [] for a in arms}
+            texts = {}
+            for r in range(args.rounds):
+                for a in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                    texts[a], dt = arms[a]()
+                    times[a].append(dt)
+            tps = {a: new / statistics.median(v) for a, v in times.items()}
+            pairs = list(zip(texts["tbp"], texts["tbp"][1:]))
+            rec = {"checkpoint": run.name, "model": model.config.flat(), "threads": threads, "prompt": p["name"],
+                   "kind": p["kind"], "prompt_tokens": len(ids), "new_tokens": new, "rounds": args.rounds,
+                   "tokens_per_s": tps, "seconds": times,
+                   "tbp_lookup_speedup": statistics.median(a / b for a, b in zip(times["tbp"], times["tbp lookup"])),
+                   "llama_lookup_speedup": statistics.median(a / b for a, b in zip(times["llama.cpp"],
+                                                                                     times["llama.cpp lookup"])),
+                   "same_text": {a: texts[a] == texts["tbp"] for a in arms},
+                   "distinct2": len(set(pairs)) / max(1, len(pairs)), "text": tok.decode(texts["tbp"])[:300],
+                   "llama_cpp_python": _version("llama_cpp_python"), "numpy": np.__version__,
+                   "commit": records.commit()}
+            print(p["name"], {a: round(v) for a, v in tps.items()}, f"distinct-2 {rec['distinct2']:.2f}", flush=True)
+            if args.record:
+                records.append("gguf_lookup", rec)
+
+
 def _version(dist: str) -> str:
     from importlib.metadata import version
     return version(dist)
@@ -170,7 +240,7 @@ def _version(dist: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["agree", "speed"])
+    ap.add_argument("what", choices=["agree", "speed", "lookup"])
     ap.add_argument("--checkpoint", default="checkpoints/pydoc")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new", type=int, default=128, help="speed: tokens to generate (at most the context's room)")
@@ -178,7 +248,7 @@ def main() -> None:
                     "OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS at the same number for tbp's")
     ap.add_argument("--record", action="store_true", help="append the result to benchmarks/results/")
     args = ap.parse_args()
-    (agree if args.what == "agree" else speed)(args)
+    {"agree": agree, "speed": speed, "lookup": lookup}[args.what](args)
 
 
 if __name__ == "__main__":

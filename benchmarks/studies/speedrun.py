@@ -27,6 +27,14 @@ commit: a study spans sessions; ``--again`` reruns it), so a study resumes where
     python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --fit --budget 900 --seeds 1 2 3
     python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --set optimizer=adamw --arm "no Muon"
 
+``--exact SECONDS`` runs a recipe keyed to steps (nanoGPT's, exactly as written) to its last step,
+SECONDS of training per call, each call resuming the last (bit for bit): a run of hours spread
+over sittings, which records the step at which the recipe reaches the target (the engine ratio's
+step count):
+
+    python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --exact 2400 --seeds 1 \
+        --work ~/tbp-speedrun
+
 ``--plan benchmarks/studies/speedrun_plan.json`` runs the whole study in its order (the recipes at
 15 minutes, the ablations, then 30 and 60), each seed once: the command to leave running in the
 background, and to start again after an interruption.
@@ -74,16 +82,22 @@ def recipe(path: Path, sets: list[str]) -> dict:
     return out
 
 
-def train(config: dict, out: Path, seed: int, budget: float, threads: int, target: float) -> float:
-    """``tbp train`` of ``config`` into ``out`` for ``budget`` seconds; its wall time (a failed run
-    ends the study, with its error)."""
+def train(config: dict, out: Path, seed: int, budget: float, threads: int, target: float,
+          resume: bool = False) -> float:
+    """``tbp train`` of ``config`` into ``out`` for ``budget`` seconds (``resume``: the run in ``out``
+    continued, bit for bit, for ``budget`` seconds more); its wall time (a failed run ends the
+    study, with its error)."""
     cfg_file = out.parent / (out.name + ".recipe.json")        # not with_suffix: arm names hold dots
-    cfg_file.write_text(json.dumps(config))
-    cmd = [sys.executable, "-m", "tbp", "train", "--config", str(cfg_file), "--data", str(DATA), "--out", str(out),
-           "--force", "--seed", str(seed), "--threads", str(threads), "--quiet"]
+    if resume:
+        cmd = [sys.executable, "-m", "tbp", "train", "--out", str(out), "--resume", "--threads", str(threads),
+               "--quiet"]
+    else:
+        cfg_file.write_text(json.dumps(config))
+        cmd = [sys.executable, "-m", "tbp", "train", "--config", str(cfg_file), "--data", str(DATA), "--out",
+               str(out), "--force", "--seed", str(seed), "--threads", str(threads), "--quiet"]
     if budget:
         cmd += ["--max-time", str(budget)]
-    if target:
+    if target and not resume:                 # a resumed run keeps its own
         cmd += ["--target-loss", str(target)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -186,6 +200,53 @@ def run_arm(recipe_path: Path, arm: str, sets: list[str], fit: bool, budgets: li
                   f"{'at %.0f s' % rec['time_to_target_s'] if reached else 'not reached'}", flush=True)
 
 
+def exact(recipe_path: Path, seeds: list[int], segment: float, threads: int, target: float, work: Path) -> None:
+    """A recipe keyed to steps (nanoGPT's) run to its last step, each seed a segment of ``segment``
+    seconds per call (--max-time, then --resume: the run goes on bit for bit, its clock summing
+    the segments), so that it spans sittings; once a seed's run has ended, one record in
+    results/speedrun_exact.jsonl: the step and the run's clock at the first evaluation at or below
+    the target, the segments, and the curve. Its step count to the target, times each engine's
+    step time (benchmarks/peers/nanogpt_step.py), is the recipe's time in that engine."""
+    from tbp.runs.disk import read_metrics, read_state
+    config = recipe(recipe_path, [])
+    config = {**config, "train": {**config["train"], "eval_batches": eval_batches(config["train"])}}
+    done = {r["seed"] for r in records.read("speedrun_exact") if r["recipe_file"] == recipe_path.name
+            and r["train"] == config["train"] and r["model"] == config["model"]}
+    work.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        if seed in done:
+            print(f"{recipe_path.name} seed {seed}: recorded already", flush=True)
+            continue
+        out = work / f"{recipe_path.stem}-exact-{seed}"
+        log = work / f"{out.name}.segments.jsonl"          # beside the run: its folder is tbp's
+        started = (out / "state.json").is_file()
+        state = read_state(out) if started else {}
+        if state.get("step", 0) < config["train"]["max_iters"]:
+            commit = records.commit()
+            train(config, out, seed, segment, threads, target, resume=started)
+            with open(log, "a") as f:
+                f.write(json.dumps({"commit": commit, "segment_s": segment}) + "\n")
+            state = read_state(out)
+            print(f"{recipe_path.name} seed {seed}: step {state['step']:,} of {config['train']['max_iters']:,}, "
+                  f"{state['elapsed_s'] / 3600:.2f} h of training", flush=True)
+            if state["step"] < config["train"]["max_iters"]:
+                return                          # one segment a call: the caller decides when the next runs
+        evals = [m for m in read_metrics(out) if "val_loss" in m and "val_split_loss" not in m]
+        reached = next((m for m in evals if "target_s" in m), None)
+        segments = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        records.append("speedrun_exact", {
+            "study": "speedrun", "recipe_file": recipe_path.name, "seed": seed, "threads": threads,
+            "model": config["model"], "train": config["train"], "target": target,
+            "commits": sorted({g["commit"] for g in segments}), "commit": segments[-1]["commit"],
+            "segments": len(segments), "steps": state["step"], "tokens": state["tokens_seen"],
+            "run_clock_s": state["elapsed_s"], "step_at_target": reached and reached["step"],
+            "run_clock_at_target_s": reached and reached["target_s"],
+            "best_val_estimate": min(m["val_loss"] for m in evals),
+            "curve": [[m["step"], round(m["elapsed_s"], 2), round(m["val_loss"], 5)] for m in evals]})
+        print(f"{recipe_path.name} seed {seed}: ended; target "
+              f"{'at step %d' % reached['step'] if reached else 'not reached'}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("recipe", type=Path, nargs="?", help="a recipe file (or --plan)")
@@ -200,11 +261,16 @@ def main():
     p.add_argument("--target", type=float, default=TARGET)
     p.add_argument("--work", type=Path, default=Path("/tmp/tbp-speedrun"))
     p.add_argument("--again", action="store_true", help="run seeds already recorded for this arm too")
+    p.add_argument("--exact", type=float, metavar="SECONDS", help="run the recipe as written to its last step, "
+                   "SECONDS of it per call (resumed by the next call), and record where it reached the target")
     args = p.parse_args()
     if (args.recipe is None) == (args.plan is None):
         p.error("give a recipe or --plan")
     records.pin_gemm()
     threads = args.threads or os.cpu_count()
+    if args.exact:
+        path = args.recipe if args.recipe.is_absolute() else ROOT / args.recipe
+        return exact(path, args.seeds, args.exact, threads, args.target, args.work)
     arms = json.loads(args.plan.read_text()) if args.plan else [
         {"recipe": str(args.recipe), "arm": args.arm, "sets": args.sets, "fit": args.fit, "budgets": args.budget,
          "seeds": args.seeds}]
