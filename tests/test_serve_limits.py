@@ -364,6 +364,52 @@ def test_one_kind_of_log_line_is_bounded_and_the_rest_counted():
     assert f.filter(later) and "9995 more like this" in later.getMessage()
 
 
+def test_a_flood_of_connections_never_meets_the_descriptor_limit(text_run):  # noqa: F811
+    """asyncio, when an accept fails for want of a descriptor, logs it and stops accepting for a
+    whole second, so every fresh client waits that second. The connection cap leaves room for the
+    descriptors accepting keeps in flight (accepted, not yet counted; evicted, not yet closed):
+    a flood several times the limit, its sockets reopened as the server closes them, never
+    makes an accept fail, and a fresh client is answered meanwhile."""
+    import resource
+    limit, crowd = 400, 1500
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < crowd + 200:
+        pytest.skip(f"this process may open {hard} descriptors; the flood needs {crowd + 200}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (crowd + 200, hard))
+    env = {**os.environ, "COLUMNS": "400"}
+    p = subprocess.Popen([sys.executable, "-m", "tbp", "serve", "--checkpoint", str(text_run), "--port", "0", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
+    held: list[socket.socket] = []
+    try:
+        port = serving_port(p)
+        reopened, end = 0, time.monotonic() + 5
+        while time.monotonic() < end:
+            alive = []
+            for s in held:                          # the server closed some: open them again
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        s.close()
+                        continue
+                except BlockingIOError:
+                    pass
+                alive.append(s)
+            held = alive
+            while len(held) < crowd:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                reopened += 1
+        assert reopened > 2 * crowd                 # the crowd was many times the cap, and churned
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    finally:
+        for s in held:
+            s.close()
+        p.terminate()
+        out = p.communicate(timeout=30)[0]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert "out of system resource" not in out and "Too many open files" not in out, out[-2000:]
+
+
 # --- the lifecycle of a service --------------------------------------------------------------------
 def serve_process(run_dir, *args):
     env = {**os.environ, "COLUMNS": "400"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import TbpError
-from ..generate.guard import ACCEPT_BURST
+from ..generate.guard import ACCEPT_BURST, raise_fd_limit
 from ..machine.cores import blas_threads
 from .common import Terminated, console, the_run, load_run
 from .speculation import speculation_options
@@ -91,6 +91,7 @@ def serve(run, host, port, api_key, name, parallel, queue, best, allowed_hosts, 
     served = Served(model, tok, name or Path(run).resolve().name, drafter)
     if model.config.causal:
         served.folds.prepare()               # the weights folded for decoding now, not on the first request
+    raise_fd_limit()                         # room for the connection cap, where the hard limit allows
     sock = listen(host, port)                # before anything says "serving": a port in use is one line
     port = sock.getsockname()[1]
     routes = "/v1/models, /v1/completions" + (", /v1/chat/completions" if served.chat_template else "")

@@ -6,7 +6,8 @@ The connection side (below the application, in uvicorn's HTTP protocol):
   connection, for the first request), however they are trickled: one deadline per request,
   not per read, so a byte a second cannot hold a connection;
 - an idle keep-alive connection closes after ``idle_s``;
-- at most ``connections`` are open (the descriptor limit less a margin): one more evicts the
+- at most ``connections`` are open (the descriptor limit, raised toward the hard limit at
+  start, less what accepting keeps in flight and a margin): one more evicts the
   oldest that has no request being answered and never had one (a silent socket first, then one
   trickling its headers) -- a client's
   kept-alive connection only if there is no such one -- so a fresh client is served whatever a
@@ -44,19 +45,36 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 # connections accepted in one turn of the event loop (asyncio accepts up to the listen backlog
-# at once), before the evictions they cause have closed anything: room the cap must leave
-ACCEPT_BURST = 256
+# at once), before the evictions they cause have closed anything
+ACCEPT_BURST = 64
+# turns of accepts whose descriptors are open beyond the connections counted: a connection
+# accepted in one turn is made (counted, and evicts another) in the next but one, and the one it
+# evicts closes its descriptor a turn later still
+BURSTS_IN_FLIGHT = 3
+FD_LIMIT_WANTED = 8192     # the soft descriptor limit tbp serve asks for, where the hard one allows
 
 
 def fd_budget() -> int:
-    """Connections the process can hold open: its soft file-descriptor limit less one turn's
-    accepts (ACCEPT_BURST) and a margin for what else it holds (the listening socket, the log,
-    the threads' pipes, a file being read), at most 4,096. A process that meets its limit
-    stops accepting for a second (asyncio), so the cap keeps it well below."""
+    """Connections the process can hold open: its soft file-descriptor limit less the
+    descriptors of connections accepted but not yet counted or evicted but not yet closed
+    (BURSTS_IN_FLIGHT turns of ACCEPT_BURST accepts) and a margin for what else it holds (the
+    listening socket, the log, the threads' pipes, a file being read), at most 4,096. The
+    limit must never be met: asyncio, when an accept fails for want of a descriptor, stops
+    accepting for a whole second, and every fresh client waits that second."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 16
-    return max(8, min(4096, soft - ACCEPT_BURST - 64))
+    return max(8, min(4096, soft - BURSTS_IN_FLIGHT * ACCEPT_BURST - 64))
+
+
+def raise_fd_limit(wanted: int = FD_LIMIT_WANTED) -> None:
+    """Lift the process's soft descriptor limit to ``wanted``, or to the hard limit if that is
+    lower (a soft limit of 1,024 beside a hard one of 500,000 is common): room for the full
+    connection cap. A hard limit the user set (``ulimit -n``) is kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 @dataclass(frozen=True)
