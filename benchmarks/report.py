@@ -393,6 +393,7 @@ TABLES = {"prepare_paired": (prepare_paired, "prepare_paired"), "prepare_scale":
           "gqa_uptrain": (tables_gqa.uptrain, "gqa_uptrain"),
           "gguf_agree": (tables_interop.gguf_agree, "gguf_agree"), "gguf_speed": (tables_interop.gguf_speed, "gguf_speed"),
           "serve_load": (tables_interop.serve_load, "serve_load"),
+          "serve_soak": (tables_interop.serve_soak, "serve_soak"),
           "serve_matrix": (tables_interop.serve_matrix, "serve_matrix"),
           "speculative": (tables_speculative.speculative, "speculative"),
           "speculative_costs": (tables_speculative.costs, "speculative_costs"),

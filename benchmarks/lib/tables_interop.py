@@ -101,3 +101,25 @@ def serve_matrix(rows: list[dict]) -> str:
                 f"{errors} errors, {wrong} answers unlike the same request alone. {records.provenance([r])} "
                 f"`benchmarks/speed/serve_load.py --matrix`."]
     return "\n".join(out)
+
+
+def serve_soak(rows: list[dict]) -> str:
+    """Every soak of tbp serve (benchmarks/reliability/serve_soak.py), oldest first: the fresh
+    client's worst and median answer, /health's worst, the answers and the wrong ones, memory."""
+    out = ["| commit | minutes | load | fresh client, worst / median | /health, worst | answers (wrong) | "
+           "resident memory, after 1 min → end | exit |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        health = f"{r['health_max_s']:.2f} s" if r.get("health_max_s") is not None else "—"
+        out.append(f"| {r['commit']} | {r['minutes']:g} | {r['clients']} clients, {r['idle_sockets']:,} idle sockets, "
+                   f"{r['tricklers']} tricklers | {r['probe_max_s']:.2f} s / {r['probe_p50_s']:.2f} s | {health} | "
+                   f"{r['answers']:,} ({r['wrong']}) | {r['rss_after_1min_mib']:.1f} → {r['rss_end_mib']:.1f} MiB | "
+                   f"{r['exit_code']} |")
+    m = rows[-1].get("model")
+    model = f"a {m['n_layer']} × {m['d_model']} model" if m else "the default run's model (4 × 128)"
+    out += ["", f"`tbp serve --parallel {rows[-1]['parallel']}` with {model} under `ulimit -n 1024`, on loopback: the clients ask completions of {rows[-1]['max_tokens']} tokens "
+                f"back to back and compare each answer with the same request asked alone; the idle sockets are "
+                f"reopened as the server closes them; half the tricklers send headers a byte a second, half a "
+                f"body; a fresh client asks /health and a short completion every two seconds on new connections. "
+                f"{records.provenance(rows)} `benchmarks/reliability/serve_soak.py`."]
+    return "\n".join(out)

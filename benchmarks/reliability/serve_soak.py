@@ -225,7 +225,8 @@ def soak(a) -> dict:
     proc.terminate()
     code = proc.wait(30)
     after_minute = next((m for t, m in rss if t >= 60), rss[0][1] if rss else float("nan"))
-    return {"minutes": a.minutes, "clients": a.clients, "parallel": a.parallel, "idle_sockets": a.idle,
+    return {"checkpoint": Path(a.checkpoint).name, "model": records.shape(a.checkpoint),
+            "minutes": a.minutes, "clients": a.clients, "parallel": a.parallel, "idle_sockets": a.idle,
             "tricklers": 2 * a.tricklers, "max_tokens": a.max_tokens, **n,
             "probes": len(probes), "probe_max_s": max(probes, default=float("nan")),
             "probe_p50_s": statistics.median(probes) if probes else float("nan"),
