@@ -152,8 +152,8 @@ def bench_run(ctx, run, prompt: str, temperature: float, gen_tokens, speculation
         raise click.UsageError(f"{'--lookup' if speculation.lookup else '--draft'} drafts for a trained model's "
                                f"text: give the run with --checkpoint")
     if strategy is not None:
-        raise click.UsageError("--checkpoint times plain and speculative decoding; a sparse rule is timed on a "
-                               "configuration (leave --checkpoint out)")
+        raise click.UsageError(f"--checkpoint times plain and speculative decoding; a decoding strategy "
+                               f"({strategy_name(strategy)}) is timed on a configuration (leave --checkpoint out)")
     set_here = sorted({*given(ctx, ModelConfig), *(n for n in ("vocab_size", "batch_size", "iters", "threads",
                                                                "precision", "no_kv_cache")
                                                    if ctx.get_parameter_source(n) in USER_SOURCES)})
