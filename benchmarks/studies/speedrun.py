@@ -27,8 +27,8 @@ commit: a study spans sessions; ``--again`` reruns it), so a study resumes where
     python benchmarks/studies/speedrun.py recipes/nanogpt-shakespeare-char.json --fit --budget 900 --seeds 1 2 3
     python benchmarks/studies/speedrun.py recipes/shakespeare-speedrun.json --set optimizer=adamw --arm "no Muon"
 
-``--exact SECONDS`` runs a recipe keyed to steps (nanoGPT's, exactly as written) to its last step,
-SECONDS of training per call, each call resuming the last (bit for bit): a run of hours spread
+``--exact SECONDS`` runs a recipe keyed to steps (nanoGPT's, exactly as written) until an
+evaluation reaches the target (or to its last step), SECONDS of training per call, each call resuming the last (bit for bit): a run of hours spread
 over sittings, which records the step at which the recipe reaches the target (the engine ratio's
 step count):
 
@@ -201,9 +201,10 @@ def run_arm(recipe_path: Path, arm: str, sets: list[str], fit: bool, budgets: li
 
 
 def exact(recipe_path: Path, seeds: list[int], segment: float, threads: int, target: float, work: Path) -> None:
-    """A recipe keyed to steps (nanoGPT's) run to its last step, each seed a segment of ``segment``
-    seconds per call (--max-time, then --resume: the run goes on bit for bit, its clock summing
-    the segments), so that it spans sittings; once a seed's run has ended, one record in
+    """A recipe keyed to steps (nanoGPT's) run until it reaches the target (or its last step),
+    each seed a segment of ``segment`` seconds per call (--max-time, then --resume: the run goes
+    on bit for bit, its clock summing the segments), so that it spans sittings; once a seed's
+    run has ended, one record in
     results/speedrun_exact.jsonl: the step and the run's clock at the first evaluation at or below
     the target, the segments, and the curve. Its step count to the target, times each engine's
     step time (benchmarks/peers/nanogpt_step.py), is the recipe's time in that engine."""
@@ -221,7 +222,9 @@ def exact(recipe_path: Path, seeds: list[int], segment: float, threads: int, tar
         log = work / f"{out.name}.segments.jsonl"          # beside the run: its folder is tbp's
         started = (out / "state.json").is_file()
         state = read_state(out) if started else {}
-        if state.get("step", 0) < config["train"]["max_iters"]:
+        # a run goes on until an evaluation reaches the target or its last step: its schedule is
+        # keyed to the recipe's steps, so stopping at the target changes nothing before it
+        if state.get("target_step") is None and state.get("step", 0) < config["train"]["max_iters"]:
             commit = records.commit()
             train(config, out, seed, segment, threads, target, resume=started)
             with open(log, "a") as f:
@@ -229,7 +232,7 @@ def exact(recipe_path: Path, seeds: list[int], segment: float, threads: int, tar
             state = read_state(out)
             print(f"{recipe_path.name} seed {seed}: step {state['step']:,} of {config['train']['max_iters']:,}, "
                   f"{state['elapsed_s'] / 3600:.2f} h of training", flush=True)
-            if state["step"] < config["train"]["max_iters"]:
+            if state.get("target_step") is None and state["step"] < config["train"]["max_iters"]:
                 return                          # one segment a call: the caller decides when the next runs
         evals = [m for m in read_metrics(out) if "val_loss" in m and "val_split_loss" not in m]
         reached = next((m for m in evals if "target_s" in m), None)
